@@ -1,0 +1,27 @@
+// Backend selection for the CLI (SPEC §1): --backend emu|cuda|auto, or
+// METRALE_BACKEND; auto = CUDA when a device answers, else the emulator.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "metrale/backend.hpp"
+
+namespace metrale::cli {
+
+/// The backend named `choice` ("" = METRALE_BACKEND, else "auto"). Errors:
+/// `invalid_argument` for an unknown name; `unsupported` when CUDA is asked
+/// for but not built or no device answers.
+std::unique_ptr<GpuBackend> make_backend(std::string choice);
+
+struct BackendStatus {
+  std::string name;
+  bool built = false;
+  bool can_run = false;
+  std::string detail;
+};
+/// Every backend this binary knows, whether it was built and whether it runs here.
+std::vector<BackendStatus> backend_status();
+
+}  // namespace metrale::cli

@@ -1,0 +1,32 @@
+// metrale info: version, backends, emulator settings.
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "backends.hpp"
+#include "commands.hpp"
+#include "metrale/emu/emulator.hpp"
+
+namespace metrale::cli {
+
+void add_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "version, backends and emulator settings");
+  cmd->callback([] {
+    const auto t0 = std::chrono::steady_clock::now();
+    fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
+    for (const auto& b : backend_status())
+      fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
+                 b.can_run ? "yes" : "no", b.detail);
+    const emu::EmulatorBackend emu;
+    const auto& o = emu.options();
+    fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
+               emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
+    fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
+    for (const auto& e : emu.registry().entries())
+      fmt::print("    {:<40} {} parameters\n", e.full_name(), e.params.size());
+    const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
+  });
+}
+
+}  // namespace metrale::cli

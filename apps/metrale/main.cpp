@@ -1,0 +1,28 @@
+// metrale: the command line of the MLA decode kernels framework.
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <spdlog/cfg/env.h>
+#include <CLI/CLI.hpp>
+
+#include "commands.hpp"
+#include "metrale/error.hpp"
+
+int main(int argc, char** argv) {
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, ...
+  CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
+  app.set_version_flag("--version", METRALE_VERSION);
+  app.require_subcommand(1);
+  int exit_code = 0;
+  metrale::cli::add_replay(app, [&](int code) { exit_code = code; });
+  metrale::cli::add_info(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const metrale::Error& e) {
+    fmt::print(stderr, "error ({}): {}\n", metrale::to_string(e.code()), e.what());
+    return 2;
+  }
+  return exit_code;
+}

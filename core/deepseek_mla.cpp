@@ -1,0 +1,203 @@
+#include "metrale/deepseek_mla.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "metrale/error.hpp"
+
+namespace metrale {
+
+namespace {
+
+constexpr std::uint64_t kBf16 = sizeof(Bf16);
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<Bf16> to_bf16(std::span<const float> x) {
+  std::vector<Bf16> out(x.size());
+  std::transform(x.begin(), x.end(), out.begin(), Bf16::from_float);
+  return out;
+}
+
+std::vector<float> to_f32(std::span<const Bf16> x) {
+  std::vector<float> out(x.size());
+  std::transform(x.begin(), x.end(), out.begin(), [](Bf16 b) { return b.to_float(); });
+  return out;
+}
+
+void expect_size(const char* what, std::size_t got, std::size_t want) {
+  if (got != want) fail(Errc::invalid_argument, "deepseek mla: {} has {} values, expected {}", what, got, want);
+}
+
+}  // namespace
+
+DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk,
+                                       std::span<const Bf16> w_uv, PagedKvCache& cache)
+    : gpu_(gpu), cfg_(cfg), cache_(cache), k_(MlaAbsorbedKernels::resolve(gpu)) {
+  const MlaDims& d = cfg_.dims;
+  if (cfg_.heads == 0 || d.kv_lora == 0 || d.nope == 0 || d.v_head == 0)
+    fail(Errc::invalid_argument, "deepseek mla: heads {}, kv_lora {}, nope {} and v_head {} must all be > 0",
+         cfg_.heads, d.kv_lora, d.nope, d.v_head);
+  expect_size("w_uk", w_uk.size(), std::size_t{cfg_.heads} * d.nope * d.kv_lora);
+  expect_size("w_uv", w_uv.size(), std::size_t{cfg_.heads} * d.v_head * d.kv_lora);
+  const PagedCacheConfig& cc = cache.config();
+  if (cc.kv_cache_dim != d.cache_dim() || cc.num_kv_heads != 1)
+    fail(Errc::invalid_argument,
+         "deepseek mla: cache has num_kv_heads {} and kv_cache_dim {}, expected 1 and kv_lora + rope = {}",
+         cc.num_kv_heads, cc.kv_cache_dim, d.cache_dim());
+  std::vector<Bf16> w_uk_t(w_uk.size());  // [H, nope, kv_lora] -> [H, kv_lora, nope]
+  for (std::size_t h = 0; h < cfg_.heads; ++h)
+    for (std::size_t i = 0; i < d.nope; ++i)
+      for (std::size_t j = 0; j < d.kv_lora; ++j)
+        w_uk_t[(h * d.kv_lora + j) * d.nope + i] = w_uk[(h * d.nope + i) * d.kv_lora + j];
+  w_uk_t_ = DeviceBuffer::from_host<Bf16>(gpu_, w_uk_t);
+  w_uv_ = DeviceBuffer::from_host(gpu_, w_uv);
+}
+
+void DeepseekMlaDecoder::mark(const char* stage) {
+  gpu_.synchronize(0);
+  const double t = now_ms();
+  times_.emplace_back(stage, t - last_mark_);
+  last_mark_ = t;
+}
+
+SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent,
+                                             std::span<const float> k_rope, std::span<const std::uint32_t> positions) {
+  const MlaDims& d = cfg_.dims;
+  const std::size_t n = seqs.size();
+  expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
+  expect_size("k_rope", k_rope.size(), n * d.rope);
+  expect_size("positions", positions.size(), n);
+  SlotReservation slots = cache_.reserve(seqs);  // capacity first: fail before any work
+  if (n == 0) return slots;
+  const std::uint32_t cd = d.cache_dim(), nt = static_cast<std::uint32_t>(n);
+
+  const auto latent = DeviceBuffer::from_host<Bf16>(gpu_, to_bf16(kv_latent));    // [n, kv_lora]
+  const auto rope = DeviceBuffer::from_host<Bf16>(gpu_, to_bf16(k_rope));         // [n, rope]
+  const DeviceBuffer k_rows(gpu_, n * cd * kBf16), v_rows(gpu_, n * cd * kBf16);  // [n, cd]
+  const auto slot_mapping = DeviceBuffer::from_host(gpu_, slots.slot_mapping());
+  for (std::size_t i = 0; i < n; ++i) {
+    const DevicePtr k_rope_i = rope.ptr() + i * d.rope * kBf16;
+    if (cfg_.rotate && d.rope > 0)
+      rope_pairs_bf16(gpu_, k_.rope_pairs_bf16, {k_rope_i, 1, d.rope, positions[i], cfg_.rope_theta});
+    mla_cache_assemble(gpu_, k_.cache_assemble,
+                       {latent.ptr() + i * d.kv_lora * kBf16, k_rope_i, k_rows.ptr() + i * cd * kBf16,
+                        v_rows.ptr() + i * cd * kBf16, d.kv_lora, d.rope, cd});
+  }
+  const CacheStoreCommon common{k_rows.ptr(),       v_rows.ptr(), cache_.k_pool(),    cache_.v_pool(),
+                                slot_mapping.ptr(), nt,           cache_.row_width(), cache_.config().block_size};
+  if (cache_.config().format == KvFormat::fp8) {
+    mla_paged_cache_store_fp8(gpu_, k_.paged_cache_store_fp8,
+                              {common, cache_.cache_stride(), cache_.config().k_scale, cache_.config().v_scale});
+  } else {
+    mla_paged_cache_store_nvfp4(gpu_, k_.paged_cache_store_nvfp4,
+                                {common, cache_.block_stride_bytes(), cache_.data_section_bytes()});
+  }
+  gpu_.synchronize(0);
+  return slots;
+}
+
+void DeepseekMlaDecoder::append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent,
+                                   std::span<const float> k_rope, std::span<const std::uint32_t> positions) {
+  times_.clear();
+  last_mark_ = now_ms();
+  stage_kv(seqs, kv_latent, k_rope, positions).commit();
+  mark("kv append (rope, assemble, store)");
+}
+
+void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<const SeqId> seqs) {
+  const auto tables = cache_.upload_tables(seqs);
+  const PagedCacheConfig& cc = cache_.config();
+  const std::uint32_t cd = cfg_.dims.cache_dim();
+  const PagedDecodeCommon common{q_absorbed,
+                                 cache_.k_pool(),
+                                 cache_.v_pool(),
+                                 o,
+                                 tables.block_tables.ptr(),
+                                 tables.seq_lens.ptr(),
+                                 cache_.max_blocks_per_seq(),
+                                 cfg_.heads,
+                                 1,
+                                 cd,
+                                 cd,
+                                 cc.block_size,
+                                 cfg_.softmax_scale,
+                                 tables.num_seqs};
+  if (cc.format == KvFormat::fp8) {
+    const PagedDecodeFp8Args a{common, cc.k_scale, cc.v_scale, cache_.cache_stride(), 0, {}, {}, 0};
+    mla_paged_decode_fp8(gpu_, k_.paged_decode_fp8, a);
+  } else {
+    mla_paged_decode_nvfp4(gpu_, k_.paged_decode_nvfp4,
+                           {common, cache_.block_stride_bytes(), cache_.data_section_bytes()});
+  }
+}
+
+DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
+  const MlaDims& d = cfg_.dims;
+  const std::uint32_t H = cfg_.heads, cd = d.cache_dim(), hd = d.hd();
+  const std::size_t S = in.seqs.size();
+  if (std::set<SeqId>(in.seqs.begin(), in.seqs.end()).size() != S)
+    fail(Errc::invalid_argument, "deepseek mla: a sequence is listed twice in one decode step");
+  expect_size("q_nope", in.q_nope.size(), S * H * d.nope);
+  expect_size("q_rope", in.q_rope.size(), S * H * d.rope);
+  times_.clear();
+  last_mark_ = now_ms();
+  if (S == 0) return {};
+
+  // q_full [S, H, nope + rope] = [q_nope ‖ q_rope], as the model's BF16 activations.
+  std::vector<Bf16> q_full(S * H * hd);
+  for (std::size_t r = 0; r < S * H; ++r) {
+    for (std::size_t i = 0; i < d.nope; ++i) q_full[r * hd + i] = Bf16::from_float(in.q_nope[r * d.nope + i]);
+    for (std::size_t i = 0; i < d.rope; ++i) q_full[r * hd + d.nope + i] = Bf16::from_float(in.q_rope[r * d.rope + i]);
+  }
+  const auto q_full_d = DeviceBuffer::from_host<Bf16>(gpu_, q_full);
+  const DeviceBuffer q_abs(gpu_, S * H * cd * kBf16), q_rope(gpu_, S * H * d.rope * kBf16);
+  const DeviceBuffer o(gpu_, S * H * cd * kBf16), attn(gpu_, S * H * d.v_head * kBf16);
+  mark("upload");
+
+  const auto nq = static_cast<std::uint32_t>(S * H);
+  for (std::size_t s = 0; s < S; ++s)
+    mla_batched_gemv(gpu_, k_.batched_gemv,
+                     {q_full_d.ptr() + s * H * hd * kBf16, w_uk_t_.ptr(), q_abs.ptr() + s * H * cd * kBf16, d.kv_lora,
+                      d.nope, H, hd, cd});
+  mark("absorb q (gemv W_UK)");
+  if (d.rope > 0) {
+    mla_q_rope_scatter(gpu_, k_.q_rope_scatter,
+                       {q_full_d.ptr(), q_abs.ptr(), q_rope.ptr(), nq, hd, d.nope, d.rope, d.kv_lora, cd});
+    if (cfg_.rotate) {
+      for (std::size_t s = 0; s < S; ++s)
+        rope_pairs_bf16(gpu_, k_.rope_pairs_bf16,
+                        {q_rope.ptr() + s * H * d.rope * kBf16, H, d.rope, in.positions[s], cfg_.rope_theta});
+      mla_q_rope_writeback(gpu_, k_.q_rope_writeback, {q_rope.ptr(), q_abs.ptr(), nq, d.rope, d.kv_lora, cd});
+    }
+  }
+  mark("rope q (scatter, rope, writeback)");
+
+  SlotReservation slots = stage_kv(in.seqs, in.kv_latent, in.k_rope, in.positions);
+  mark("kv append (rope, assemble, store)");
+  attend(q_abs.ptr(), o.ptr(), in.seqs);
+  mark("paged decode");
+  for (std::size_t s = 0; s < S; ++s)
+    mla_batched_gemv(gpu_, k_.batched_gemv,
+                     {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head,
+                      d.kv_lora, H, cd, d.v_head});
+  mark("up-project (gemv W_UV)");
+
+  StepOutput out;
+  out.q_absorbed = to_f32(q_abs.to_host<Bf16>());
+  const auto o_full = to_f32(o.to_host<Bf16>());
+  out.o_latent.resize(S * H * d.kv_lora);
+  for (std::size_t r = 0; r < S * H; ++r)
+    std::copy_n(o_full.begin() + static_cast<std::ptrdiff_t>(r * cd), d.kv_lora,
+                out.o_latent.begin() + static_cast<std::ptrdiff_t>(r * d.kv_lora));
+  out.attn_out = to_f32(attn.to_host<Bf16>());
+  mark("download");
+  slots.commit();  // the step succeeded: the new tokens stay in the cache
+  return out;
+}
+
+}  // namespace metrale

@@ -1,0 +1,58 @@
+// The abstract device every launcher targets (SPEC §1). Two implementations:
+// `emu::EmulatorBackend` (always built) and `CudaBackend` (built with the CUDA
+// toolkit). All calls are synchronous from the host's point of view except
+// `launch`, which may be asynchronous on its stream until `synchronize`.
+#pragma once
+
+#include <cstddef>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "metrale/device.hpp"
+
+namespace metrale {
+
+class GpuBackend {
+ public:
+  virtual ~GpuBackend() = default;
+  GpuBackend() = default;
+  GpuBackend(const GpuBackend&) = delete;
+  GpuBackend& operator=(const GpuBackend&) = delete;
+
+  /// Allocate `bytes` (> 0) of device memory. `where` is recorded by backends
+  /// that report allocations (the emulator names it in faults and leaks).
+  /// Errors: `invalid_argument` for 0 bytes, `out_of_memory`.
+  DevicePtr alloc(std::size_t bytes, std::source_location where = std::source_location::current()) {
+    return do_alloc(bytes, where);
+  }
+  /// Free an allocation by its start address. Errors: `device_fault` for a
+  /// double free, an interior address or an address never allocated.
+  virtual void free(DevicePtr ptr) = 0;
+  /// Copy `src.size()` bytes from the host to `dst`. Errors: `device_fault`.
+  virtual void copy_h2d(std::span<const std::byte> src, DevicePtr dst) = 0;
+  /// Copy `dst.size()` bytes from `src` to the host. Errors: `device_fault`.
+  virtual void copy_d2h(DevicePtr src, std::span<std::byte> dst) = 0;
+  /// Copy `bytes` bytes between device addresses. Errors: `device_fault`.
+  virtual void copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) = 0;
+  /// Look a kernel up by module and entry name (the `.cu` file stem and the
+  /// `__global__` function). Errors: `not_found` naming both.
+  virtual KernelHandle kernel(std::string_view module, std::string_view entry) = 0;
+  /// Launch `kernel` over `grid` x `block` with `args` in declaration order.
+  /// Errors: `launch_failed` when the arguments or block shape disagree with the
+  /// kernel's declared parameters; `device_fault` for a faulting kernel.
+  virtual void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
+                      Stream stream) = 0;
+  /// Wait for the work queued on `stream`. Errors: `device_fault`.
+  virtual void synchronize(Stream stream) = 0;
+  /// "emu" or "cuda".
+  virtual std::string name() const = 0;
+  /// "module.entry" of a handle this backend returned, for messages.
+  virtual std::string kernel_name(KernelHandle kernel) const = 0;
+
+ protected:
+  virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;
+};
+
+}  // namespace metrale

@@ -1,0 +1,98 @@
+// One DeepSeek-V4-Flash absorbed-MLA decode step on any backend (SPEC §3,
+// golden README): every stage is a kernel of module `mla_absorbed`.
+//
+//   q_full [S,H,192] ─gemv W_UKᵀ─► q_absorbed[:, :, :512]
+//                    ─scatter─► q_rope [S,H,64] ─rope─► writeback ─► q_absorbed[:, :, 512:]
+//   k_rope ─rope─► assemble [c ‖ k_rope] / [c ‖ 0] ─store─► paged cache (slot mapping)
+//   paged decode (fp8 | nvfp4) ─► o [S,H,576] ─gemv W_UV─► attn_out [S,H,128]
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "metrale/backend.hpp"
+#include "metrale/buffer.hpp"
+#include "metrale/formats.hpp"
+#include "metrale/mla_absorbed.hpp"
+#include "metrale/paged_cache.hpp"
+
+namespace metrale {
+
+/// MLA dimensions; the defaults are DeepSeek's.
+struct MlaDims {
+  std::uint32_t kv_lora = 512, rope = 64, nope = 128, v_head = 128;
+  std::uint32_t hd() const { return nope + rope; }            // q head dim before absorption
+  std::uint32_t cache_dim() const { return kv_lora + rope; }  // mla_cache_dim, 576
+};
+
+struct DeepseekMlaConfig {
+  std::uint32_t heads = 0;
+  MlaDims dims;
+  float softmax_scale = 0.0f;  // 1/√(nope + rope) for DeepSeek
+  float rope_theta = 10000.0f;
+  bool rotate = true;  // false: no rotation anywhere (rope "none")
+};
+
+/// How long each stage of the last call took, host wall clock after a
+/// synchronize, in milliseconds.
+using StageTimes = std::vector<std::pair<std::string, double>>;
+
+class DeepseekMlaDecoder {
+ public:
+  /// `w_uk` [heads, nope, kv_lora] and `w_uv` [heads, v_head, kv_lora], BF16
+  /// (rows of HF's kv_b_proj). W_UK is kept transposed per head so absorption
+  /// is one batched GEMV. Errors: `invalid_argument` for a weight size, a zero
+  /// dimension, a cache whose kv_cache_dim is not kv_lora + rope or that has
+  /// more than one KV head; the backend's.
+  DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk, std::span<const Bf16> w_uv,
+                     PagedKvCache& cache);
+
+  /// Append earlier tokens to the cache through the decode step's own kernels
+  /// (rope, assemble, store). Token i belongs to `seqs[i]` at `positions[i]`:
+  /// kv_latent [n, kv_lora], k_rope [n, rope] (before rotation). All or
+  /// nothing: on any error the cache is unchanged. Errors: `invalid_argument`
+  /// for sizes, `capacity_exceeded`, `not_found`, the backend's.
+  void append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
+                 std::span<const std::uint32_t> positions);
+
+  struct StepInput {
+    std::span<const SeqId> seqs;               // S distinct sequences
+    std::span<const float> q_nope;             // [S, H, nope]
+    std::span<const float> q_rope;             // [S, H, rope], before rotation
+    std::span<const float> kv_latent;          // [S, kv_lora], the new token's
+    std::span<const float> k_rope;             // [S, rope], before rotation
+    std::span<const std::uint32_t> positions;  // [S]
+  };
+  struct StepOutput {
+    std::vector<float> q_absorbed;  // [S, H, kv_lora + rope]
+    std::vector<float> o_latent;    // [S, H, kv_lora]
+    std::vector<float> attn_out;    // [S, H, v_head]
+  };
+  /// One decode step: each sequence's new token enters the cache and attends
+  /// over it. On any error the cache is unchanged. Errors: as append_kv, plus
+  /// `invalid_argument` for a sequence listed twice.
+  StepOutput step(const StepInput& in);
+
+  const StageTimes& stage_times() const { return times_; }
+  const DeepseekMlaConfig& config() const { return cfg_; }
+
+ private:
+  SlotReservation stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
+                           std::span<const std::uint32_t> positions);
+  void attend(DevicePtr q_absorbed, DevicePtr o, std::span<const SeqId> seqs);
+  void mark(const char* stage);
+
+  GpuBackend& gpu_;
+  DeepseekMlaConfig cfg_;
+  PagedKvCache& cache_;
+  MlaAbsorbedKernels k_;
+  DeviceBuffer w_uk_t_;  // [H, kv_lora, nope] bf16
+  DeviceBuffer w_uv_;    // [H, v_head, kv_lora] bf16
+  StageTimes times_;
+  double last_mark_ = 0.0;
+};
+
+}  // namespace metrale

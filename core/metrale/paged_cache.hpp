@@ -1,0 +1,142 @@
+// The host side of a paged KV cache (SPEC §3 "Paged layout"): a pool of
+// physical blocks on the device, a free list, per-sequence block tables and
+// seq_lens. Slots are handed out by all-or-nothing reservations; the K/V bytes
+// themselves are written by the `mla_paged_cache_store_*` kernels.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "metrale/backend.hpp"
+#include "metrale/buffer.hpp"
+
+namespace metrale {
+
+enum class KvFormat : std::uint8_t { fp8, nvfp4 };
+/// "fp8" or "nvfp4".
+std::string_view to_string(KvFormat format);
+/// Parse "fp8" / "nvfp4". Errors: `invalid_argument` naming the text.
+KvFormat parse_kv_format(std::string_view text);
+
+struct PagedCacheConfig {
+  KvFormat format = KvFormat::fp8;
+  std::uint32_t num_blocks = 0;          // physical blocks in each pool
+  std::uint32_t block_size = 16;         // tokens per block
+  std::uint32_t num_kv_heads = 1;
+  std::uint32_t kv_cache_dim = 576;      // values per KV head per token
+  std::uint32_t max_blocks_per_seq = 0;  // block-table width; 0 = num_blocks
+  std::uint64_t cache_stride = 0;        // FP8 row pitch in bytes; 0 = row width rounded up to 16
+  float k_scale = 1.0f, v_scale = 1.0f;  // FP8 dequantisation scales
+  std::uint64_t free_list_seed = 0;      // 0: blocks handed out in descending order; else shuffled
+};
+
+using SeqId = std::uint32_t;
+
+class PagedKvCache;
+
+/// Slots reserved for new tokens. Until `commit()`, the cache counts them as
+/// used; destroying an uncommitted reservation restores the cache exactly
+/// (seq_lens, block tables and free list).
+class SlotReservation {
+ public:
+  SlotReservation(SlotReservation&& o) noexcept;
+  SlotReservation& operator=(SlotReservation&&) = delete;
+  SlotReservation(const SlotReservation&) = delete;
+  ~SlotReservation();
+
+  /// slot_mapping[t] = physical_block·block_size + offset, one per reserved token.
+  std::span<const std::int32_t> slot_mapping() const { return slots_; }
+  /// Keep the reserved tokens.
+  void commit() noexcept;
+
+ private:
+  friend class PagedKvCache;
+  struct Undo {
+    SeqId seq;
+    std::uint32_t seq_len;
+    std::size_t table_size;
+  };
+  explicit SlotReservation(PagedKvCache& cache) : cache_(&cache) {}
+  PagedKvCache* cache_;
+  std::vector<std::int32_t> slots_;
+  std::vector<Undo> undo_;
+  std::vector<std::int32_t> taken_blocks_;
+};
+
+class PagedKvCache {
+ public:
+  /// Allocate the K and V pools. Errors: `invalid_argument` naming the field
+  /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; NVFP4 row width
+  /// not a multiple of 16; cache_stride < row width; a scale not finite or ≤ 0;
+  /// a slot index past INT32_MAX); `out_of_memory`.
+  PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
+
+  const PagedCacheConfig& config() const { return cfg_; }
+  /// Values per token row: num_kv_heads · kv_cache_dim.
+  std::uint32_t row_width() const { return cfg_.num_kv_heads * cfg_.kv_cache_dim; }
+  /// FP8: bytes between rows.
+  std::uint64_t cache_stride() const { return cfg_.cache_stride; }
+  /// NVFP4: bytes of packed E2M1 data at the start of a block (16-aligned).
+  std::uint64_t data_section_bytes() const { return data_section_bytes_; }
+  /// NVFP4: bytes per physical block (data section + scales, 16-aligned).
+  std::uint64_t block_stride_bytes() const { return block_stride_bytes_; }
+  /// Bytes of each of the K and V pools.
+  std::uint64_t pool_bytes() const { return k_pool_.bytes(); }
+  DevicePtr k_pool() const { return k_pool_.ptr(); }
+  DevicePtr v_pool() const { return v_pool_.ptr(); }
+  std::uint32_t max_blocks_per_seq() const { return cfg_.max_blocks_per_seq; }
+
+  /// A new empty sequence.
+  SeqId add_sequence();
+  /// Return a sequence's blocks to the free list. Errors: `not_found`.
+  void free_sequence(SeqId seq);
+  bool contains(SeqId seq) const { return seqs_.count(seq) != 0; }
+  /// Errors: `not_found`.
+  std::uint32_t seq_len(SeqId seq) const;
+  /// Physical block of each logical block. Errors: `not_found`.
+  std::span<const std::int32_t> block_table(SeqId seq) const;
+  std::vector<SeqId> sequences() const;
+  std::uint32_t free_blocks() const { return static_cast<std::uint32_t>(free_.size()); }
+  std::uint32_t used_blocks() const { return cfg_.num_blocks - free_blocks(); }
+
+  /// Reserve one slot per entry of `tokens` (a sequence may appear several
+  /// times: its tokens, in order). All or nothing. Errors: `not_found` for an
+  /// unknown sequence; `capacity_exceeded` naming the sequence when the pool
+  /// has no free block or its block table is full — nothing changes.
+  /// `internal` while another reservation is outstanding.
+  SlotReservation reserve(std::span<const SeqId> tokens);
+
+  struct DeviceTables {
+    DeviceBuffer block_tables;  // [num_seqs, max_blocks_per_seq] int32
+    DeviceBuffer seq_lens;      // [num_seqs] int32
+    std::uint32_t num_seqs = 0;
+  };
+  /// Upload the tables of `seqs`, in order; unused columns hold `fill`
+  /// (the kernels never read them). Errors: `not_found`, and the backend's.
+  DeviceTables upload_tables(std::span<const SeqId> seqs, std::int32_t fill = -1) const;
+
+ private:
+  friend class SlotReservation;
+  struct Seq {
+    std::uint32_t len = 0;
+    std::vector<std::int32_t> table;
+  };
+  void rollback(SlotReservation& r) noexcept;
+  std::uint64_t row_width_u64() const { return std::uint64_t{cfg_.num_kv_heads} * cfg_.kv_cache_dim; }
+  Seq& seq_ref(SeqId seq);
+  const Seq& seq_ref(SeqId seq) const;
+
+  GpuBackend& gpu_;
+  PagedCacheConfig cfg_;
+  std::uint64_t data_section_bytes_ = 0, block_stride_bytes_ = 0;
+  DeviceBuffer k_pool_, v_pool_;
+  std::vector<std::int32_t> free_;  // popped from the back
+  std::map<SeqId, Seq> seqs_;
+  SeqId next_seq_ = 0;
+  bool reservation_open_ = false;
+};
+
+}  // namespace metrale

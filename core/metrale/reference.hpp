@@ -1,0 +1,77 @@
+// Plain float64 implementations of the math (SPEC terms: the *reference*),
+// independent of the ports and the kernels: they share only the number-format
+// decoders, which are checked against ml_dtypes' tables. Inputs are the values
+// the kernels see (BF16 or cache codes); all arithmetic is float64 (Eigen).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "metrale/paged_cache.hpp"
+
+namespace metrale::ref {
+
+/// out[h, n] = Σ_{j<k} weight[h, n, j] · input[h·input_stride + j] → [num_heads, n_out].
+std::vector<double> batched_gemv(std::span<const float> input, std::span<const float> weight, std::uint32_t n_out,
+                                 std::uint32_t k, std::uint32_t num_heads, std::uint32_t input_stride);
+
+/// Rotate pairs (2i, 2i+1) of each row of x [rows, rope] in place:
+/// angle = pos · theta^(−2i/rope).
+void rope_pairs(std::span<double> x, std::uint32_t rope, std::uint32_t pos, double theta);
+
+/// Everything a paged decode launch reads, as host copies (SPEC §3).
+struct PagedAttentionProblem {
+  KvFormat format = KvFormat::fp8;
+  std::span<const float> q;  // [num_seqs, num_q_heads, q_head_dim]
+  std::span<const std::uint8_t> k_pool, v_pool;
+  std::span<const std::int32_t> block_tables;  // [num_seqs, max_blocks_per_seq]
+  std::span<const std::int32_t> seq_lens;      // [num_seqs]
+  std::uint32_t num_seqs = 0, max_blocks_per_seq = 0, num_q_heads = 0, num_kv_heads = 1, q_head_dim = 0,
+                kv_cache_dim = 0, block_size = 0;
+  double inv_sqrt_d = 0;
+  // FP8
+  double k_scale = 1, v_scale = 1;
+  std::uint64_t cache_stride = 0;
+  std::uint32_t sliding_window = 0;
+  std::span<const float> sinks;             // [num_q_heads] or empty
+  std::span<const std::uint8_t> comp_pool;  // [num_seqs, comp_block_count, 2, cache_stride] or empty
+  std::uint32_t comp_block_count = 0;
+  // NVFP4
+  std::uint64_t block_stride_bytes = 0, data_section_bytes = 0;
+};
+
+/// o [num_seqs, num_q_heads, kv_cache_dim] in float64, by the definition:
+/// gather the key set, softmax (with the sink in the denominator), weighted sum.
+std::vector<double> paged_attention(const PagedAttentionProblem& p);
+
+/// One K or V row of a cache pool decoded: `kv_cache_dim` values of KV head
+/// `kv_head` at slot `slot` (block·block_size + offset); `scale` is the FP8
+/// scale (unused for NVFP4). Errors: `internal` for a byte outside the pool.
+std::vector<double> cache_row(const PagedAttentionProblem& p, std::span<const std::uint8_t> pool, std::int64_t slot,
+                              std::uint32_t kv_head, double scale);
+
+/// The DeepSeek absorbed-MLA decode step of one sequence by its definition
+/// (golden README): q_absorbed = [W_UKᵀ q_nope ‖ rope(q_rope)], K_t = [c_t ‖ rope(k_rope_t)],
+/// V_t = c_t, o = softmax(q_absorbed·Kᵀ·scale)·V, attn_out = W_UV·o.
+struct DeepseekStepProblem {
+  std::uint32_t heads = 0, tokens = 0, kv_lora = 512, rope = 64, nope = 128, v_head = 128;
+  double softmax_scale = 0, rope_theta = 10000;
+  bool rotate = true;                // false: the case's rope is "none"
+  std::span<const float> q_nope;     // [heads, nope]
+  std::span<const float> q_rope;     // [heads, rope]
+  std::span<const float> kv_latent;  // [tokens, kv_lora]
+  std::span<const float> k_rope;     // [tokens, rope], before rotation
+  std::span<const float> w_uk;       // [heads, nope, kv_lora]
+  std::span<const float> w_uv;       // [heads, v_head, kv_lora]
+};
+struct DeepseekStepResult {
+  std::vector<double> q_absorbed;  // [heads, kv_lora + rope]
+  std::vector<double> o_latent;    // [heads, kv_lora]
+  std::vector<double> attn_out;    // [heads, v_head]
+};
+/// Token t is at position t; the last token is the query.
+DeepseekStepResult deepseek_step(const DeepseekStepProblem& p);
+
+}  // namespace metrale::ref

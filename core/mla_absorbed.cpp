@@ -1,0 +1,258 @@
+// Launchers of module `mla_absorbed` (SPEC §3): validate, build, launch.
+#include "metrale/mla_absorbed.hpp"
+
+#include <algorithm>
+
+#include "metrale/launch.hpp"
+#include "validate.hpp"
+
+namespace metrale {
+
+using detail::Validator;
+
+namespace {
+
+constexpr Dim3 kBlock256{256, 1, 1};
+
+void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
+  v.non_null({{"q", a.q},
+              {"k_cache", a.k_cache},
+              {"v_cache", a.v_cache},
+              {"o", a.o},
+              {"block_tables", a.block_tables},
+              {"seq_lens", a.seq_lens}});
+  v.positive({{"num_seqs", a.num_seqs},
+              {"num_q_heads", a.num_q_heads},
+              {"num_kv_heads", a.num_kv_heads},
+              {"q_head_dim", a.q_head_dim},
+              {"block_size", a.block_size},
+              {"max_blocks_per_seq", a.max_blocks_per_seq}});
+  v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
+  v.check(a.num_q_heads % a.num_kv_heads == 0, "num_q_heads {} is not a multiple of num_kv_heads {}", a.num_q_heads,
+          a.num_kv_heads);
+  v.check(a.q_head_dim <= a.kv_cache_dim, "q_head_dim {} > kv_cache_dim {}", a.q_head_dim, a.kv_cache_dim);
+  if (a.kv_cache_dim > kMaxKvCacheDim)
+    fail(Errc::unsupported, "{}: kv_cache_dim {} exceeds the kernel's limit {}", v.kernel, a.kv_cache_dim,
+         kMaxKvCacheDim);
+  v.check(std::isfinite(a.inv_sqrt_d), "inv_sqrt_d {} is not finite", a.inv_sqrt_d);
+}
+
+// NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
+void validate_nvfp4_layout(const Validator& v, std::uint64_t row_width, std::uint32_t block_size,
+                           std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes) {
+  v.check(row_width % 16 == 0, "row width {} is not a multiple of 16", row_width);
+  v.check(data_section_bytes >= block_size * row_width / 2, "data_section_bytes {} < block_size {} x row width {} / 2",
+          data_section_bytes, block_size, row_width);
+  v.check(block_stride_bytes >= data_section_bytes + block_size * row_width / 16,
+          "block_stride_bytes {} < data_section_bytes {} + block_size {} x row width {} / 16", block_stride_bytes,
+          data_section_bytes, block_size, row_width);
+}
+
+KernelLaunch& paged_decode_args(KernelLaunch& l, const PagedDecodeCommon& a) {
+  return l.grid({a.num_q_heads, a.num_seqs, 1})
+      .block(kBlock256)
+      .arg_ptr(a.q)
+      .arg_ptr(a.k_cache)
+      .arg_ptr(a.v_cache)
+      .arg_ptr(a.o)
+      .arg_ptr(a.block_tables)
+      .arg_ptr(a.seq_lens)
+      .arg_u32(a.max_blocks_per_seq)
+      .arg_u32(a.num_q_heads)
+      .arg_u32(a.num_kv_heads)
+      .arg_u32(a.q_head_dim)
+      .arg_u32(a.kv_cache_dim)
+      .arg_u32(a.block_size)
+      .arg_f32(a.inv_sqrt_d);
+}
+
+void validate_cache_store(const Validator& v, const CacheStoreCommon& a) {
+  v.non_null({{"k_src", a.k_src},
+              {"v_src", a.v_src},
+              {"k_cache", a.k_cache},
+              {"v_cache", a.v_cache},
+              {"slot_mapping", a.slot_mapping}});
+  v.positive({{"num_tokens", a.num_tokens}, {"row_width", a.row_width}, {"block_size", a.block_size}});
+  v.at_most("num_tokens", a.num_tokens, 0x7FFF'FFFF);
+}
+
+}  // namespace
+
+MlaAbsorbedKernels MlaAbsorbedKernels::resolve(GpuBackend& gpu) {
+  auto k = [&](const char* entry) { return gpu.kernel(kMlaAbsorbedModule, entry); };
+  return {k("mla_batched_gemv"),   k("mla_q_rope_scatter"),        k("mla_q_rope_writeback"),
+          k("mla_cache_assemble"), k("mla_paged_decode_nvfp4"),    k("mla_paged_decode_fp8"),
+          k("rope_pairs_bf16"),    k("mla_paged_cache_store_fp8"), k("mla_paged_cache_store_nvfp4")};
+}
+
+void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
+  const Validator v{"mla_batched_gemv"};
+  v.non_null({{"input", a.input}, {"weight", a.weight}, {"output", a.output}});
+  v.positive({{"n_out", a.n_out}, {"k", a.k}, {"num_heads", a.num_heads}});
+  v.at_most("num_heads", a.num_heads, detail::kMaxGridYZ);
+  v.check(a.output_stride >= a.n_out, "output_stride {} < n_out {} (heads would overlap)", a.output_stride, a.n_out);
+  KernelLaunch(gpu, kernel)
+      .grid({div_ceil(a.n_out, 8u), a.num_heads, 1})  // 8 warps, one output row each
+      .block(kBlock256)
+      .arg_ptr(a.input)
+      .arg_ptr(a.weight)
+      .arg_ptr(a.output)
+      .arg_u32(a.n_out)
+      .arg_u32(a.k)
+      .arg_u32(a.input_stride)
+      .arg_u32(a.output_stride)
+      .launch(stream);
+}
+
+void mla_q_rope_scatter(GpuBackend& gpu, KernelHandle kernel, const QRopeScatterArgs& a, Stream stream) {
+  const Validator v{"mla_q_rope_scatter"};
+  v.non_null({{"q_full", a.q_full}, {"q_absorbed_buf", a.q_absorbed_buf}, {"q_rope_contiguous", a.q_rope_contiguous}});
+  v.positive({{"nq", a.nq}, {"rope", a.rope}});
+  v.check(std::uint64_t{a.nope} + a.rope <= a.hd, "nope {} + rope {} > hd {}", a.nope, a.rope, a.hd);
+  v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
+          a.rope, a.mla_cache_dim);
+  KernelLaunch(gpu, kernel)
+      .grid({1, 1, 1})
+      .block(kBlock256)
+      .arg_ptr(a.q_full)
+      .arg_ptr(a.q_absorbed_buf)
+      .arg_ptr(a.q_rope_contiguous)
+      .arg_u32(a.nq)
+      .arg_u32(a.hd)
+      .arg_u32(a.nope)
+      .arg_u32(a.rope)
+      .arg_u32(a.kv_lora)
+      .arg_u32(a.mla_cache_dim)
+      .launch(stream);
+}
+
+void mla_q_rope_writeback(GpuBackend& gpu, KernelHandle kernel, const QRopeWritebackArgs& a, Stream stream) {
+  const Validator v{"mla_q_rope_writeback"};
+  v.non_null({{"q_rope_direct", a.q_rope_direct}, {"q_absorbed_buf", a.q_absorbed_buf}});
+  v.positive({{"nq", a.nq}, {"rope", a.rope}});
+  v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
+          a.rope, a.mla_cache_dim);
+  KernelLaunch(gpu, kernel)
+      .grid({1, 1, 1})
+      .block(kBlock256)
+      .arg_ptr(a.q_rope_direct)
+      .arg_ptr(a.q_absorbed_buf)
+      .arg_u32(a.nq)
+      .arg_u32(a.rope)
+      .arg_u32(a.kv_lora)
+      .arg_u32(a.mla_cache_dim)
+      .launch(stream);
+}
+
+void mla_cache_assemble(GpuBackend& gpu, KernelHandle kernel, const CacheAssembleArgs& a, Stream stream) {
+  const Validator v{"mla_cache_assemble"};
+  v.non_null({{"kv_latent", a.kv_latent}, {"k_rope", a.k_rope}, {"k_cache", a.k_cache}, {"v_cache", a.v_cache}});
+  v.positive({{"kv_lora", a.kv_lora}});
+  v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
+          a.rope, a.mla_cache_dim);
+  v.at_most("mla_cache_dim", a.mla_cache_dim, 1024);  // one thread per element
+  KernelLaunch(gpu, kernel)
+      .grid({1, 1, 1})
+      .block({std::max(a.mla_cache_dim, 256u), 1, 1})
+      .arg_ptr(a.kv_latent)
+      .arg_ptr(a.k_rope)
+      .arg_ptr(a.k_cache)
+      .arg_ptr(a.v_cache)
+      .arg_u32(a.kv_lora)
+      .arg_u32(a.rope)
+      .arg_u32(a.mla_cache_dim)
+      .launch(stream);
+}
+
+void rope_pairs_bf16(GpuBackend& gpu, KernelHandle kernel, const RopePairsArgs& a, Stream stream) {
+  const Validator v{"rope_pairs_bf16"};
+  v.non_null({{"x", a.x}});
+  v.positive({{"rows", a.rows}, {"rope", a.rope}});
+  v.check(a.rope % 2 == 0, "rope {} is odd (pairs (2i, 2i+1))", a.rope);
+  v.positive_finite("theta", a.theta);
+  const std::uint64_t pairs = std::uint64_t{a.rows} * (a.rope / 2);
+  v.at_most("rows x rope / 2", pairs, 0x7FFF'FFFFull * 256);
+  KernelLaunch(gpu, kernel)
+      .grid({static_cast<std::uint32_t>(div_ceil<std::uint64_t>(pairs, 256)), 1, 1})
+      .block(kBlock256)
+      .arg_ptr(a.x)
+      .arg_u32(a.rows)
+      .arg_u32(a.rope)
+      .arg_u32(a.pos)
+      .arg_f32(a.theta)
+      .launch(stream);
+}
+
+void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream) {
+  const Validator v{"mla_paged_decode_nvfp4"};
+  validate_paged_decode(v, a);
+  validate_nvfp4_layout(v, std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.block_size, a.block_stride_bytes,
+                        a.data_section_bytes);
+  KernelLaunch l(gpu, kernel);
+  paged_decode_args(l, a).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).launch(stream);
+}
+
+void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {
+  const Validator v{"mla_paged_decode_fp8"};
+  validate_paged_decode(v, a);
+  v.positive_finite("k_scale", a.k_scale);
+  v.positive_finite("v_scale", a.v_scale);
+  v.check(a.cache_stride >= std::uint64_t{a.num_kv_heads} * a.kv_cache_dim,
+          "cache_stride {} < row width {} (num_kv_heads {} x kv_cache_dim {})", a.cache_stride,
+          std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.num_kv_heads, a.kv_cache_dim);
+  KernelLaunch l(gpu, kernel);
+  paged_decode_args(l, a)
+      .arg_f32(a.k_scale)
+      .arg_f32(a.v_scale)
+      .arg_u64(a.cache_stride)
+      .arg_u32(a.sliding_window)
+      .arg_ptr(a.sinks)
+      .arg_ptr(a.comp_pool)
+      .arg_u32(a.comp_block_count)
+      .launch(stream);
+}
+
+void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const CacheStoreFp8Args& a, Stream stream) {
+  const Validator v{"mla_paged_cache_store_fp8"};
+  validate_cache_store(v, a);
+  v.check(a.cache_stride >= a.row_width, "cache_stride {} < row_width {}", a.cache_stride, a.row_width);
+  v.positive_finite("k_scale", a.k_scale);
+  v.positive_finite("v_scale", a.v_scale);
+  KernelLaunch(gpu, kernel)
+      .grid({a.num_tokens, 1, 1})
+      .block(kBlock256)
+      .arg_ptr(a.k_src)
+      .arg_ptr(a.v_src)
+      .arg_ptr(a.k_cache)
+      .arg_ptr(a.v_cache)
+      .arg_ptr(a.slot_mapping)
+      .arg_u32(a.num_tokens)
+      .arg_u32(a.row_width)
+      .arg_u32(a.block_size)
+      .arg_u64(a.cache_stride)
+      .arg_f32(a.k_scale)
+      .arg_f32(a.v_scale)
+      .launch(stream);
+}
+
+void mla_paged_cache_store_nvfp4(GpuBackend& gpu, KernelHandle kernel, const CacheStoreNvfp4Args& a, Stream stream) {
+  const Validator v{"mla_paged_cache_store_nvfp4"};
+  validate_cache_store(v, a);
+  validate_nvfp4_layout(v, a.row_width, a.block_size, a.block_stride_bytes, a.data_section_bytes);
+  KernelLaunch(gpu, kernel)
+      .grid({a.num_tokens, 1, 1})
+      .block(kBlock256)
+      .arg_ptr(a.k_src)
+      .arg_ptr(a.v_src)
+      .arg_ptr(a.k_cache)
+      .arg_ptr(a.v_cache)
+      .arg_ptr(a.slot_mapping)
+      .arg_u32(a.num_tokens)
+      .arg_u32(a.row_width)
+      .arg_u32(a.block_size)
+      .arg_u64(a.block_stride_bytes)
+      .arg_u64(a.data_section_bytes)
+      .launch(stream);
+}
+
+}  // namespace metrale

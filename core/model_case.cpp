@@ -1,0 +1,124 @@
+#include "metrale/model_case.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "metrale/error.hpp"
+
+namespace metrale {
+
+CaseMetric compare(std::string name, std::span<const float> out, std::span<const float> ref, double tolerance) {
+  if (out.size() != ref.size())
+    fail(Errc::internal, "compare {}: {} values against a reference of {}", name, out.size(), ref.size());
+  double num = 0, den = 0, max_abs = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double diff = double{out[i]} - double{ref[i]};
+    num += diff * diff;
+    den += double{ref[i]} * ref[i];
+    max_abs = std::isnan(diff) ? diff : std::max(max_abs, std::fabs(diff));
+    if (std::isnan(max_abs)) break;
+  }
+  CaseMetric m{std::move(name), den > 0 ? std::sqrt(num / den) : std::sqrt(num), max_abs, tolerance, false};
+  m.pass = std::isfinite(m.rel_l2) && std::isfinite(m.max_abs) && m.rel_l2 <= tolerance;
+  return m;
+}
+
+double replay_tolerance(std::string_view metric, KvFormat format) {
+  if (metric == "q_absorbed") return 1e-2;  // BF16 activations and GEMV output, independent of the cache
+  return format == KvFormat::fp8 ? 5e-2 : 0.16;
+}
+
+namespace {
+
+struct CaseDims {
+  std::uint32_t heads, tokens;
+  MlaDims dims;
+};
+
+std::uint32_t meta_u32(const SafeTensors& f, std::string_view key) {
+  const std::int64_t v = f.meta_i64(key);
+  if (v <= 0 || v > 1'000'000) fail(Errc::invalid_argument, "metadata {} = {} is out of range", key, v);
+  return static_cast<std::uint32_t>(v);
+}
+
+// The tensor `name` as floats, checked to hold `count` values.
+std::vector<float> tensor(const SafeTensors& f, std::string_view name, std::size_t count) {
+  std::vector<float> v = f.at(name).to_f32();
+  if (v.size() != count) fail(Errc::invalid_argument, "tensor {} has {} values, expected {}", name, v.size(), count);
+  return v;
+}
+
+float amax(std::span<const float> x) {
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+}  // namespace
+
+ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name,
+                                  const ReplayOptions& options) {
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  const CaseDims c{meta_u32(file, "heads"), meta_u32(file, "tokens"),
+                   MlaDims{meta_u32(file, "kv_lora_rank"), meta_u32(file, "qk_rope_head_dim"),
+                           meta_u32(file, "qk_nope_head_dim"), meta_u32(file, "v_head_dim")}};
+  const std::string& rope = file.meta("rope");
+  if (rope != "pairs(2i,2i+1)" && rope != "none")
+    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
+  const DeepseekMlaConfig cfg{c.heads, c.dims, static_cast<float>(file.meta_f64("softmax_scale")),
+                              static_cast<float>(file.meta_f64("rope_theta")), rope != "none"};
+  const MlaDims& d = c.dims;
+  const std::size_t H = c.heads, T = c.tokens;
+  const auto q_nope = tensor(file, "q_nope", H * d.nope), q_rope = tensor(file, "q_rope", H * d.rope);
+  const auto kv_latent = tensor(file, "kv_latent", T * d.kv_lora), k_rope = tensor(file, "k_rope", T * d.rope);
+  const auto w_uk = file.at("w_uk").values<Bf16>(), w_uv = file.at("w_uv").values<Bf16>();
+
+  PagedCacheConfig pc;
+  pc.format = options.kv_cache;
+  pc.block_size = options.block_size;
+  if (pc.block_size == 0) fail(Errc::invalid_argument, "block size is 0");
+  pc.num_blocks = static_cast<std::uint32_t>((T + pc.block_size - 1) / pc.block_size + 1);
+  pc.kv_cache_dim = d.cache_dim();
+  pc.free_list_seed = 0x5EED;  // non-contiguous physical blocks, as in a long-running server
+  // Per-tensor FP8 calibration: the largest K value (a rotated pair can grow by √2) and V value map to 448.
+  const float latent_max = std::max(amax(kv_latent), 1e-30f);
+  pc.k_scale = std::max(latent_max, std::sqrt(2.0f) * amax(k_rope)) / kE4m3Max;
+  pc.v_scale = latent_max / kE4m3Max;
+
+  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, {}, {}, false};
+  auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
+  r.stages.emplace_back("load case", since(t0));
+
+  t0 = clock::now();
+  PagedKvCache cache(gpu, pc);
+  DeepseekMlaDecoder decoder(gpu, cfg, w_uk, w_uv, cache);
+  const SeqId seq = cache.add_sequence();
+  r.stages.emplace_back("upload weights", since(t0));
+
+  // Tokens 0..T-2: the prompt, through the same kernels.
+  std::vector<SeqId> seqs(T - 1, seq);
+  std::vector<std::uint32_t> pos(T - 1);
+  for (std::uint32_t t = 0; t + 1 < T; ++t) pos[t] = t;
+  decoder.append_kv(seqs, std::span(kv_latent).first((T - 1) * d.kv_lora), std::span(k_rope).first((T - 1) * d.rope),
+                    pos);
+  r.stages.emplace_back("prefill " + std::to_string(T - 1) + " tokens", decoder.stage_times().back().second);
+
+  const std::uint32_t last = static_cast<std::uint32_t>(T - 1);
+  const auto out = decoder.step({std::span(&seq, 1), q_nope, q_rope, std::span(kv_latent).last(d.kv_lora),
+                                 std::span(k_rope).last(d.rope), std::span(&last, 1)});
+  for (const auto& stage : decoder.stage_times()) r.stages.emplace_back("decode: " + stage.first, stage.second);
+
+  const KvFormat f = options.kv_cache;
+  r.metrics.push_back(compare("q_absorbed", out.q_absorbed, tensor(file, "q_absorbed", H * d.cache_dim()),
+                              replay_tolerance("q_absorbed", f)));
+  r.metrics.push_back(
+      compare("o_latent", out.o_latent, tensor(file, "o_latent", H * d.kv_lora), replay_tolerance("o_latent", f)));
+  r.metrics.push_back(
+      compare("attn_out", out.attn_out, tensor(file, "attn_out", H * d.v_head), replay_tolerance("attn_out", f)));
+  r.pass = std::all_of(r.metrics.begin(), r.metrics.end(), [](const CaseMetric& m) { return m.pass; });
+  return r;
+}
+
+}  // namespace metrale

@@ -1,0 +1,180 @@
+#include "metrale/reference.hpp"
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "metrale/error.hpp"
+#include "metrale/formats.hpp"
+
+namespace metrale::ref {
+
+using Eigen::MatrixXd;
+using Eigen::VectorXd;
+
+namespace {
+
+VectorXd to_vec(std::span<const float> x) {
+  VectorXd v(static_cast<Eigen::Index>(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) v[static_cast<Eigen::Index>(i)] = x[i];
+  return v;
+}
+
+// Softmax-weighted sum of V's rows by logits (plus an optional sink in the denominator).
+VectorXd attend(const VectorXd& logits, const MatrixXd& v, bool has_sink, double sink) {
+  if (logits.size() == 0) return VectorXd::Zero(v.cols());
+  double m = logits.maxCoeff();
+  if (has_sink) m = std::max(m, sink);
+  const VectorXd e = (logits.array() - m).exp().matrix();
+  const double denom = e.sum() + (has_sink ? std::exp(sink - m) : 0.0);
+  return v.transpose() * e / denom;
+}
+
+}  // namespace
+
+std::vector<double> batched_gemv(std::span<const float> input, std::span<const float> weight, std::uint32_t n_out,
+                                 std::uint32_t k, std::uint32_t num_heads, std::uint32_t input_stride) {
+  std::vector<double> out(std::size_t{num_heads} * n_out);
+  for (std::uint32_t h = 0; h < num_heads; ++h) {
+    MatrixXd w(n_out, k);
+    for (std::uint32_t n = 0; n < n_out; ++n)
+      for (std::uint32_t j = 0; j < k; ++j) w(n, j) = weight[(std::size_t{h} * n_out + n) * k + j];
+    const VectorXd y = w * to_vec(input.subspan(std::size_t{h} * input_stride, k));
+    std::copy(y.begin(), y.end(), out.begin() + static_cast<std::ptrdiff_t>(std::size_t{h} * n_out));
+  }
+  return out;
+}
+
+void rope_pairs(std::span<double> x, std::uint32_t rope, std::uint32_t pos, double theta) {
+  for (std::size_t r = 0; r < x.size() / rope; ++r) {
+    for (std::uint32_t i = 0; i < rope / 2; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / rope);
+      double& a = x[r * rope + 2 * i];
+      double& b = x[r * rope + 2 * i + 1];
+      const double a0 = a, b0 = b;
+      a = a0 * std::cos(angle) - b0 * std::sin(angle);
+      b = b0 * std::cos(angle) + a0 * std::sin(angle);
+    }
+  }
+}
+
+namespace {
+
+std::uint8_t byte_at(std::span<const std::uint8_t> pool, std::uint64_t at) {
+  if (at >= pool.size()) fail(Errc::internal, "reference: cache byte {} outside a pool of {} bytes", at, pool.size());
+  return pool[at];
+}
+
+// kv_cache_dim E4M3 codes of KV head kv_head in the row at byte `offset`, times `scale`.
+std::vector<double> fp8_row(const PagedAttentionProblem& p, std::span<const std::uint8_t> pool, std::uint64_t offset,
+                            std::uint32_t kv_head, double scale) {
+  std::vector<double> row(p.kv_cache_dim);
+  for (std::uint32_t d = 0; d < p.kv_cache_dim; ++d)
+    row[d] = e4m3_decode(byte_at(pool, offset + std::uint64_t{kv_head} * p.kv_cache_dim + d)) * scale;
+  return row;
+}
+
+// The same for NVFP4: element e of slot i of block b is nibble e of the data row times scale e/16.
+std::vector<double> nvfp4_row(const PagedAttentionProblem& p, std::span<const std::uint8_t> pool, std::int64_t slot,
+                              std::uint32_t kv_head) {
+  std::vector<double> row(p.kv_cache_dim);
+  const std::uint64_t width = std::uint64_t{p.num_kv_heads} * p.kv_cache_dim;
+  const std::uint64_t base = static_cast<std::uint64_t>(slot) / p.block_size * p.block_stride_bytes;
+  const std::uint64_t i = static_cast<std::uint64_t>(slot) % p.block_size;
+  for (std::uint32_t d = 0; d < p.kv_cache_dim; ++d) {
+    const std::uint64_t e = std::uint64_t{kv_head} * p.kv_cache_dim + d;
+    const std::uint8_t byte = byte_at(pool, base + i * width / 2 + e / 2);
+    const std::uint8_t scale = byte_at(pool, base + p.data_section_bytes + i * width / 16 + e / 16);
+    row[d] = double{e2m1_decode(e % 2 == 0 ? byte & 0xF : byte >> 4)} * e4m3_decode(scale);
+  }
+  return row;
+}
+
+}  // namespace
+
+std::vector<double> cache_row(const PagedAttentionProblem& p, std::span<const std::uint8_t> pool, std::int64_t slot,
+                              std::uint32_t kv_head, double scale) {
+  if (slot < 0) fail(Errc::internal, "reference: negative slot {}", slot);
+  if (p.format == KvFormat::nvfp4) return nvfp4_row(p, pool, slot, kv_head);
+  return fp8_row(p, pool, static_cast<std::uint64_t>(slot) * p.cache_stride, kv_head, scale);
+}
+
+std::vector<double> paged_attention(const PagedAttentionProblem& p) {
+  std::vector<double> o(std::size_t{p.num_seqs} * p.num_q_heads * p.kv_cache_dim);
+  const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
+  for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int64_t cap = std::int64_t{p.max_blocks_per_seq} * p.block_size;
+    const std::int64_t len = std::clamp<std::int64_t>(p.seq_lens[s], 0, cap);
+    const std::int64_t start = p.sliding_window > 0 && len > p.sliding_window ? len - p.sliding_window : 0;
+    const std::uint32_t comp = p.comp_pool.empty() ? 0 : p.comp_block_count;
+    for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
+      const std::uint32_t kvh = h / group;
+      const auto n_keys = static_cast<Eigen::Index>(comp + (len - start));
+      MatrixXd k(n_keys, p.kv_cache_dim), v(n_keys, p.kv_cache_dim);
+      Eigen::Index row = 0;
+      auto put = [&](const std::vector<double>& kr, const std::vector<double>& vr) {
+        for (std::uint32_t d = 0; d < p.kv_cache_dim; ++d) {
+          k(row, d) = kr[d];
+          v(row, d) = vr[d];
+        }
+        ++row;
+      };
+      for (std::uint32_t c = 0; c < comp; ++c) {  // compressed entries: a K row, then its V row
+        const std::uint64_t entry = (std::uint64_t{s} * comp + c) * 2 * p.cache_stride;
+        put(fp8_row(p, p.comp_pool, entry, kvh, p.k_scale),
+            fp8_row(p, p.comp_pool, entry + p.cache_stride, kvh, p.v_scale));
+      }
+      for (std::int64_t t = start; t < len; ++t) {
+        const std::int32_t phys = p.block_tables[std::size_t{s} * p.max_blocks_per_seq + t / p.block_size];
+        const std::int64_t slot = std::int64_t{phys} * p.block_size + t % p.block_size;
+        put(cache_row(p, p.k_pool, slot, kvh, p.k_scale), cache_row(p, p.v_pool, slot, kvh, p.v_scale));
+      }
+      const VectorXd q = to_vec(p.q.subspan((std::size_t{s} * p.num_q_heads + h) * p.q_head_dim, p.q_head_dim));
+      const VectorXd logits = k.leftCols(p.q_head_dim) * q * p.inv_sqrt_d;
+      const bool has_sink = !p.sinks.empty();
+      const VectorXd out = attend(logits, v, has_sink, has_sink ? p.sinks[h] : 0.0);
+      std::copy(out.begin(), out.end(),
+                o.begin() + static_cast<std::ptrdiff_t>((std::size_t{s} * p.num_q_heads + h) * p.kv_cache_dim));
+    }
+  }
+  return o;
+}
+
+DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
+  const std::uint32_t dim = p.kv_lora + p.rope, last = p.tokens - 1;
+  // Keys: [c_t ‖ rope(k_rope_t, t)], values: c_t.
+  MatrixXd k(p.tokens, dim), v(p.tokens, p.kv_lora);
+  for (std::uint32_t t = 0; t < p.tokens; ++t) {
+    std::vector<double> kr(p.k_rope.begin() + std::size_t{t} * p.rope, p.k_rope.begin() + std::size_t{t + 1} * p.rope);
+    if (p.rotate) rope_pairs(kr, p.rope, t, p.rope_theta);
+    for (std::uint32_t j = 0; j < p.kv_lora; ++j) k(t, j) = v(t, j) = p.kv_latent[std::size_t{t} * p.kv_lora + j];
+    for (std::uint32_t j = 0; j < p.rope; ++j) k(t, p.kv_lora + j) = kr[j];
+  }
+  DeepseekStepResult r;
+  r.q_absorbed.resize(std::size_t{p.heads} * dim);
+  r.o_latent.resize(std::size_t{p.heads} * p.kv_lora);
+  r.attn_out.resize(std::size_t{p.heads} * p.v_head);
+  for (std::uint32_t h = 0; h < p.heads; ++h) {
+    MatrixXd w_uk(p.nope, p.kv_lora), w_uv(p.v_head, p.kv_lora);
+    for (std::uint32_t i = 0; i < p.nope; ++i)
+      for (std::uint32_t j = 0; j < p.kv_lora; ++j) w_uk(i, j) = p.w_uk[(std::size_t{h} * p.nope + i) * p.kv_lora + j];
+    for (std::uint32_t i = 0; i < p.v_head; ++i)
+      for (std::uint32_t j = 0; j < p.kv_lora; ++j)
+        w_uv(i, j) = p.w_uv[(std::size_t{h} * p.v_head + i) * p.kv_lora + j];
+    VectorXd q(dim);
+    q.head(p.kv_lora) = w_uk.transpose() * to_vec(p.q_nope.subspan(std::size_t{h} * p.nope, p.nope));
+    std::vector<double> qr(p.q_rope.begin() + std::size_t{h} * p.rope, p.q_rope.begin() + std::size_t{h + 1} * p.rope);
+    if (p.rotate) rope_pairs(qr, p.rope, last, p.rope_theta);
+    for (std::uint32_t j = 0; j < p.rope; ++j) q[p.kv_lora + j] = qr[j];
+    const VectorXd o = attend(k * q * p.softmax_scale, v, false, 0.0);
+    const VectorXd out = w_uv * o;
+    std::copy(q.begin(), q.end(), r.q_absorbed.begin() + static_cast<std::ptrdiff_t>(std::size_t{h} * dim));
+    std::copy(o.begin(), o.end(), r.o_latent.begin() + static_cast<std::ptrdiff_t>(std::size_t{h} * p.kv_lora));
+    std::copy(out.begin(), out.end(), r.attn_out.begin() + static_cast<std::ptrdiff_t>(std::size_t{h} * p.v_head));
+  }
+  return r;
+}
+
+}  // namespace metrale::ref

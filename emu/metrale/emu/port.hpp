@@ -1,0 +1,343 @@
+// What a port sees (SPEC §2): the block it runs as, and checked global
+// pointers. A port is a plain function with the kernel's parameter list, in the
+// kernel's order, after a leading `Block&`:
+//
+//   __global__ void mla_batched_gemv(const bf16* input, ..., uint32_t n_out, ...)
+//   void mla_batched_gemv(Block& blk, Global<const Bf16> input, ..., uint32_t n_out, ...)
+//
+// The registry derives each parameter's kind from the port's own signature, so
+// the declared list cannot disagree with the port. Every access through a
+// `Global` is checked against the allocation its parameter points into:
+// bounds, alignment, use after free, bytes never written; stores are logged so
+// that two blocks writing the same byte are reported as a race.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "metrale/device.hpp"
+
+namespace metrale::emu {
+
+namespace detail {
+
+/// One allocation of the emulator's memory. Owned by the backend; ports see it
+/// read-only through `Global`.
+struct Allocation {
+  std::uint64_t serial = 0;       // 1, 2, ... in allocation order
+  DevicePtr base{};
+  std::size_t bytes = 0;
+  std::string site;               // "file:line (function)"
+  std::byte* data = nullptr;      // nullptr once freed
+  std::uint8_t* written = nullptr;  // shadow: 1 byte per byte, 1 = written
+  bool live = true;
+};
+
+/// "allocation #3: 256 bytes at 0x700000010000, allocated at file:line
+/// (function)", the way every emulator fault names an allocation.
+std::string describe(const Allocation& alloc);
+
+/// Resolves a device address to the allocation it falls in (live or freed), or
+/// nullptr when it falls in none.
+class AddressSpace {
+ public:
+  virtual ~AddressSpace() = default;
+  virtual const Allocation* resolve(DevicePtr addr) const = 0;
+};
+
+enum class Access : std::uint8_t { read, write };
+
+/// One range of bytes a block wrote, for the cross-block race check.
+struct WriteRange {
+  const Allocation* alloc;
+  std::uint64_t begin, end;  // byte offsets in the allocation
+  const char* param;
+};
+
+}  // namespace detail
+
+template <class T>
+class Global;
+
+/// The block a port runs as: `blockIdx`, `blockDim`, `gridDim` as on the
+/// device. `threads(f)` runs one phase of the kernel (the code between two
+/// barriers) for every thread of the block, in order.
+class Block {
+ public:
+  Dim3 blockIdx, blockDim, gridDim;
+
+  /// Run `f(tid)` for tid = 0 .. blockDim.count()-1 (the linear thread index).
+  template <class F>
+  void threads(F&& f) {
+    const auto n = static_cast<std::uint32_t>(blockDim.count());
+    for (std::uint32_t t = 0; t < n; ++t) {
+      thread_ = t;
+      f(t);
+    }
+    thread_ = kNoThread;
+  }
+
+  std::uint32_t num_threads() const { return static_cast<std::uint32_t>(blockDim.count()); }
+
+  /// A checked pointer for parameter `param` at address `addr`.
+  template <class T>
+  Global<T> global(DevicePtr addr, const char* param);
+
+  // ---- used by Global and the executor ------------------------------------
+  Block(std::string_view kernel, Dim3 block_idx, Dim3 block_dim, Dim3 grid_dim, const detail::AddressSpace& memory,
+        bool check_written, bool log_writes)
+      : blockIdx(block_idx), blockDim(block_dim), gridDim(grid_dim), kernel_(kernel), memory_(memory),
+        check_written_(check_written), log_writes_(log_writes) {}
+
+  [[noreturn]] void fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr,
+                          const char* param, std::int64_t offset, std::uint64_t len) const;
+  bool check_written() const { return check_written_; }
+  void log_write(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
+    if (!log_writes_) return;
+    if (!writes_.empty()) {
+      auto& last = writes_.back();
+      if (last.alloc == alloc && last.end == begin) {
+        last.end = end;
+        return;
+      }
+    }
+    writes_.push_back({alloc, begin, end, param});
+  }
+  std::vector<detail::WriteRange>& writes() { return writes_; }
+  std::string_view kernel() const { return kernel_; }
+
+ private:
+  static constexpr std::uint32_t kNoThread = ~0u;
+  std::string_view kernel_;
+  const detail::AddressSpace& memory_;
+  bool check_written_;
+  bool log_writes_;
+  std::uint32_t thread_ = kNoThread;
+  std::vector<detail::WriteRange> writes_;
+};
+
+/// A checked device pointer to T (const T for read-only parameters), with the
+/// kernel's pointer arithmetic in elements. Element access is checked per
+/// access; `read`/`write` check a whole range once and hand out a span.
+template <class T>
+class Global {
+  using V = std::remove_const_t<T>;
+  static constexpr bool kWritable = !std::is_const_v<T>;
+
+ public:
+  Global() = default;
+  Global(Block* blk, const detail::Allocation* alloc, DevicePtr addr, const char* param)
+      : blk_(blk), alloc_(alloc), addr_(addr), param_(param),
+        offset_(alloc != nullptr ? static_cast<std::int64_t>(addr.addr - alloc->base.addr) : 0) {}
+
+  bool is_null() const { return !addr_; }
+  explicit operator bool() const { return !is_null(); }
+  DevicePtr addr() const { return addr_; }
+
+  /// Pointer arithmetic in elements, as `p + n` in CUDA.
+  Global operator+(std::int64_t n) const {
+    Global g = *this;
+    const auto delta = n * static_cast<std::int64_t>(sizeof(T));
+    g.addr_ = DevicePtr{addr_.addr + static_cast<std::uint64_t>(delta)};
+    g.offset_ += delta;
+    return g;
+  }
+  /// The same address seen as another element type (`(const uint8_t*)p`).
+  template <class U>
+  Global<U> as() const {
+    Global<U> g(blk_, alloc_, addr_, param_);
+    return g;
+  }
+
+  V load(std::uint64_t i) const {
+    const std::byte* p = check(i, 1, detail::Access::read);
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  V operator[](std::uint64_t i) const
+    requires(!kWritable)
+  {
+    return load(i);
+  }
+
+  void store(std::uint64_t i, const V& v) const
+    requires kWritable
+  {
+    std::byte* p = const_cast<std::byte*>(check(i, 1, detail::Access::write));
+    std::memcpy(p, &v, sizeof(V));
+  }
+
+  /// `p[i] = v` and `v = p[i]` for writable pointers.
+  class Ref {
+   public:
+    Ref(const Global& g, std::uint64_t i) : g_(g), i_(i) {}
+    Ref& operator=(const V& v) { g_.store(i_, v); return *this; }
+    operator V() const { return g_.load(i_); }  // NOLINT(google-explicit-constructor)
+   private:
+    const Global& g_;
+    std::uint64_t i_;
+  };
+  Ref operator[](std::uint64_t i) const
+    requires kWritable
+  {
+    return Ref(*this, i);
+  }
+
+  /// Elements [first, first+count) checked once for reading.
+  std::span<const V> read(std::uint64_t first, std::uint64_t count) const {
+    if (count == 0) return {};
+    const std::byte* p = check(first, count, detail::Access::read);
+    return {reinterpret_cast<const V*>(p), count};
+  }
+  /// Elements [first, first+count) checked once for writing; they count as
+  /// written from here on.
+  std::span<V> write(std::uint64_t first, std::uint64_t count) const
+    requires kWritable
+  {
+    if (count == 0) return {};
+    std::byte* p = const_cast<std::byte*>(check(first, count, detail::Access::write));
+    return {reinterpret_cast<V*>(p), count};
+  }
+
+ private:
+  template <class U>
+  friend class Global;
+
+  const std::byte* check(std::uint64_t first, std::uint64_t count, detail::Access access) const {
+    const std::int64_t off = offset_ + static_cast<std::int64_t>(first * sizeof(T));
+    const std::uint64_t len = count * sizeof(T);
+    const char* verb = access == detail::Access::read ? "read" : "write";
+    if (alloc_ == nullptr) blk_->fault(std::string(verb) + " of unmapped memory", nullptr, addr_, param_, off, len);
+    if (!alloc_->live) blk_->fault(std::string(verb) + " after free", alloc_, addr_, param_, off, len);
+    if (off < 0 || static_cast<std::uint64_t>(off) + len > alloc_->bytes)
+      blk_->fault("out-of-bounds " + std::string(verb), alloc_, addr_, param_, off, len);
+    if ((alloc_->base.addr + static_cast<std::uint64_t>(off)) % alignof(V) != 0)
+      blk_->fault("misaligned " + std::string(verb), alloc_, addr_, param_, off, len);
+    const auto uoff = static_cast<std::uint64_t>(off);
+    if (access == detail::Access::read) {
+      if (blk_->check_written()) {
+        const std::uint8_t* w = alloc_->written + uoff;
+        for (std::uint64_t b = 0; b < len; ++b) {
+          if (w[b] == 0)
+            blk_->fault("read of bytes never written", alloc_, addr_, param_, static_cast<std::int64_t>(uoff + b),
+                        len - b);
+        }
+      }
+    } else {
+      std::memset(alloc_->written + uoff, 1, len);
+      blk_->log_write(alloc_, uoff, uoff + len, param_);
+    }
+    return alloc_->data + uoff;
+  }
+
+  Block* blk_ = nullptr;
+  const detail::Allocation* alloc_ = nullptr;
+  DevicePtr addr_{};
+  const char* param_ = "?";
+  std::int64_t offset_ = 0;  // of addr_ from the allocation's base, in bytes
+};
+
+template <class T>
+Global<T> Block::global(DevicePtr addr, const char* param) {
+  return Global<T>(this, memory_.resolve(addr), addr, param);
+}
+
+// ---- the registry ---------------------------------------------------------
+
+/// One declared kernel parameter: its name and kind, in declaration order.
+struct ParamDecl {
+  const char* name;  // a string literal
+  ArgKind kind;
+  bool operator==(const ParamDecl& o) const { return std::string_view(name) == o.name && kind == o.kind; }
+};
+
+/// Returns an error message when `block` is not a shape the kernel supports
+/// for these arguments, nothing otherwise.
+using BlockRule = std::function<std::optional<std::string>(Dim3 block, std::span<const KernelArg> args)>;
+
+/// The rule "exactly this block shape".
+BlockRule block_is(Dim3 shape);
+
+namespace detail {
+template <class T>
+struct PortArg;
+template <>
+struct PortArg<std::uint32_t> {
+  static constexpr ArgKind kind = ArgKind::u32;
+  static std::uint32_t get(const KernelArg& a, Block&, const char*) { return a.as_u32(); }
+};
+template <>
+struct PortArg<std::int32_t> {
+  static constexpr ArgKind kind = ArgKind::i32;
+  static std::int32_t get(const KernelArg& a, Block&, const char*) { return a.as_i32(); }
+};
+template <>
+struct PortArg<float> {
+  static constexpr ArgKind kind = ArgKind::f32;
+  static float get(const KernelArg& a, Block&, const char*) { return a.as_f32(); }
+};
+template <>
+struct PortArg<std::uint64_t> {
+  static constexpr ArgKind kind = ArgKind::u64;
+  static std::uint64_t get(const KernelArg& a, Block&, const char*) { return a.as_u64(); }
+};
+template <class T>
+struct PortArg<Global<T>> {
+  static constexpr ArgKind kind = ArgKind::ptr;
+  static Global<T> get(const KernelArg& a, Block& b, const char* name) { return b.global<T>(a.as_ptr(), name); }
+};
+}  // namespace detail
+
+class Registry {
+ public:
+  using Invoker = std::function<void(Block&, std::span<const KernelArg>, std::span<const ParamDecl>)>;
+
+  struct Entry {
+    std::string module, entry;
+    std::vector<ParamDecl> params;
+    BlockRule block_rule;
+    Invoker run;
+    std::string full_name() const { return module + "." + entry; }
+  };
+
+  /// Register `Port` (a `void(Block&, params...)` function) under (module,
+  /// entry) with its parameter names in declaration order.
+  template <auto Port, std::size_t N>
+  void add(std::string module, std::string entry, const char* const (&names)[N], BlockRule rule) {
+    add_impl<N>(Port, std::move(module), std::move(entry), names, std::move(rule));
+  }
+
+  /// nullptr when (module, entry) is not registered.
+  const Entry* find(std::string_view module, std::string_view entry) const;
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  template <std::size_t N, class... A>
+  void add_impl(void (*port)(Block&, A...), std::string module, std::string entry, const char* const (&names)[N],
+                BlockRule rule) {
+    static_assert(sizeof...(A) == N, "one name per port parameter");
+    Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}};
+    constexpr ArgKind kinds[] = {detail::PortArg<A>::kind...};
+    for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i]});
+    e.run = [port](Block& blk, std::span<const KernelArg> args, std::span<const ParamDecl> decl) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        port(blk, detail::PortArg<A>::get(args[I], blk, decl[I].name)...);
+      }(std::index_sequence_for<A...>{});
+    };
+    entries_.push_back(std::move(e));
+  }
+
+  std::vector<Entry> entries_;
+};
+
+}  // namespace metrale::emu
