@@ -28,6 +28,7 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
               {"block_size", a.block_size},
               {"max_blocks_per_seq", a.max_blocks_per_seq}});
   v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
+  v.at_most("num_q_heads", a.num_q_heads, detail::kMaxGridX);
   v.check(a.num_q_heads % a.num_kv_heads == 0, "num_q_heads {} is not a multiple of num_kv_heads {}", a.num_q_heads,
           a.num_kv_heads);
   v.check(a.q_head_dim <= a.kv_cache_dim, "q_head_dim {} > kv_cache_dim {}", a.q_head_dim, a.kv_cache_dim);
@@ -40,10 +41,13 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
 // NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
 void validate_nvfp4_layout(const Validator& v, std::uint64_t row_width, std::uint32_t block_size,
                            std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes) {
+  // Compared by division (block_size > 0, row_width % 16 == 0 make it exact) so that neither
+  // block_size x row width nor data_section_bytes + scales can wrap around 2^64.
   v.check(row_width % 16 == 0, "row width {} is not a multiple of 16", row_width);
-  v.check(data_section_bytes >= block_size * row_width / 2, "data_section_bytes {} < block_size {} x row width {} / 2",
+  v.check(data_section_bytes / block_size >= row_width / 2, "data_section_bytes {} < block_size {} x row width {} / 2",
           data_section_bytes, block_size, row_width);
-  v.check(block_stride_bytes >= data_section_bytes + block_size * row_width / 16,
+  v.check(block_stride_bytes >= data_section_bytes &&
+              (block_stride_bytes - data_section_bytes) / block_size >= row_width / 16,
           "block_stride_bytes {} < data_section_bytes {} + block_size {} x row width {} / 16", block_stride_bytes,
           data_section_bytes, block_size, row_width);
 }

@@ -31,10 +31,19 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
   if (std::uint64_t{cfg.num_blocks} * cfg.block_size > std::numeric_limits<std::int32_t>::max())
     fail(Errc::invalid_argument, "paged cache: num_blocks {} x block_size {} slots do not fit the int32 slot mapping",
          cfg.num_blocks, cfg.block_size);
+  // The store kernels take the row width as a u32 (and row_width() returns one).
+  if (row_width > std::numeric_limits<std::uint32_t>::max())
+    fail(Errc::invalid_argument, "paged cache: row width {} (num_kv_heads {} x kv_cache_dim {}) does not fit 32 bits",
+         row_width, cfg.num_kv_heads, cfg.kv_cache_dim);
   if (cfg.format == KvFormat::fp8) {
     if (cfg.cache_stride == 0) cfg.cache_stride = align16(row_width);
     if (cfg.cache_stride < row_width)
       fail(Errc::invalid_argument, "paged cache: cache_stride {} < row width {}", cfg.cache_stride, row_width);
+    // Else the pool size wraps around 2^64 and a tiny pool is allocated.
+    const std::uint64_t slots = std::uint64_t{cfg.num_blocks} * cfg.block_size;
+    if (cfg.cache_stride > std::numeric_limits<std::uint64_t>::max() / slots)
+      fail(Errc::invalid_argument, "paged cache: cache_stride {} x {} slots does not fit 64 bits", cfg.cache_stride,
+           slots);
     if (!std::isfinite(cfg.k_scale) || cfg.k_scale <= 0)
       fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
     if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)

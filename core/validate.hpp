@@ -14,7 +14,8 @@
 
 namespace metrale::detail {
 
-/// CUDA's limit on gridDim.y and gridDim.z.
+/// CUDA's limits on gridDim.x, and on gridDim.y and gridDim.z.
+inline constexpr std::uint32_t kMaxGridX = 0x7FFF'FFFF;
 inline constexpr std::uint32_t kMaxGridYZ = 65535;
 
 struct Validator {

@@ -69,9 +69,10 @@ class SlotReservation {
 class PagedKvCache {
  public:
   /// Allocate the K and V pools. Errors: `invalid_argument` naming the field
-  /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; NVFP4 row width
-  /// not a multiple of 16; cache_stride < row width; a scale not finite or ≤ 0;
-  /// a slot index past INT32_MAX); `out_of_memory`.
+  /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; row width past
+  /// UINT32_MAX; NVFP4 row width not a multiple of 16; cache_stride < row width;
+  /// an FP8 pool past 2^64 bytes; a scale not finite or ≤ 0; a slot index past
+  /// INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
 
   const PagedCacheConfig& config() const { return cfg_; }

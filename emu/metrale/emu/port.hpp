@@ -182,6 +182,8 @@ class Global {
    public:
     Ref(const Global& g, std::uint64_t i) : g_(g), i_(i) {}
     Ref& operator=(const V& v) { g_.store(i_, v); return *this; }
+    // `a[i] = b[j]` with both pointers writable copies the value, as in CUDA.
+    Ref& operator=(const Ref& o) { return *this = static_cast<V>(o); }
     operator V() const { return g_.load(i_); }  // NOLINT(google-explicit-constructor)
    private:
     const Global& g_;

@@ -1,0 +1,102 @@
+// A reader and writer of the safetensors format (8-byte little-endian header
+// length, a JSON header of {name: {dtype, shape, data_offsets}} plus an
+// optional "__metadata__" map of strings, then the raw little-endian data).
+// Case files (SPEC §5) and the golden cases are safetensors files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "metrale/formats.hpp"
+
+namespace metrale {
+
+enum class Dtype : std::uint8_t { f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, boolean, f8_e4m3 };
+
+/// The safetensors spelling ("F32", "BF16", ...).
+std::string_view to_string(Dtype dtype);
+/// Bytes per element.
+std::size_t dtype_size(Dtype dtype);
+
+template <class T>
+constexpr Dtype dtype_of();
+template <> constexpr Dtype dtype_of<double>() { return Dtype::f64; }
+template <> constexpr Dtype dtype_of<float>() { return Dtype::f32; }
+template <> constexpr Dtype dtype_of<Bf16>() { return Dtype::bf16; }
+template <> constexpr Dtype dtype_of<std::int64_t>() { return Dtype::i64; }
+template <> constexpr Dtype dtype_of<std::int32_t>() { return Dtype::i32; }
+template <> constexpr Dtype dtype_of<std::uint64_t>() { return Dtype::u64; }
+template <> constexpr Dtype dtype_of<std::uint32_t>() { return Dtype::u32; }
+template <> constexpr Dtype dtype_of<std::uint16_t>() { return Dtype::u16; }
+template <> constexpr Dtype dtype_of<std::uint8_t>() { return Dtype::u8; }
+
+struct Tensor {
+  Dtype dtype = Dtype::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::byte> data;
+
+  std::size_t numel() const;
+
+  /// A tensor of T with `shape` holding `values` (numel must match; `internal` otherwise).
+  template <class T>
+  static Tensor from(std::vector<std::int64_t> shape, std::span<const T> values) {
+    Tensor t{dtype_of<T>(), std::move(shape), {}};
+    t.data.resize(values.size_bytes());
+    if (!values.empty()) std::memcpy(t.data.data(), values.data(), values.size_bytes());  // memcpy of null is UB
+    t.check_size();
+    return t;
+  }
+  /// The elements as T; `invalid_argument` when the dtype is not T's.
+  template <class T>
+  std::vector<T> values() const {
+    expect_dtype(dtype_of<T>());
+    std::vector<T> out(data.size() / sizeof(T));
+    if (!out.empty()) std::memcpy(out.data(), data.data(), out.size() * sizeof(T));
+    return out;
+  }
+  /// The elements converted to float from F32, F64, BF16 or F16;
+  /// `invalid_argument` for other dtypes.
+  std::vector<float> to_f32() const;
+
+  void check_size() const;
+  void expect_dtype(Dtype want) const;
+};
+
+class SafeTensors {
+ public:
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Tensor> tensors;
+
+  /// Read a whole file. Errors: `not_found` (the path), `invalid_argument`
+  /// naming the path and what is malformed (header length, JSON, dtype,
+  /// shape/offset disagreement, overlapping or out-of-file data).
+  static SafeTensors read(const std::filesystem::path& path);
+  /// Parse from memory; `name` is used in messages.
+  static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
+  /// Write, tensors in name order, data 8-byte aligned. Errors: `invalid_argument`
+  /// when the file cannot be written (names the path).
+  void write(const std::filesystem::path& path) const;
+  std::vector<std::byte> serialize() const;
+
+  bool has(std::string_view name) const { return tensors.find(std::string(name)) != tensors.end(); }
+  /// Errors: `not_found` naming the tensor.
+  const Tensor& at(std::string_view name) const;
+  /// Errors: `not_found` naming the key.
+  const std::string& meta(std::string_view key) const;
+  /// The metadata value parsed as a number; the whole string must be one
+  /// (meta_f64: a finite decimal, meta_i64: a 64-bit integer). Errors:
+  /// `not_found`, or `invalid_argument` naming the key and the value.
+  double meta_f64(std::string_view key) const;
+  std::int64_t meta_i64(std::string_view key) const;
+};
+
+}  // namespace metrale

@@ -1,0 +1,56 @@
+// The port-side half of the emulator (port.hpp): how a checked access that
+// fails is reported, the common block rule and the registry lookup.
+#include <fmt/format.h>
+
+#include "metrale/emu/port.hpp"
+#include "metrale/error.hpp"
+
+namespace metrale::emu {
+
+namespace {
+
+std::string dims(Dim3 d) { return fmt::format("({},{},{})", d.x, d.y, d.z); }
+
+}  // namespace
+
+namespace detail {
+
+std::string describe(const Allocation& alloc) {
+  return fmt::format("allocation #{}: {} bytes at {:#x}, allocated at {}", alloc.serial, alloc.bytes, alloc.base.addr,
+                     alloc.site);
+}
+
+}  // namespace detail
+
+// The message starts with the entry name, not "module.entry": KernelLaunch
+// already adds the full name as context, and the entry is enough to find the
+// port when the backend is called directly.
+void Block::fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr, const char* param,
+                  std::int64_t offset, std::uint64_t len) const {
+  std::string who = fmt::format("{} block {}", kernel_, dims(blockIdx));
+  if (thread_ != kNoThread) who += fmt::format(" thread {}", thread_);
+  if (alloc == nullptr) {
+    // Without an allocation there is no base to measure from: name the
+    // pointer the port holds and the offset of the access from it.
+    fail(Errc::device_fault, "{}: {} of {} bytes through parameter {} = {:#x}, offset {}, which is in no allocation",
+         who, what, len, param, param_addr.addr, offset);
+  }
+  fail(Errc::device_fault, "{}: {} of {} bytes through parameter {} at {:#x}, offset {} of {}", who, what, len, param,
+       alloc->base.addr + static_cast<std::uint64_t>(offset), offset, detail::describe(*alloc));
+}
+
+BlockRule block_is(Dim3 shape) {
+  return [shape](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {
+    if (block == shape) return std::nullopt;
+    return fmt::format("block {} but the kernel requires {}", dims(block), dims(shape));
+  };
+}
+
+const Registry::Entry* Registry::find(std::string_view module, std::string_view entry) const {
+  for (const auto& e : entries_) {
+    if (e.module == module && e.entry == entry) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace metrale::emu

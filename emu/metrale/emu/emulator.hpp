@@ -1,0 +1,127 @@
+// The CPU device emulator (SPEC §2): checked memory, a registry of kernel
+// ports, per-block execution over the launched grid, fault injection and a
+// launch log.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "metrale/backend.hpp"
+#include "metrale/emu/port.hpp"
+
+namespace metrale::emu {
+
+/// The backend operations that fault injection counts.
+enum class Op : std::uint8_t { alloc, free, copy_h2d, copy_d2h, copy_d2d, kernel, launch, synchronize };
+std::string_view to_string(Op op);
+
+/// Make the `nth` call (1-based) fail: of `op`, or of any operation when `op`
+/// is empty. Calls are counted from the `inject_fault` that installs the plan
+/// ("fail the nth call from now"), so a test need not know how many calls came
+/// before. `persistent`: that call and every later one that matches fail.
+/// Several plans may be active; each counts on its own.
+/// An injected failure changes nothing (a failed alloc allocates nothing, a
+/// failed copy copies nothing) except a failed `free`, which still releases
+/// the allocation and then reports the error, as a driver reporting an earlier
+/// asynchronous error does.
+struct FaultPlan {
+  std::optional<Op> op;
+  std::uint64_t nth = 1;
+  bool persistent = false;
+};
+
+/// A live (or, in a leak report, leaked) allocation.
+struct AllocationInfo {
+  std::uint64_t serial = 0;
+  DevicePtr base{};
+  std::size_t bytes = 0;
+  std::string site;
+};
+
+/// One launch as the kernel saw it: arguments named by the declared list.
+struct LaunchRecord {
+  struct Arg {
+    std::string name;
+    KernelArg value;
+  };
+  std::string module, entry;
+  Dim3 grid, block;
+  std::vector<Arg> args;
+  /// The argument named `name`; throws `not_found` when there is none.
+  const KernelArg& arg(std::string_view name) const;
+};
+
+struct EmulatorOptions {
+  /// Worker threads that run blocks; 0 = one per available core
+  /// (`METRALE_EMU_THREADS` overrides the default).
+  unsigned threads = 0;
+  /// Report reads of bytes never written (by a copy or a kernel store).
+  bool check_uninitialized = true;
+  /// Report two blocks of one launch writing the same byte.
+  bool detect_races = true;
+  /// Called by the destructor with the allocations still live; the default
+  /// logs each one as an error through spdlog.
+  std::function<void(const std::vector<AllocationInfo>&)> on_leak;
+};
+
+class EmulatorBackend final : public GpuBackend {
+ public:
+  explicit EmulatorBackend(EmulatorOptions options = {});
+  ~EmulatorBackend() override;
+
+  /// Freeing the null pointer does nothing, as `cudaFree(0)`.
+  void free(DevicePtr ptr) override;
+  void copy_h2d(std::span<const std::byte> src, DevicePtr dst) override;
+  void copy_d2h(DevicePtr src, std::span<std::byte> dst) override;
+  void copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) override;
+  KernelHandle kernel(std::string_view module, std::string_view entry) override;
+  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) override;
+  void synchronize(Stream stream) override;
+  std::string name() const override { return "emu"; }
+  std::string kernel_name(KernelHandle kernel) const override;
+
+  // ---- inspection ---------------------------------------------------------
+  std::vector<AllocationInfo> live_allocations() const;
+  std::size_t live_bytes() const;
+  const Registry& registry() const;
+  /// Tests may register extra ports (a kernel handle is valid for the
+  /// backend's lifetime).
+  Registry& registry();
+  const EmulatorOptions& options() const;
+  unsigned threads() const;
+
+  // ---- fault injection ----------------------------------------------------
+  /// Errors: `invalid_argument` when `plan.nth` is 0.
+  void inject_fault(FaultPlan plan);
+  void clear_faults();
+  /// Calls made so far of `op`, or of every operation when empty (failed calls
+  /// included).
+  std::uint64_t calls(std::optional<Op> op = std::nullopt) const;
+
+  // ---- launch log -----------------------------------------------------------
+  /// Keep a `LaunchRecord` of every launch from now on.
+  void record_launches(bool on);
+  /// Check and record launches but run no block (for argument-order checks with
+  /// sentinel pointers).
+  void set_dry_run(bool on);
+  const std::vector<LaunchRecord>& launch_log() const;
+  void clear_launch_log();
+
+ protected:
+  DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Register every port of this build (one `register_<module>` per module).
+void register_all_ports(Registry& registry);
+void register_mla_absorbed(Registry& registry);
+
+}  // namespace metrale::emu

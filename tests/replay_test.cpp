@@ -1,0 +1,89 @@
+// The golden model cases (HF transformers' DeepseekV3Attention) through the
+// whole decode chain on the emulator, and the float64 reference against them.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "metrale/emu/emulator.hpp"
+#include "metrale/model_case.hpp"
+#include "metrale/reference.hpp"
+#include "support.hpp"
+
+using namespace metrale;
+
+namespace {
+
+const char* const kCases[] = {"dsv3_h16_t37.safetensors", "dsv3_h8_t300_theta50k.safetensors",
+                              "k3_nope_gate_h8_t65.safetensors"};
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+TEST_CASE("the float64 reference step reproduces HF's tensors", "[replay][reference]") {
+  for (const char* name : kCases) {
+    INFO(name);
+    const auto f = SafeTensors::read(test::golden(name));
+    const auto H = static_cast<std::uint32_t>(f.meta_i64("heads")),
+               T = static_cast<std::uint32_t>(f.meta_i64("tokens"));
+    const auto q_nope = f.at("q_nope").to_f32(), q_rope = f.at("q_rope").to_f32();
+    const auto kv = f.at("kv_latent").to_f32(), k_rope = f.at("k_rope").to_f32();
+    const auto w_uk = f.at("w_uk").to_f32(), w_uv = f.at("w_uv").to_f32();
+    ref::DeepseekStepProblem p;
+    p.heads = H, p.tokens = T, p.softmax_scale = f.meta_f64("softmax_scale"), p.rope_theta = f.meta_f64("rope_theta");
+    p.rotate = f.meta("rope") != "none";
+    p.q_nope = q_nope, p.q_rope = q_rope, p.kv_latent = kv, p.k_rope = k_rope, p.w_uk = w_uk, p.w_uv = w_uv;
+    const auto r = ref::deepseek_step(p);
+    // The file's tensors are float32 roundings of a float64 computation, so only float32 noise remains.
+    CHECK(test::rel_l2(r.q_absorbed, as_double(f.at("q_absorbed").to_f32())) < 1e-6);
+    CHECK(test::rel_l2(r.o_latent, as_double(f.at("o_latent").to_f32())) < 1e-6);
+    // attn_out is HF's own output (cos/sin in float32): the file states how far the derivation is from it.
+    CHECK(test::rel_l2(r.attn_out, as_double(f.at("attn_out").to_f32())) <
+          10 * f.meta_f64("relative_error_vs_hf") + 1e-6);
+  }
+}
+
+TEST_CASE("replay of every golden case, both cache formats, block sizes 1, 16, 64", "[replay]") {
+  const char* name = GENERATE(kCases[0], kCases[1], kCases[2]);
+  const KvFormat format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  const std::uint32_t block_size = GENERATE(1u, 16u, 64u);
+  INFO(name << " " << to_string(format) << " block_size " << block_size);
+  emu::EmulatorBackend gpu;
+  const auto r = replay_deepseek_case(gpu, SafeTensors::read(test::golden(name)), name, {format, block_size});
+  REQUIRE(r.metrics.size() == 3);
+  for (const auto& m : r.metrics) {
+    INFO(m.name << " rel_l2 " << m.rel_l2 << " max_abs " << m.max_abs << " tolerance " << m.tolerance);
+    CHECK(m.pass);
+    CHECK(m.rel_l2 <= replay_tolerance(m.name, format));
+  }
+  CHECK(r.pass);
+  CHECK(gpu.live_allocations().empty());
+}
+
+TEST_CASE("metrale replay --json prints the documented object and exits 0", "[replay][cli]") {
+  const std::string cmd = std::string(METRALE_CLI) + " replay " +
+                          test::golden("dsv3_h8_t300_theta50k.safetensors").string() + " --kv-cache fp8 --json";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  REQUIRE(pipe);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+  const int status = pclose(pipe.release());
+  REQUIRE(status == 0);
+  const auto j = nlohmann::json::parse(out);
+  CHECK(j["case"] == "dsv3_h8_t300_theta50k");
+  CHECK(j["backend"] == "emu");
+  CHECK(j["kv_cache"] == "fp8");
+  CHECK(j["block_size"] == 16);
+  CHECK(j["pass"] == true);
+  for (const char* m : {"q_absorbed", "o_latent", "attn_out"}) {
+    INFO(m);
+    CHECK(j["metrics"][m]["rel_l2"].get<double>() < 5e-2);
+    CHECK(j["metrics"][m]["max_abs"].get<double>() >= 0.0);
+  }
+}
