@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "metrale/error.hpp"
+#include "metrale/mla_decode.hpp"
 
 namespace metrale {
 
@@ -117,6 +118,89 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
       compare("o_latent", out.o_latent, tensor(file, "o_latent", H * d.kv_lora), replay_tolerance("o_latent", f)));
   r.metrics.push_back(
       compare("attn_out", out.attn_out, tensor(file, "attn_out", H * d.v_head), replay_tolerance("attn_out", f)));
+  r.pass = std::all_of(r.metrics.begin(), r.metrics.end(), [](const CaseMetric& m) { return m.pass; });
+  return r;
+}
+
+namespace {
+
+// Σ_j w[j] · x[j] in float64, rounded to FP32 once.
+float dot_f64(std::span<const float> w, std::span<const float> x) {
+  double acc = 0;
+  for (std::size_t j = 0; j < x.size(); ++j) acc += double{w[j]} * x[j];
+  return static_cast<float>(acc);
+}
+
+}  // namespace
+
+ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path) {
+  using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
+  auto t0 = clock::now();
+  const std::uint32_t H = meta_u32(file, "heads"), T = meta_u32(file, "tokens"), kv_lora = meta_u32(file, "kv_lora_rank");
+  const std::string& rope = file.meta("rope");
+  if (rope != "pairs(2i,2i+1)" && rope != "none")
+    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
+  const bool gated = file.has("gate");
+  const MlaConfig cfg{H,           meta_u32(file, "qk_nope_head_dim"), meta_u32(file, "qk_rope_head_dim"),
+                      meta_u32(file, "v_head_dim"), rope == "none", gated};
+  const std::size_t nope = cfg.qk_nope_head_dim, rp = cfg.qk_rope_head_dim, dq = cfg.qk_head_dim(),
+                    dv = cfg.v_head_dim;
+  const double scale = file.meta_f64("softmax_scale"), kernel_scale = 1.0 / std::sqrt(static_cast<double>(dq));
+  if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
+    fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,
+         kernel_scale);
+  const auto theta = static_cast<float>(file.meta_f64("rope_theta"));
+  const auto q_nope = tensor(file, "q_nope", H * nope), q_rope = tensor(file, "q_rope", H * rp);
+  const auto kv_latent = tensor(file, "kv_latent", std::size_t{T} * kv_lora);
+  const auto k_rope = tensor(file, "k_rope", std::size_t{T} * rp);
+  const auto w_uk = tensor(file, "w_uk", H * nope * kv_lora), w_uv = tensor(file, "w_uv", H * dv * kv_lora);
+  const auto gate = gated ? tensor(file, "gate", H * dv) : std::vector<float>{};
+  const std::string metric = gated ? "attn_out_gated" : "attn_out";
+  const auto want = tensor(file, metric, H * dv);
+  ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, {}, {}, false};
+  r.stages.emplace_back("load case", since(t0));
+
+  // Every token's per-head rows: K = [w_uk[h] · c_t ‖ k_rope_t], V = w_uv[h] · c_t.
+  t0 = clock::now();
+  const std::span<const float> wk(w_uk), wv(w_uv);
+  std::vector<float> k_rows(std::size_t{T} * H * dq), v_rows(std::size_t{T} * H * dv);
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto c = std::span(kv_latent).subspan(t * kv_lora, kv_lora);
+    for (std::size_t h = 0; h < H; ++h) {
+      float* k_row = &k_rows[(t * H + h) * dq];
+      for (std::size_t i = 0; i < nope; ++i) k_row[i] = dot_f64(wk.subspan((h * nope + i) * kv_lora, kv_lora), c);
+      std::copy_n(k_rope.begin() + static_cast<std::ptrdiff_t>(t * rp), rp, k_row + nope);
+      for (std::size_t i = 0; i < dv; ++i)
+        v_rows[(t * H + h) * dv + i] = dot_f64(wv.subspan((h * dv + i) * kv_lora, kv_lora), c);
+    }
+  }
+  r.stages.emplace_back("project K and V per head (host, float64)", since(t0));
+
+  t0 = clock::now();
+  const char* where = device_path ? "device KV" : "host KV";
+  K3MlaDecoder dec(gpu, cfg, T, device_path ? MlaKvPlacement::device : MlaKvPlacement::host);
+  r.stages.emplace_back(fmt::format("set up decoder ({})", where), since(t0));
+  auto k_of = [&](std::size_t t) { return std::span(k_rows).subspan(t * H * dq, H * dq); };
+  auto v_of = [&](std::size_t t) { return std::span(v_rows).subspan(t * H * dv, H * dv); };
+
+  // The prompt: the earlier tokens' outputs are not compared, so their q and gate are zeros.
+  t0 = clock::now();
+  std::vector<float> q(H * dq, 0.0f);
+  const std::vector<float> no_gate(gate.size(), 0.0f);
+  for (std::uint32_t t = 0; t + 1 < T; ++t) dec.decode(q, k_of(t), v_of(t), no_gate, t, theta);
+  if (T > 1) r.stages.emplace_back(fmt::format("decode tokens 0..{} ({})", T - 2, where), since(t0));
+
+  t0 = clock::now();
+  for (std::size_t h = 0; h < H; ++h) {
+    std::copy_n(q_nope.begin() + static_cast<std::ptrdiff_t>(h * nope), nope, q.begin() + static_cast<std::ptrdiff_t>(h * dq));
+    std::copy_n(q_rope.begin() + static_cast<std::ptrdiff_t>(h * rp), rp,
+                q.begin() + static_cast<std::ptrdiff_t>(h * dq + nope));
+  }
+  const auto out = dec.decode(q, k_of(T - 1), v_of(T - 1), gate, T - 1, theta);
+  r.stages.emplace_back(fmt::format("decode token {} ({})", T - 1, where), since(t0));
+
+  r.metrics.push_back(compare(metric, out, want, kKimiReplayTolerance));
   r.pass = std::all_of(r.metrics.begin(), r.metrics.end(), [](const CaseMetric& m) { return m.pass; });
   return r;
 }

@@ -158,6 +158,15 @@ std::map<std::string, std::string> parse_metadata(const Json& j, std::string_vie
   return out;
 }
 
+// A JSON value for an error message, cut short: a hostile header can hold a
+// shape array of millions of entries.
+std::string brief(const Json& j) {
+  constexpr std::size_t kMax = 80;
+  std::string s = j.dump();
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
 struct Entry {
   Tensor tensor;  // data not yet filled
   std::uint64_t begin = 0;
@@ -183,21 +192,21 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
     const auto d = json_u64(dim);
     if (!d || *d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       fail(Errc::invalid_argument, "{}: tensor '{}' shape {} has a dimension that is not a non-negative integer", name,
-           tensor, shape.dump());
+           tensor, brief(shape));
     const auto n = checked_mul(numel, static_cast<std::size_t>(*d));
-    if (!n) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the element count", name, tensor, shape.dump());
+    if (!n) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the element count", name, tensor, brief(shape));
     numel = *n;
     e.tensor.shape.push_back(static_cast<std::int64_t>(*d));
   }
   const auto bytes = checked_mul(numel, dtype_size(e.tensor.dtype));
-  if (!bytes) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the byte count", name, tensor, shape.dump());
+  if (!bytes) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the byte count", name, tensor, brief(shape));
 
   const Json& offsets = j.at("data_offsets");
   const auto begin = offsets.is_array() && offsets.size() == 2 ? json_u64(offsets[0]) : std::nullopt;
   const auto end = offsets.is_array() && offsets.size() == 2 ? json_u64(offsets[1]) : std::nullopt;
   if (!begin || !end)
     fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets {} is not a pair of non-negative integers", name, tensor,
-         offsets.dump());
+         brief(offsets));
   if (*begin > *end)
     fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets [{}, {}] end before they begin", name, tensor, *begin, *end);
   if (*end > data_size)
@@ -206,7 +215,7 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
   if (*end - *begin != *bytes)
     fail(Errc::invalid_argument,
          "{}: tensor '{}' data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}", name, tensor, *begin, *end,
-         *end - *begin, shape.dump(), to_string(e.tensor.dtype), *bytes);
+         *end - *begin, brief(shape), to_string(e.tensor.dtype), *bytes);
   e.begin = *begin;
   e.end = *end;
   return e;

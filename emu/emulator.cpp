@@ -41,7 +41,10 @@ const KernelArg& LaunchRecord::arg(std::string_view name) const {
   fail(Errc::not_found, "launch of {}.{} has no argument {}", module, entry, name);
 }
 
-void register_all_ports(Registry& registry) { register_mla_absorbed(registry); }
+void register_all_ports(Registry& registry) {
+  register_mla_absorbed(registry);
+  register_mla_decode(registry);
+}
 
 namespace {
 

@@ -4,6 +4,9 @@
 
 #include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
 
 namespace metrale::cli {
 
@@ -12,14 +15,35 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
     const char* env = std::getenv("METRALE_BACKEND");
     choice = env != nullptr && *env != '\0' ? env : "auto";
   }
-  if (choice == "emu" || choice == "auto") return std::make_unique<emu::EmulatorBackend>();
-  if (choice == "cuda") fail(Errc::unsupported, "backend cuda: this build has no CUDA backend");
+  if (choice == "emu") return std::make_unique<emu::EmulatorBackend>();
+#ifdef METRALE_WITH_CUDA
+  if (choice == "cuda") return std::make_unique<CudaBackend>();
+  if (choice == "auto")
+    return CudaBackend::available() ? std::unique_ptr<GpuBackend>(std::make_unique<CudaBackend>())
+                                    : std::make_unique<emu::EmulatorBackend>();
+#else
+  if (choice == "cuda")
+    fail(Errc::unsupported, "backend cuda: this build has no CUDA backend (no toolkit at configure time)");
+  if (choice == "auto") return std::make_unique<emu::EmulatorBackend>();
+#endif
   fail(Errc::invalid_argument, "unknown backend '{}' (expected emu, cuda or auto)", choice);
 }
 
 std::vector<BackendStatus> backend_status() {
-  return {{"emu", true, true, "CPU device emulator with checked memory"},
-          {"cuda", false, false, "not built (CUDA toolkit not found at configure time)"}};
+  std::vector<BackendStatus> out{{"emu", true, true, "CPU device emulator with checked memory"}};
+#ifdef METRALE_WITH_CUDA
+  if (CudaBackend::available()) {
+    CudaBackend gpu;
+    out.push_back({"cuda", true, true,
+                   fmt::format("{} (sm_{}), driver {}, built with CUDA {}", gpu.device_name(), gpu.compute_capability(),
+                               gpu.driver_version(), CudaBackend::toolkit_version())});
+  } else {
+    out.push_back({"cuda", true, false, CudaBackend::unavailable_reason()});
+  }
+#else
+  out.push_back({"cuda", false, false, "not built (no CUDA toolkit at configure time)"});
+#endif
+  return out;
 }
 
 }  // namespace metrale::cli

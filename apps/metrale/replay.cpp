@@ -1,4 +1,6 @@
-// metrale replay FILE: a golden model case through the decode chain.
+// metrale replay FILE: a golden model case through the decode chain, DeepSeek
+// (paged FP8/NVFP4 cache, SPEC §3) or Kimi K3 (FP32 KV on the device, or on the
+// host under K3_CUDA_MLA=0, SPEC §4).
 #include "commands.hpp"
 
 #include <filesystem>
@@ -8,15 +10,28 @@
 #include <nlohmann/json.hpp>
 
 #include "backends.hpp"
+#include "metrale/error.hpp"
+#include "metrale/mla_decode.hpp"
 #include "metrale/model_case.hpp"
 
 namespace metrale::cli {
 
 namespace {
 
-void print_table(const ReplayResult& r) {
-  fmt::print("case        {}\nbackend     {}\nkv cache    {}, block size {}\n\n", r.case_name, r.backend,
-             to_string(r.kv_cache), r.block_size);
+// How the run kept its KV: the paged cache's format for DeepSeek; for Kimi K3
+// an unquantised FP32 KV, on the device or on the host (no blocks).
+struct KvDescription {
+  std::string model, kv_cache, kv_path;  // kv_path: "device" | "host" for Kimi K3, "" for DeepSeek
+  std::uint32_t block_size = 0;
+};
+
+void print_table(const ReplayResult& r, const KvDescription& kv) {
+  fmt::print("case        {}\nmodel       {}\nbackend     {}\n", r.case_name, kv.model, r.backend);
+  if (kv.kv_path.empty()) {
+    fmt::print("kv cache    {}, block size {}\n\n", kv.kv_cache, kv.block_size);
+  } else {
+    fmt::print("kv cache    {}, {} KV (K3_CUDA_MLA=0 selects the host path)\n\n", kv.kv_cache, kv.kv_path);
+  }
   fmt::print("{:<12} {:>11} {:>11} {:>11}  {}\n", "tensor", "rel_l2", "max_abs", "tolerance", "result");
   for (const auto& m : r.metrics)
     fmt::print("{:<12} {:>11.3e} {:>11.3e} {:>11.1e}  {}\n", m.name, m.rel_l2, m.max_abs, m.tolerance,
@@ -26,12 +41,17 @@ void print_table(const ReplayResult& r) {
   fmt::print("\n{}\n", r.pass ? "PASS" : "FAIL");
 }
 
-void print_json(const ReplayResult& r) {
+void print_json(const ReplayResult& r, const KvDescription& kv) {
   nlohmann::ordered_json j;
   j["case"] = r.case_name;
+  j["model"] = kv.model;
   j["backend"] = r.backend;
-  j["kv_cache"] = to_string(r.kv_cache);
-  j["block_size"] = r.block_size;
+  j["kv_cache"] = kv.kv_cache;
+  if (kv.kv_path.empty()) {
+    j["block_size"] = kv.block_size;
+  } else {
+    j["kv_path"] = kv.kv_path;  // Kimi K3 has no paged cache, so no block_size
+  }
   for (const auto& m : r.metrics)
     j["metrics"][m.name] = {{"rel_l2", m.rel_l2}, {"max_abs", m.max_abs}, {"tolerance", m.tolerance}, {"pass", m.pass}};
   for (const auto& [stage, ms] : r.stages) j["stages_ms"][stage] = ms;
@@ -43,24 +63,44 @@ void print_json(const ReplayResult& r) {
 
 void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
-    std::string file, backend, kv_cache = "fp8";
+    std::string file, backend, model = "deepseek", kv_cache = "fp8";
     std::uint32_t block_size = 16;
     bool json = false;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("replay", "run a golden model case through the decode step and compare");
   cmd->add_option("FILE", opts->file, "model case (.safetensors)")->required();
+  cmd->add_option("--model", opts->model,
+                  "decode chain: deepseek (paged absorbed MLA) or kimi-k3 (per-head MLA; device KV unless "
+                  "K3_CUDA_MLA=0)")
+      ->check(CLI::IsMember({"deepseek", "kimi-k3"}));
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
-  cmd->add_option("--kv-cache", opts->kv_cache, "paged cache format")->check(CLI::IsMember({"fp8", "nvfp4"}));
-  cmd->add_option("--block-size", opts->block_size, "tokens per cache block")->check(CLI::Range(1u, 1u << 20));
+  auto* kv_opt = cmd->add_option("--kv-cache", opts->kv_cache, "paged cache format (deepseek)")
+                     ->check(CLI::IsMember({"fp8", "nvfp4"}));
+  auto* bs_opt = cmd->add_option("--block-size", opts->block_size, "tokens per cache block (deepseek)")
+                     ->check(CLI::Range(1u, 1u << 20));
   cmd->add_flag("--json", opts->json, "print one JSON object");
-  cmd->callback([opts, set_exit] {
+  cmd->callback([opts, set_exit, kv_opt, bs_opt] {
+    const bool kimi = opts->model == "kimi-k3";
+    if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0))
+      fail(Errc::invalid_argument, "--kv-cache and --block-size apply to --model deepseek, not {}", opts->model);
     const SafeTensors file = SafeTensors::read(opts->file);
     auto gpu = make_backend(opts->backend);
     const std::string name =
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string();
-    const ReplayResult r = replay_deepseek_case(*gpu, file, name, {parse_kv_format(opts->kv_cache), opts->block_size});
-    opts->json ? print_json(r) : print_table(r);
+    ReplayResult r;
+    KvDescription kv{opts->model, "", "", 0};
+    if (kimi) {
+      const bool device_path = mla_kv_placement_from_env() == MlaKvPlacement::device;
+      r = replay_kimi_case(*gpu, file, name, device_path);
+      kv.kv_cache = "f32";
+      kv.kv_path = device_path ? "device" : "host";
+    } else {
+      r = replay_deepseek_case(*gpu, file, name, {parse_kv_format(opts->kv_cache), opts->block_size});
+      kv.kv_cache = std::string(to_string(r.kv_cache));
+      kv.block_size = r.block_size;
+    }
+    opts->json ? print_json(r, kv) : print_table(r, kv);
     set_exit(r.pass ? 0 : 1);
   });
 }

@@ -105,7 +105,8 @@ struct PagedDecodeNvfp4Args : PagedDecodeCommon {
 };
 /// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): a null
 /// q, k_cache, v_cache, o, block_tables or seq_lens; num_seqs, num_q_heads,
-/// num_kv_heads, q_head_dim, block_size or max_blocks_per_seq 0; num_q_heads not
+/// num_kv_heads, q_head_dim, block_size or max_blocks_per_seq 0; num_q_heads
+/// > 2^31 − 1; num_q_heads not
 /// a multiple of num_kv_heads; q_head_dim > kv_cache_dim; num_seqs > 65535;
 /// inv_sqrt_d not finite; row width (num_kv_heads·kv_cache_dim) not a multiple
 /// of 16; data_section_bytes < block_size·row_width/2; block_stride_bytes <

@@ -53,4 +53,24 @@ double replay_tolerance(std::string_view metric, KvFormat format);
 ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name,
                                   const ReplayOptions& options);
 
+/// The rel_l2 tolerance of a Kimi K3 replay: the chain is FP32 with an
+/// unquantised KV, so only FP32 rounding separates it from the file (it
+/// measures ≈ 2e-7; docs/k3.md).
+inline constexpr double kKimiReplayTolerance = 1e-4;
+
+/// Replay a Kimi K3 golden case (SPEC §4, golden README) through the
+/// `K3MlaDecoder`, token by token at positions 0..T−1: token t's k = [w_uk[h] ·
+/// kv_latent[t] ‖ k_rope[t]] and v = w_uv[h] · kv_latent[t] per head (float64
+/// on the host, then FP32); the earlier tokens' q and gate are zeros (their
+/// outputs are not compared); the last token's q = [q_nope ‖ q_rope] and gate
+/// from the file. Rope "none" is NoPE, "pairs(2i,2i+1)" rotates at rope_theta.
+/// One metric, named after the tensor it compares: attn_out_gated when the file
+/// has a gate, else attn_out, within kKimiReplayTolerance. `device_path`: the KV
+/// lives on the device (MlaDeviceKv), else on the host (MlaKv). The result's
+/// kv_cache/block_size fields do not apply (block_size 0). Errors:
+/// `invalid_argument` / `not_found` naming a missing or malformed tensor or
+/// metadata key; `unsupported` for another rope layout or a softmax_scale that
+/// is not 1/√(qk_nope_head_dim + qk_rope_head_dim) (the kernel's); the decode's.
+ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path);
+
 }  // namespace metrale

@@ -123,5 +123,6 @@ class EmulatorBackend final : public GpuBackend {
 /// Register every port of this build (one `register_<module>` per module).
 void register_all_ports(Registry& registry);
 void register_mla_absorbed(Registry& registry);
+void register_mla_decode(Registry& registry);
 
 }  // namespace metrale::emu

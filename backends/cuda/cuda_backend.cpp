@@ -1,0 +1,281 @@
+// CudaBackend on the driver API. libcuda.so.1 is opened with dlopen and every
+// entry point taken through cuGetProcAddress, so nothing links against the
+// driver: the same binaries start in CI, where there is none.
+#include "metrale/cuda/cuda_backend.hpp"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <mutex>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "fatbins.hpp"
+#include "metrale/error.hpp"
+
+namespace metrale {
+
+namespace {
+
+// Every driver function this backend calls, resolved once.
+#define METRALE_CU_FUNCTIONS(X)                                                                                       \
+  X(cuInit)                                                                                                           \
+  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
+      X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)   \
+          X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData)              \
+              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuStreamSynchronize) \
+                  X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)       \
+                      X(cuEventElapsedTime) X(cuEventDestroy)
+
+struct Driver {
+#define METRALE_CU_MEMBER(f) decltype(&::f) f = nullptr;
+  METRALE_CU_FUNCTIONS(METRALE_CU_MEMBER)
+#undef METRALE_CU_MEMBER
+  std::string error;  // why loading failed
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      r.error = std::string("cannot load libcuda.so.1: ") + dlerror();
+      return r;
+    }
+    using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+    auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
+    if (get_proc == nullptr) {
+      r.error = "libcuda.so.1 has no cuGetProcAddress_v2 (driver older than CUDA 12)";
+      return r;
+    }
+#define METRALE_CU_LOAD(f)                                                                                    \
+  if (r.error.empty()) {                                                                                      \
+    void* p = nullptr;                                                                                        \
+    CUdriverProcAddressQueryResult status{};                                                                  \
+    if (get_proc(#f, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || p == nullptr) \
+      r.error = "the driver does not provide " #f;                                                            \
+    r.f = reinterpret_cast<decltype(r.f)>(p);                                                                 \
+  }
+    METRALE_CU_FUNCTIONS(METRALE_CU_LOAD)
+#undef METRALE_CU_LOAD
+    return r;
+  }();
+  return d;
+}
+
+const Driver& api() {
+  const Driver& d = driver();
+  if (!d.error.empty()) fail(Errc::unsupported, "backend cuda: {}", d.error);
+  return d;
+}
+
+Errc code_of(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return Errc::out_of_memory;
+    case CUDA_ERROR_NOT_FOUND:
+      return Errc::not_found;
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE:
+    case CUDA_ERROR_NO_BINARY_FOR_GPU:
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+      return Errc::unsupported;
+    case CUDA_ERROR_INVALID_VALUE:
+    case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
+    case CUDA_ERROR_INVALID_HANDLE:
+      return Errc::launch_failed;
+    default:
+      return Errc::device_fault;
+  }
+}
+
+// The one error path: a failed driver call becomes the project error with the call, the driver's
+// name and description of the result, and where it was made (STYLE §6).
+void check(CUresult r, const char* call, std::source_location where = std::source_location::current()) {
+  if (r == CUDA_SUCCESS) return;
+  const char* name = "?";
+  const char* text = "?";
+  if (const Driver& d = driver(); d.error.empty()) {
+    d.cuGetErrorName(r, &name);
+    d.cuGetErrorString(r, &text);
+  }
+  throw Error(code_of(r),
+              fmt::format("{} failed: {} ({}) at {}:{}", call, name, text, where.file_name(), where.line()));
+}
+
+#define METRALE_CU(call) check(api().call, #call)
+
+struct Kernel {
+  std::string module, entry;
+  CUfunction function;
+  std::vector<std::size_t> param_sizes;  // from the image
+};
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  CUdevice device{};
+  CUcontext context{};
+  std::mutex mutex;
+  std::vector<std::pair<std::string, CUmodule>> modules;
+  std::vector<Kernel> kernels;  // handle id = index + 1
+
+  CUmodule module(std::string_view name) {
+    for (const auto& [n, m] : modules)
+      if (n == name) return m;
+    const auto image = cuda_fatbin(name);
+    if (image.empty()) fail(Errc::not_found, "backend cuda: no module {} in this build", name);
+    CUmodule m{};
+    METRALE_CU(cuModuleLoadData(&m, image.data()));
+    modules.emplace_back(std::string(name), m);
+    return m;
+  }
+};
+
+bool CudaBackend::available() { return unavailable_reason().empty(); }
+
+std::string CudaBackend::unavailable_reason() {
+  const Driver& d = driver();
+  if (!d.error.empty()) return d.error;
+  if (const CUresult r = d.cuInit(0); r != CUDA_SUCCESS) {
+    const char* name = "?";
+    d.cuGetErrorName(r, &name);
+    return fmt::format("cuInit failed: {}", name);
+  }
+  int count = 0;
+  if (d.cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) return "no CUDA device";
+  return "";
+}
+
+CudaBackend::CudaBackend(int ordinal) : impl_(std::make_unique<Impl>()) {
+  if (const std::string why = unavailable_reason(); !why.empty()) fail(Errc::unsupported, "backend cuda: {}", why);
+  METRALE_CU(cuDeviceGet(&impl_->device, ordinal));
+  METRALE_CU(cuDevicePrimaryCtxRetain(&impl_->context, impl_->device));
+  METRALE_CU(cuCtxSetCurrent(impl_->context));
+}
+
+CudaBackend::~CudaBackend() {
+  const Driver& d = driver();
+  d.cuCtxSetCurrent(impl_->context);
+  for (const auto& [name, m] : impl_->modules) d.cuModuleUnload(m);
+  d.cuDevicePrimaryCtxRelease(impl_->device);
+}
+
+DevicePtr CudaBackend::do_alloc(std::size_t bytes, std::source_location) {
+  if (bytes == 0) fail(Errc::invalid_argument, "alloc of 0 bytes");
+  CUdeviceptr p{};
+  METRALE_CU(cuMemAlloc(&p, bytes));
+  return DevicePtr{p};
+}
+
+void CudaBackend::free(DevicePtr ptr) {
+  if (ptr) METRALE_CU(cuMemFree(ptr.addr));
+}
+
+void CudaBackend::copy_h2d(std::span<const std::byte> src, DevicePtr dst) {
+  if (!src.empty()) METRALE_CU(cuMemcpyHtoD(dst.addr, src.data(), src.size()));
+}
+
+void CudaBackend::copy_d2h(DevicePtr src, std::span<std::byte> dst) {
+  if (!dst.empty()) METRALE_CU(cuMemcpyDtoH(dst.data(), src.addr, dst.size()));
+}
+
+void CudaBackend::copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) {
+  if (bytes != 0) METRALE_CU(cuMemcpyDtoD(dst.addr, src.addr, bytes));
+}
+
+void CudaBackend::memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) {
+  if (bytes != 0) METRALE_CU(cuMemsetD8(dst.addr, value, bytes));
+}
+
+KernelHandle CudaBackend::kernel(std::string_view module, std::string_view entry) {
+  std::lock_guard lock(impl_->mutex);
+  for (std::size_t i = 0; i < impl_->kernels.size(); ++i)
+    if (impl_->kernels[i].module == module && impl_->kernels[i].entry == entry) return KernelHandle{i + 1};
+  const CUmodule m = with_context(fmt::format("kernel {}.{}", module, entry), [&] { return impl_->module(module); });
+  Kernel k{std::string(module), std::string(entry), nullptr, {}};
+  const std::string entry_z(entry);
+  if (const CUresult r = api().cuModuleGetFunction(&k.function, m, entry_z.c_str()); r != CUDA_SUCCESS)
+    fail(Errc::not_found, "backend cuda: no kernel {} in module {}", entry, module);
+  // The image's own parameter list: sizes in declaration order, until the index runs out.
+  for (std::size_t i = 0;; ++i) {
+    std::size_t offset = 0, size = 0;
+    if (api().cuFuncGetParamInfo(k.function, i, &offset, &size) != CUDA_SUCCESS) break;
+    k.param_sizes.push_back(size);
+  }
+  impl_->kernels.push_back(std::move(k));
+  return KernelHandle{impl_->kernels.size()};
+}
+
+std::string CudaBackend::kernel_name(KernelHandle kernel) const {
+  if (kernel.id == 0 || kernel.id > impl_->kernels.size()) return fmt::format("kernel #{}", kernel.id);
+  const Kernel& k = impl_->kernels[kernel.id - 1];
+  return k.module + "." + k.entry;
+}
+
+void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) {
+  if (kernel.id == 0 || kernel.id > impl_->kernels.size())
+    fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
+  const Kernel& k = impl_->kernels[kernel.id - 1];
+  // A launcher that drifted from its kernel fails here, before the driver reads garbage.
+  if (args.size() != k.param_sizes.size())
+    fail(Errc::launch_failed, "{} arguments but {} takes {}", args.size(), k.entry, k.param_sizes.size());
+  std::vector<std::uint64_t> storage(args.size());
+  std::vector<void*> params(args.size());
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (arg_size(args[i].kind) != k.param_sizes[i])
+      fail(Errc::launch_failed, "argument {} is {} ({} bytes) but {} takes {} bytes there", i, to_string(args[i].kind),
+           arg_size(args[i].kind), k.entry, k.param_sizes[i]);
+    storage[i] = args[i].bits;  // little-endian: a 4-byte argument is the low half
+    params[i] = &storage[i];
+  }
+  METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0,
+                            reinterpret_cast<CUstream>(stream), params.data(), nullptr));
+}
+
+void CudaBackend::synchronize(Stream stream) { METRALE_CU(cuStreamSynchronize(reinterpret_cast<CUstream>(stream))); }
+
+std::string CudaBackend::device_name() const {
+  char name[256] = {};
+  METRALE_CU(cuDeviceGetName(name, sizeof(name), impl_->device));
+  return name;
+}
+
+int CudaBackend::compute_capability() const {
+  int major = 0, minor = 0;
+  METRALE_CU(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, impl_->device));
+  METRALE_CU(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, impl_->device));
+  return major * 10 + minor;
+}
+
+int CudaBackend::driver_version() const {
+  int v = 0;
+  METRALE_CU(cuDriverGetVersion(&v));
+  return v;
+}
+
+int CudaBackend::toolkit_version() { return CUDA_VERSION; }
+
+double CudaBackend::time_ms(const std::function<void()>& work, Stream stream) {
+  CUevent start{}, stop{};
+  METRALE_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
+  METRALE_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  float ms = 0;
+  try {
+    METRALE_CU(cuEventRecord(start, reinterpret_cast<CUstream>(stream)));
+    work();
+    METRALE_CU(cuEventRecord(stop, reinterpret_cast<CUstream>(stream)));
+    METRALE_CU(cuEventSynchronize(stop));
+    METRALE_CU(cuEventElapsedTime(&ms, start, stop));
+  } catch (...) {
+    api().cuEventDestroy(start);
+    api().cuEventDestroy(stop);
+    throw;
+  }
+  api().cuEventDestroy(start);
+  api().cuEventDestroy(stop);
+  return ms;
+}
+
+}  // namespace metrale

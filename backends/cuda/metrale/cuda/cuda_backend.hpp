@@ -1,0 +1,61 @@
+// The CUDA backend (SPEC §1): the driver API over the fatbins of kernels/ that
+// are embedded in this library, one module per `.cu`, under the same module and
+// entry names the emulator registers. The driver (libcuda.so.1) is loaded at
+// run time, so binaries that contain this backend start on machines without a
+// GPU; `available()` says whether a device answers.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "metrale/backend.hpp"
+
+namespace metrale {
+
+class CudaBackend final : public GpuBackend {
+ public:
+  /// Load the driver, take device `ordinal`'s primary context. Errors:
+  /// `unsupported` when the driver cannot be loaded or the device does not
+  /// exist, naming why; other driver errors per `check`.
+  explicit CudaBackend(int ordinal = 0);
+  ~CudaBackend() override;
+
+  /// Whether the driver loads and at least one device answers.
+  static bool available();
+  /// Why `available()` is false ("" when it is true).
+  static std::string unavailable_reason();
+
+  void free(DevicePtr ptr) override;
+  void copy_h2d(std::span<const std::byte> src, DevicePtr dst) override;
+  void copy_d2h(DevicePtr src, std::span<std::byte> dst) override;
+  void copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) override;
+  /// Errors: `not_found` naming the module and entry.
+  KernelHandle kernel(std::string_view module, std::string_view entry) override;
+  /// Checks the argument count and each argument's size against the kernel
+  /// image (cuFuncGetParamInfo) first. Errors: `launch_failed` naming the
+  /// argument; the driver's launch errors.
+  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) override;
+  void synchronize(Stream stream) override;
+  std::string name() const override { return "cuda"; }
+  std::string kernel_name(KernelHandle kernel) const override;
+
+  /// Fill `bytes` bytes at `dst` with `value` (for benchmarks: cache flushes, poisons).
+  void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes);
+  /// Device name, compute capability, driver version and the toolkit this was built with.
+  std::string device_name() const;
+  int compute_capability() const;  // major·10 + minor
+  int driver_version() const;      // e.g. 13000
+  static int toolkit_version();    // CUDA_VERSION at build time
+  /// Milliseconds between two events recorded around `work` on `stream` (cuEventElapsedTime).
+  double time_ms(const std::function<void()>& work, Stream stream = 0);
+
+ protected:
+  DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrale

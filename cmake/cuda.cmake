@@ -1,0 +1,49 @@
+# The CUDA half of the build: kernels/*.cu → one fatbin per module (SASS for each of
+# METRALE_CUDA_ARCHS, PTX for the last one) embedded in metrale_cuda, plus a PTX file per
+# module for the signature check. Only nvcc and the headers are needed, no GPU and no driver.
+set(METRALE_CUDA_ARCHS "90;121" CACHE STRING "SASS targets of the kernel fatbins (sm_90 = H200, sm_121 = GB10)")
+set(gen ${PROJECT_BINARY_DIR}/kernels)
+file(MAKE_DIRECTORY ${gen})
+file(GLOB METRALE_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
+file(GLOB METRALE_KERNEL_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cuh)
+
+set(gencodes "")
+foreach(arch ${METRALE_CUDA_ARCHS})
+  list(APPEND gencodes -gencode=arch=compute_${arch},code=sm_${arch})
+  set(last_arch ${arch})
+endforeach()
+list(APPEND gencodes -gencode=arch=compute_${last_arch},code=compute_${last_arch})
+set(nvcc_flags -std=c++20 -O3 -lineinfo -I${PROJECT_SOURCE_DIR}/kernels)
+
+set(METRALE_FATBIN_DECLS "")
+set(METRALE_FATBIN_TABLE "")
+set(embedded "")
+set(METRALE_PTX_FILES "")
+foreach(src ${METRALE_KERNEL_SOURCES})
+  get_filename_component(module ${src} NAME_WE)
+  add_custom_command(OUTPUT ${gen}/${module}.fatbin
+                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -fatbin ${gencodes} -o ${gen}/${module}.fatbin ${src}
+                     DEPENDS ${src} ${METRALE_KERNEL_HEADERS} COMMENT "nvcc ${module}.cu -> fatbin (${METRALE_CUDA_ARCHS})")
+  add_custom_command(OUTPUT ${gen}/${module}.ptx
+                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -ptx -arch=compute_90 -o ${gen}/${module}.ptx ${src}
+                     DEPENDS ${src} ${METRALE_KERNEL_HEADERS} COMMENT "nvcc ${module}.cu -> ptx")
+  add_custom_command(OUTPUT ${gen}/${module}_fatbin.cpp
+                     COMMAND ${CMAKE_COMMAND} -DIN=${gen}/${module}.fatbin -DOUT=${gen}/${module}_fatbin.cpp
+                             -DNAME=${module} -P ${PROJECT_SOURCE_DIR}/cmake/embed.cmake
+                     DEPENDS ${gen}/${module}.fatbin ${PROJECT_SOURCE_DIR}/cmake/embed.cmake)
+  list(APPEND embedded ${gen}/${module}_fatbin.cpp)
+  list(APPEND METRALE_PTX_FILES ${gen}/${module}.ptx)
+  string(APPEND METRALE_FATBIN_DECLS "extern const unsigned char ${module}[];\nextern const std::size_t ${module}_size;\n")
+  string(APPEND METRALE_FATBIN_TABLE "  if (name == \"${module}\") return {${module}, ${module}_size};\n")
+endforeach()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/fatbins.cpp.in ${gen}/fatbins.cpp @ONLY)
+add_custom_target(metrale_ptx ALL DEPENDS ${METRALE_PTX_FILES})
+
+add_library(metrale_cuda ${PROJECT_SOURCE_DIR}/backends/cuda/cuda_backend.cpp ${gen}/fatbins.cpp ${embedded})
+add_library(metrale::cuda ALIAS metrale_cuda)
+set_target_properties(metrale_cuda PROPERTIES EXPORT_NAME cuda OUTPUT_NAME metrale_cuda POSITION_INDEPENDENT_CODE ON)
+target_include_directories(metrale_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/backends/cuda>
+                                               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+                                        PRIVATE ${PROJECT_SOURCE_DIR}/backends/cuda ${CUDAToolkit_INCLUDE_DIRS})
+target_link_libraries(metrale_cuda PUBLIC metrale_core PRIVATE ${CMAKE_DL_LIBS} $<BUILD_INTERFACE:metrale_warnings>)
+target_compile_definitions(metrale_cuda PUBLIC METRALE_WITH_CUDA=1)

@@ -1,0 +1,752 @@
+// Kimi K3 MLA decode (SPEC §4): both ports against a float64 reference over
+// random configs, the host and device decode paths against each other and the
+// CPU reference, the four invariants under injected faults at every backend
+// call, capacity, every rank check and launcher rule, and the golden replay.
+#include <catch2/catch.hpp>
+#include <rapidcheck.h>
+#include <rapidcheck/catch.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "metrale/buffer.hpp"
+#include "metrale/emu/emulator.hpp"
+#include "metrale/mla_decode.hpp"
+#include "metrale/model_case.hpp"
+#include "support.hpp"
+
+using namespace metrale;
+
+namespace {
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+constexpr double kU = 0x1p-24;  // FP32 unit roundoff
+
+std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = uni(rng);
+  return v;
+}
+
+// ---- float64 references of the two kernels, independent of the ports and of mla_decode_token ----
+
+// x [heads, nope + rope] rotated by the SPEC §4 definition.
+std::vector<double> rope_f64(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
+                             std::uint32_t pos, double theta, bool use_nope) {
+  std::vector<double> y(x.begin(), x.end());
+  if (use_nope) return y;
+  const std::size_t dq = std::size_t{nope} + rope;
+  for (std::size_t h = 0; h < heads; ++h) {
+    for (std::uint32_t i = 0; 2 * i + 1 < rope; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / rope);
+      const std::size_t at = h * dq + nope + 2 * i;
+      y[at] = x[at] * std::cos(angle) - x[at + 1] * std::sin(angle);
+      y[at + 1] = x[at + 1] * std::cos(angle) + x[at] * std::sin(angle);
+    }
+  }
+  return y;
+}
+
+struct SdpaProblem {
+  std::uint32_t heads = 1, dq = 1, dv = 1, seq_len = 0;
+  bool use_gate = false;
+  std::vector<float> q, k, v, g;  // [heads, dq], [seq_len, heads, dq], [seq_len, heads, dv], [heads, dv]
+};
+
+// out [heads, dv] by the definition: softmax over all keys, then the gate.
+std::vector<double> sdpa_f64(const SdpaProblem& p) {
+  std::vector<double> out(std::size_t{p.heads} * p.dv, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.dq));
+  for (std::size_t h = 0; h < p.heads; ++h) {
+    std::vector<double> logit(p.seq_len);
+    for (std::size_t j = 0; j < p.seq_len; ++j) {
+      double dot = 0;
+      for (std::size_t d = 0; d < p.dq; ++d) dot += double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d];
+      logit[j] = dot * scale;
+    }
+    if (p.seq_len == 0) continue;
+    const double m = *std::max_element(logit.begin(), logit.end());
+    double denom = 0;
+    for (double& x : logit) denom += (x = std::exp(x - m));
+    for (std::size_t d = 0; d < p.dv; ++d) {
+      double acc = 0;
+      for (std::size_t j = 0; j < p.seq_len; ++j) acc += logit[j] * p.v[(j * p.heads + h) * p.dv + d];
+      double o = acc / denom;
+      if (p.use_gate) o /= 1.0 + std::exp(-double{p.g[h * p.dv + d]});
+      out[h * p.dv + d] = o;
+    }
+  }
+  return out;
+}
+
+// The FP32 error bound of one head's output: a logit error δ (dq/32 + 5 rounded additions per lane
+// sum and butterfly, over Σ|q·k|) moves each weight by ≲ 2δ relatively; the online rescaling adds
+// a few roundings per key to the accumulators and the denominator.
+double sdpa_bound(const SdpaProblem& p, std::size_t h) {
+  double qk = 0, vmax = 0;
+  for (std::size_t j = 0; j < p.seq_len; ++j) {
+    double s = 0;
+    for (std::size_t d = 0; d < p.dq; ++d) s += std::fabs(double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d]);
+    qk = std::max(qk, s);
+    for (std::size_t d = 0; d < p.dv; ++d) vmax = std::max(vmax, std::fabs(double{p.v[(j * p.heads + h) * p.dv + d]}));
+  }
+  const double delta = qk / std::sqrt(static_cast<double>(p.dq)) * (p.dq / 32.0 + 8) * 2 * kU;
+  return vmax * (4 * delta + (4.0 * p.seq_len + 32) * kU) + 1e-30;
+}
+
+std::string describe(const MlaConfig& c) {
+  return fmt::format("heads {} nope {} rope {} v {} use_nope {} gate {}", c.heads, c.qk_nope_head_dim,
+                     c.qk_rope_head_dim, c.v_head_dim, c.mla_use_nope, c.mla_use_output_gate);
+}
+
+struct Token {
+  std::vector<float> q, k, v, g;
+};
+
+Token random_token(const MlaConfig& cfg, std::mt19937_64& rng) {
+  return {random_floats(cfg.k_row(), rng), random_floats(cfg.k_row(), rng), random_floats(cfg.v_row(), rng),
+          cfg.mla_use_output_gate ? random_floats(cfg.v_row(), rng) : std::vector<float>{}};
+}
+
+MlaKv random_history(const MlaConfig& cfg, std::size_t tokens, std::mt19937_64& rng) {
+  MlaKv kv;
+  for (std::size_t t = 0; t < tokens; ++t) kv.append(random_floats(cfg.k_row(), rng), random_floats(cfg.v_row(), rng));
+  return kv;
+}
+
+// A small config with every feature on: rope (odd width, so one dim stays), gate.
+const MlaConfig kCfg{3, 5, 5, 7, false, true};
+
+enum class Path { host, device };
+const char* name(Path p) { return p == Path::host ? "host" : "device"; }
+
+// One backend and one KV of either placement, driven through the launch functions.
+struct Rig {
+  emu::EmulatorBackend gpu;
+  K3MlaDecodeKernels kernels = K3MlaDecodeKernels::resolve(gpu);
+  MlaConfig cfg;
+  MlaKv host;
+  std::optional<MlaDeviceKv> device;
+
+  Rig(Path path, const MlaConfig& c, const MlaKv& history, std::size_t cap) : cfg(c), host(history) {
+    if (path == Path::device)
+      device.emplace(MlaDeviceKv::alloc_and_upload(gpu, history, cap, cfg.k_row(), cfg.v_row()));
+  }
+  // The caller's q and k are copies, so the host path's write-back is visible to the caller only.
+  std::vector<float> decode(Token& t, std::uint32_t pos, float theta = 10000.0f) {
+    if (device) return launch_k3_mla_decode_token_on_device(gpu, kernels, t.q, t.k, t.v, t.g, *device, cfg, pos, theta);
+    return launch_k3_mla_decode_token(gpu, kernels, t.q, t.k, t.v, t.g, host, cfg, pos, theta);
+  }
+  MlaKv kv() const { return device ? device->download() : host; }
+  std::vector<std::uint64_t> live() const {
+    std::vector<std::uint64_t> serials;
+    for (const auto& a : gpu.live_allocations()) serials.push_back(a.serial);
+    return serials;
+  }
+};
+
+std::string run_cli(const std::string& args, int& status) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((std::string(METRALE_CLI) + " " + args).c_str(), "r"), pclose);
+  std::string out;
+  if (!pipe) return out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+  status = pclose(pipe.release());
+  return out;
+}
+
+}  // namespace
+
+// ---- the ports ------------------------------------------------------------------------
+
+TEST_CASE("k3_mla_maybe_rope_f32 matches the float64 rotation", "[mla_decode][rope]") {
+  // In place, so there is no output to poison: the nope dims (and everything under NoPE) must come
+  // back bit for bit, the rope dims within FP32's angle error (pos · θ^e is rounded: ≲ 3·pos·u rad).
+  rc::prop("random heads, dims, positions, theta, NoPE", [] {
+    const auto heads = *rc::gen::inRange<std::uint32_t>(1, 71);
+    const auto nope = *rc::gen::inRange<std::uint32_t>(0, 41);
+    const auto rope = *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 34);
+    const auto pos = *rc::gen::inRange<std::uint32_t>(0, 5000);
+    const auto theta = *rc::gen::element(10000.0f, 50000.0f, 1e6f, 2.0f);
+    const bool use_nope = *rc::gen::arbitrary<bool>();
+    std::mt19937_64 rng(*rc::gen::arbitrary<std::uint64_t>());
+    const std::size_t dq = std::size_t{nope} + rope;
+    const auto q = random_floats(heads * dq, rng), k = random_floats(heads * dq, rng);
+    emu::EmulatorBackend gpu;
+    const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+    const auto q_d = DeviceBuffer::from_host<float>(gpu, q), k_d = DeviceBuffer::from_host<float>(gpu, k);
+    k3_mla_maybe_rope_f32(gpu, kernels.rope, {q_d.ptr(), k_d.ptr(), heads, nope, rope, pos, theta, use_nope});
+    for (const auto& [in, buf] : {std::pair{&q, &q_d}, std::pair{&k, &k_d}}) {
+      const auto got = buf->to_host<float>();
+      const auto want = rope_f64(*in, heads, nope, rope, pos, theta, use_nope);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const std::size_t c = i % dq;
+        const bool rotated = !use_nope && c >= nope && (c - nope) / 2 < rope / 2;
+        if (!rotated) {
+          RC_ASSERT(got[i] == (*in)[i]);
+          continue;
+        }
+        const std::size_t pair = i - (c - nope) % 2;
+        const double mag = std::fabs((*in)[pair]) + std::fabs((*in)[pair + 1]);
+        RC_ASSERT(std::fabs(got[i] - want[i]) <= mag * (4.0 * pos * kU + 0x1p-20));
+      }
+    }
+  });
+}
+
+TEST_CASE("k3_mla_maybe_rope_f32 covers every head over several blocks", "[mla_decode][rope]") {
+  const std::uint32_t heads = GENERATE(127u, 128u, 129u, 300u);
+  INFO("heads " << heads);
+  std::mt19937_64 rng(heads);
+  const std::uint32_t nope = 3, rope = 4, dq = nope + rope;
+  const auto q = random_floats(std::size_t{heads} * dq, rng), k = random_floats(std::size_t{heads} * dq, rng);
+  emu::EmulatorBackend gpu;
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  const auto q_d = DeviceBuffer::from_host<float>(gpu, q), k_d = DeviceBuffer::from_host<float>(gpu, k);
+  k3_mla_maybe_rope_f32(gpu, kernels.rope, {q_d.ptr(), k_d.ptr(), heads, nope, rope, 7, 10000.0f, false});
+  const auto got = k_d.to_host<float>();
+  const auto want = rope_f64(k, heads, nope, rope, 7, 10000.0, false);
+  for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::fabs(got[i] - want[i]) <= 1e-6);
+}
+
+TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sdpa]") {
+  rc::prop("random heads, dims, seq_len, gate; out poisoned", [] {
+    SdpaProblem p;
+    p.heads = *rc::gen::inRange<std::uint32_t>(1, 71);
+    const auto nope = *rc::gen::inRange<std::uint32_t>(0, 41);
+    const auto rope = *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 34);
+    p.dq = nope + rope;
+    p.dv = *rc::gen::inRange<std::uint32_t>(1, 71);
+    p.seq_len = *rc::gen::oneOf(rc::gen::inRange<std::uint32_t>(0, 4), rc::gen::inRange<std::uint32_t>(0, 301));
+    p.use_gate = *rc::gen::arbitrary<bool>();
+    std::mt19937_64 rng(*rc::gen::arbitrary<std::uint64_t>());
+    p.q = random_floats(std::size_t{p.heads} * p.dq, rng);
+    p.k = random_floats(std::size_t{p.seq_len} * p.heads * p.dq, rng);
+    p.v = random_floats(std::size_t{p.seq_len} * p.heads * p.dv, rng);
+    p.g = random_floats(std::size_t{p.heads} * p.dv, rng);
+    for (auto& x : p.g) x *= 4;  // gate logits well into both tails of the sigmoid
+
+    emu::EmulatorBackend gpu;
+    const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+    const auto q = DeviceBuffer::from_host<float>(gpu, p.q), k = DeviceBuffer::from_host<float>(gpu, p.k),
+               v = DeviceBuffer::from_host<float>(gpu, p.v), g = DeviceBuffer::from_host<float>(gpu, p.g);
+    const auto out = DeviceBuffer::from_host<float>(gpu, std::vector<float>(std::size_t{p.heads} * p.dv, kNan));
+    k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
+                         {q.ptr(), k.ptr(), v.ptr(), g.ptr(), out.ptr(), p.seq_len, p.heads, p.dq, p.dv, p.use_gate});
+    const auto got = out.to_host<float>();
+    const auto want = sdpa_f64(p);
+    for (std::size_t h = 0; h < p.heads; ++h) {
+      const double bound = sdpa_bound(p, h);
+      for (std::size_t d = 0; d < p.dv; ++d) {
+        const float o = got[h * p.dv + d];
+        RC_ASSERT(std::isfinite(o));
+        if (p.seq_len == 0) RC_ASSERT(o == 0.0f);
+        RC_ASSERT(std::fabs(o - want[h * p.dv + d]) <= bound);
+      }
+    }
+  });
+}
+
+TEST_CASE("each launcher passes its arguments under the port's parameter names", "[mla_decode][launch]") {
+  emu::EmulatorBackend gpu;
+  gpu.set_dry_run(true);
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  const DevicePtr a{0x1000}, b{0x2000}, c{0x3000}, d{0x4000}, e{0x5000};
+  k3_mla_maybe_rope_f32(gpu, kernels.rope, {a, b, 300, 11, 13, 17, 500.0f, true});
+  k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, {a, b, c, d, e, 19, 23, 29, 31, true});
+  const auto& log = gpu.launch_log();
+  REQUIRE(log.size() == 2);
+  const auto& rope = log[0];
+  CHECK(rope.grid == Dim3{3, 1, 1});
+  CHECK(rope.block == Dim3{128, 1, 1});
+  CHECK(rope.arg("q").as_ptr() == a);
+  CHECK(rope.arg("k_new").as_ptr() == b);
+  CHECK(rope.arg("heads").as_u32() == 300);
+  CHECK(rope.arg("nope").as_u32() == 11);
+  CHECK(rope.arg("rope").as_u32() == 13);
+  CHECK(rope.arg("pos").as_u32() == 17);
+  CHECK(rope.arg("theta").as_f32() == 500.0f);
+  CHECK(rope.arg("use_nope").as_u32() == 1);
+  const auto& sdpa = log[1];
+  CHECK(sdpa.grid == Dim3{23, 1, 1});
+  CHECK(sdpa.block == Dim3{32, 1, 1});
+  const std::pair<const char*, DevicePtr> ptrs[] = {{"q", a}, {"k", b}, {"v", c}, {"g", d}, {"out", e}};
+  for (const auto& [n, p] : ptrs) CHECK(sdpa.arg(n).as_ptr() == p);
+  CHECK(sdpa.arg("seq_len").as_u32() == 19);
+  CHECK(sdpa.arg("heads").as_u32() == 23);
+  CHECK(sdpa.arg("dq").as_u32() == 29);
+  CHECK(sdpa.arg("dv").as_u32() == 31);
+  CHECK(sdpa.arg("use_gate").as_u32() == 1);
+}
+
+TEST_CASE("launcher validation: every rule", "[mla_decode][launch]") {
+  emu::EmulatorBackend gpu;
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  const DevicePtr p{0x1000};
+  const std::uint64_t before = gpu.calls(emu::Op::launch);
+  auto rope = [&](K3RopeArgs a) { k3_mla_maybe_rope_f32(gpu, kernels.rope, a); };
+  auto sdpa = [&](K3SdpaArgs a) { k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, a); };
+  using test::require_error;
+  const auto bad = Errc::invalid_argument;
+  require_error([&] { rope({{}, p, 1, 1, 2, 0, 1e4f, false}); }, bad, {"k3_mla_maybe_rope_f32: q is null"});
+  require_error([&] { rope({p, {}, 1, 1, 2, 0, 1e4f, false}); }, bad, {"k_new is null"});
+  require_error([&] { rope({p, p, 0, 1, 2, 0, 1e4f, false}); }, bad, {"heads is 0"});
+  require_error([&] { rope({p, p, 1, 0xFFFF'FFFFu, 2, 0, 1e4f, false}); }, bad, {"nope + rope 4294967297 exceeds"});
+  require_error([&] { rope({p, p, 1, 1, 2, 0, 0.0f, false}); }, bad, {"theta 0 is not a finite positive number"});
+  require_error([&] { rope({p, p, 1, 1, 2, 0, kNan, false}); }, bad, {"theta nan"});
+  require_error([&] { sdpa({{}, p, p, p, p, 1, 1, 1, 1, true}); }, bad, {"k3_mla_sdpa_gate_f32: q is null"});
+  require_error([&] { sdpa({p, p, p, p, {}, 1, 1, 1, 1, true}); }, bad, {"out is null"});
+  require_error([&] { sdpa({p, {}, p, p, p, 1, 1, 1, 1, true}); }, bad, {"k is null"});
+  require_error([&] { sdpa({p, p, {}, p, p, 1, 1, 1, 1, true}); }, bad, {"v is null"});
+  require_error([&] { sdpa({p, p, p, {}, p, 1, 1, 1, 1, true}); }, bad, {"g is null"});
+  require_error([&] { sdpa({p, p, p, p, p, 1, 0, 1, 1, true}); }, bad, {"heads is 0"});
+  require_error([&] { sdpa({p, p, p, p, p, 1, 1, 0, 1, true}); }, bad, {"dq is 0"});
+  require_error([&] { sdpa({p, p, p, p, p, 1, 1, 1, 0, true}); }, bad, {"dv is 0"});
+  require_error([&] { sdpa({p, p, p, p, p, 1, 0x8000'0000u, 1, 1, true}); }, bad, {"heads 2147483648 exceeds"});
+  CHECK(gpu.calls(emu::Op::launch) == before);  // nothing was launched
+
+  SECTION("what the rules allow: theta unused under NoPE, no keys without k/v, no gate without g") {
+    const auto x = DeviceBuffer::from_host<float>(gpu, std::vector<float>{1, 2, 3});
+    rope({x.ptr(), x.ptr(), 1, 1, 2, 5, 0.0f, true});
+    const DeviceBuffer out(gpu, 2 * sizeof(float));
+    sdpa({x.ptr(), {}, {}, {}, out.ptr(), 0, 2, 1, 1, false});
+    CHECK(out.to_host<float>() == std::vector<float>{0, 0});
+    CHECK(x.to_host<float>() == std::vector<float>{1, 2, 3});
+  }
+}
+
+// ---- the two decode paths -----------------------------------------------------------------
+
+TEST_CASE("host and device paths agree with each other and with mla_decode_token", "[mla_decode][decode]") {
+  const MlaConfig cfg = GENERATE(MlaConfig{3, 5, 5, 7, false, true}, MlaConfig{2, 8, 4, 3, false, false},
+                                 MlaConfig{4, 6, 2, 9, true, true}, MlaConfig{1, 0, 6, 1, false, true},
+                                 MlaConfig{5, 1, 0, 33, false, false});
+  INFO(describe(cfg));
+  constexpr std::uint32_t kTokens = 40, kFirstPos = 3;
+  constexpr float kTheta = 10000.0f;
+  std::mt19937_64 rng(cfg.k_row() * 131 + cfg.v_row());
+  emu::EmulatorBackend gpu;
+  K3MlaDecoder host(gpu, cfg, 0, MlaKvPlacement::host), device(gpu, cfg, kTokens, MlaKvPlacement::device);
+  REQUIRE(host.placement() == MlaKvPlacement::host);
+  REQUIRE(device.placement() == MlaKvPlacement::device);
+  MlaKv ref;
+  for (std::uint32_t t = 0; t < kTokens; ++t) {
+    INFO("token " << t);
+    Token tok = random_token(cfg, rng);
+    const auto out_host = host.decode(tok.q, tok.k, tok.v, tok.g, kFirstPos + t, kTheta);
+    const auto out_device = device.decode(tok.q, tok.k, tok.v, tok.g, kFirstPos + t, kTheta);
+    const auto out_ref = mla_decode_token(tok.q, tok.k, tok.v, tok.g, ref, cfg, kFirstPos + t, kTheta);
+    // Same kernels on the same bytes: the placements differ only in where the history lives.
+    REQUIRE(out_host == out_device);
+    for (std::size_t i = 0; i < out_ref.size(); ++i) REQUIRE(std::fabs(out_host[i] - out_ref[i]) <= 2e-5);
+  }
+  const MlaKv h = host.history(), d = device.history();
+  CHECK(h == d);
+  REQUIRE(h.seq_len == ref.seq_len);
+  CHECK(h.v == ref.v);
+  for (std::size_t i = 0; i < ref.k.size(); ++i) REQUIRE(std::fabs(h.k[i] - ref.k[i]) <= 2e-5);  // FP32 rope
+  CHECK(gpu.live_allocations().size() == 2);  // the device KV's K and V, nothing else
+}
+
+TEST_CASE("the host path writes rotated q and k back, on success only", "[mla_decode][decode]") {
+  std::mt19937_64 rng(5);
+  Rig rig(Path::host, kCfg, random_history(kCfg, 2, rng), 0);
+  Token tok = random_token(kCfg, rng), ref_tok = tok;
+  MlaKv ref = rig.host;
+  rig.decode(tok, 9);
+  mla_decode_token(ref_tok.q, ref_tok.k, ref_tok.v, ref_tok.g, ref, kCfg, 9, 10000.0f);
+  for (std::size_t i = 0; i < tok.q.size(); ++i) {
+    REQUIRE(std::fabs(tok.q[i] - ref_tok.q[i]) <= 1e-6);
+    REQUIRE(std::fabs(tok.k[i] - ref_tok.k[i]) <= 1e-6);
+  }
+  CHECK(rig.host.k == std::vector<float>(rig.host.k.begin(), rig.host.k.end()));
+  CHECK(std::equal(tok.k.begin(), tok.k.end(), rig.host.k.end() - static_cast<std::ptrdiff_t>(tok.k.size())));
+
+  Token again = random_token(kCfg, rng);
+  const Token before = again;
+  rig.gpu.inject_fault({emu::Op::copy_d2h, 3, false});  // the output's download
+  CHECK_THROWS_AS(rig.decode(again, 10), Error);
+  CHECK(again.q == before.q);
+  CHECK(again.k == before.k);
+}
+
+TEST_CASE("the decoder entry point takes the device path unless K3_CUDA_MLA=0", "[mla_decode][decode]") {
+  emu::EmulatorBackend gpu;
+  unsetenv("K3_CUDA_MLA");
+  CHECK(mla_kv_placement_from_env() == MlaKvPlacement::device);
+  CHECK(K3MlaDecoder(gpu, kCfg, 4).placement() == MlaKvPlacement::device);
+  setenv("K3_CUDA_MLA", "1", 1);
+  CHECK(mla_kv_placement_from_env() == MlaKvPlacement::device);
+  setenv("K3_CUDA_MLA", "0", 1);
+  CHECK(mla_kv_placement_from_env() == MlaKvPlacement::host);
+  CHECK(K3MlaDecoder(gpu, kCfg, 4).placement() == MlaKvPlacement::host);
+  unsetenv("K3_CUDA_MLA");
+  CHECK(gpu.live_allocations().empty());
+}
+
+// ---- the invariants under injected faults ----------------------------------------------------
+
+namespace {
+
+constexpr emu::Op kOps[] = {emu::Op::alloc,    emu::Op::free,   emu::Op::copy_h2d, emu::Op::copy_d2h,
+                            emu::Op::copy_d2d, emu::Op::kernel, emu::Op::launch,   emu::Op::synchronize};
+
+// Calls of each op that one clean decode makes, on a rig with `history` tokens.
+std::array<std::uint64_t, 8> calls_of_one_decode(Path path, const MlaKv& history, const Token& tok) {
+  Rig rig(path, kCfg, history, history.seq_len + 2);
+  std::array<std::uint64_t, 8> before{}, n{};
+  for (std::size_t i = 0; i < 8; ++i) before[i] = rig.gpu.calls(kOps[i]);
+  Token t = tok;
+  rig.decode(t, 4);
+  for (std::size_t i = 0; i < 8; ++i) n[i] = rig.gpu.calls(kOps[i]) - before[i];
+  return n;
+}
+
+// Decode with `plan` installed on a fresh rig; check the four invariants. Returns whether it threw.
+bool decode_under_fault(Path path, const MlaKv& history, const Token& tok, emu::FaultPlan plan,
+                        const std::vector<float>& clean_out) {
+  Rig rig(path, kCfg, history, history.seq_len + 2);
+  const auto live_before = rig.live();
+  const MlaKv kv_before = rig.kv();
+  Token t = tok;
+  rig.gpu.inject_fault(plan);
+  bool threw = false;
+  try {
+    rig.decode(t, 4);
+  } catch (const Error& e) {
+    threw = true;
+    INFO("error: " << e.what());
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("injected fault"));
+    REQUIRE(!e.context().empty());
+    CHECK_THAT(e.context().front(), Catch::Matchers::StartsWith(fmt::format("k3 mla decode ({} KV) at position 4", name(path))));
+  }
+  rig.gpu.clear_faults();
+  CHECK(rig.live() == live_before);  // no temporary survives
+  if (threw) {
+    CHECK(rig.kv() == kv_before);  // same length, same rows
+    if (rig.device) CHECK(rig.device->seq_len() == kv_before.seq_len);
+    CHECK(t.q == tok.q);  // so the retry below is exact
+    CHECK(t.k == tok.k);
+    CHECK(rig.decode(t, 4) == clean_out);
+  } else {
+    CHECK(rig.kv().seq_len == kv_before.seq_len + 1);
+  }
+  CHECK(rig.live() == live_before);
+  return threw;
+}
+
+}  // namespace
+
+TEST_CASE("a decode failing at any backend call surfaces the error and leaves KV and memory as they were",
+          "[mla_decode][faults]") {
+  const Path path = GENERATE(Path::host, Path::device);
+  INFO(name(path) << " path");
+  std::mt19937_64 rng(17);
+  const MlaKv history = random_history(kCfg, 3, rng);
+  const Token tok = random_token(kCfg, rng);
+  std::vector<float> clean_out;
+  {
+    Rig rig(path, kCfg, history, history.seq_len + 2);
+    Token t = tok;
+    clean_out = rig.decode(t, 4);
+  }
+  const auto n = calls_of_one_decode(path, history, tok);
+  // The call sites docs/k3.md lists: (alloc, free, h2d, d2h, d2d, kernel, launch, synchronize).
+  const std::array<std::uint64_t, 8> want =
+      path == Path::host ? std::array<std::uint64_t, 8>{6, 6, 5, 3, 0, 0, 2, 2}
+                         : std::array<std::uint64_t, 8>{4, 4, 4, 1, 1, 0, 2, 2};
+  CHECK(n == want);
+
+  const bool persistent = GENERATE(false, true);
+  std::uint64_t sites = 0;
+  for (std::size_t i = 0; i < 8; ++i) {
+    for (std::uint64_t nth = 1; nth <= n[i]; ++nth, ++sites) {
+      INFO("failing " << to_string(kOps[i]) << " call " << nth << " of " << n[i]
+                      << (persistent ? " and every later one" : " once"));
+      const bool threw = decode_under_fault(path, history, tok, {kOps[i], nth, persistent}, clean_out);
+      CHECK(threw == (kOps[i] != emu::Op::free));  // a failed free is ignored, nothing else is
+    }
+  }
+  CHECK(sites == (path == Path::host ? 24u : 18u));
+
+  // Counted over all ops: the nth call of the decode, whatever it is, and everything after it.
+  for (std::uint64_t nth = 1; nth <= sites; ++nth) {
+    INFO("failing call " << nth << " of " << sites << (persistent ? " and every later one" : " once"));
+    decode_under_fault(path, history, tok, {std::nullopt, nth, persistent}, clean_out);
+  }
+}
+
+TEST_CASE("alloc and alloc_and_upload failing at any backend call leave nothing allocated", "[mla_decode][faults]") {
+  std::mt19937_64 rng(23);
+  const MlaKv history = random_history(kCfg, 3, rng);
+  const bool upload = GENERATE(false, true);
+  const bool persistent = GENERATE(false, true);
+  INFO((upload ? "alloc_and_upload" : "alloc") << (persistent ? ", persistent" : ", once"));
+  auto make = [&](GpuBackend& gpu) {
+    return upload ? MlaDeviceKv::alloc_and_upload(gpu, history, 5, kCfg.k_row(), kCfg.v_row())
+                  : MlaDeviceKv::alloc(gpu, 5, kCfg.k_row(), kCfg.v_row());
+  };
+  std::uint64_t n = 0;
+  {
+    emu::EmulatorBackend gpu;
+    const auto kv = make(gpu);
+    n = gpu.calls();
+    CHECK(n == (upload ? 4u : 2u));  // alloc K, alloc V (, upload K, upload V)
+    CHECK(kv.download() == (upload ? history : MlaKv{}));
+  }
+  for (std::uint64_t nth = 1; nth <= n; ++nth) {
+    INFO("failing call " << nth << " of " << n);
+    emu::EmulatorBackend gpu;
+    gpu.inject_fault({std::nullopt, nth, persistent});
+    try {
+      make(gpu);
+      FAIL("no error");
+    } catch (const Error& e) {
+      INFO("error: " << e.what());
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("injected fault"));
+      CHECK_THAT(e.what(), Catch::Matchers::StartsWith("k3 mla: "));
+    }
+    gpu.clear_faults();
+    CHECK(gpu.live_allocations().empty());
+  }
+}
+
+// ---- capacity ---------------------------------------------------------------------------
+
+TEST_CASE("a full device KV rejects the append with capacity_exceeded and changes nothing", "[mla_decode][capacity]") {
+  std::mt19937_64 rng(29);
+  Rig rig(Path::device, kCfg, random_history(kCfg, 2, rng), 3);
+  Token tok = random_token(kCfg, rng);
+  rig.decode(tok, 2);
+  REQUIRE(rig.device->seq_len() == 3);
+  const MlaKv before = rig.kv();
+  const auto live = rig.live();
+  const std::uint64_t calls = rig.gpu.calls();
+  Token next = random_token(kCfg, rng);
+  test::require_error([&] { rig.decode(next, 3); }, Errc::capacity_exceeded, {"k3 mla: device KV cap 3 full"});
+  CHECK(rig.gpu.calls() == calls);  // rejected before any backend call
+  CHECK(rig.live() == live);
+  CHECK(rig.kv() == before);
+
+  SECTION("append_from_device itself") {
+    const auto k_row = DeviceBuffer::from_host<float>(rig.gpu, next.k);
+    test::require_error([&] { rig.device->append_from_device(k_row.ptr(), next.v); }, Errc::capacity_exceeded,
+                        {"cap 3 full"});
+    CHECK(rig.kv() == before);
+  }
+  SECTION("after a rollback to 2 tokens, the next decode fits again") {
+    rig.device->truncate(2);
+    rig.decode(next, 2);
+    CHECK(rig.device->seq_len() == 3);
+  }
+}
+
+TEST_CASE("device KV capacity rules: cap < history, cap 0, empty download, free", "[mla_decode][capacity]") {
+  std::mt19937_64 rng(31);
+  emu::EmulatorBackend gpu;
+  const MlaKv three = random_history(kCfg, 3, rng), one = random_history(kCfg, 1, rng);
+  const auto kr = kCfg.k_row(), vr = kCfg.v_row();
+  test::require_error([&] { MlaDeviceKv::alloc_and_upload(gpu, three, 2, kr, vr); }, Errc::invalid_argument,
+                      {"k3 mla: device KV cap 2 < history of 3 tokens"});
+  CHECK(gpu.live_allocations().empty());
+  CHECK(MlaDeviceKv::alloc_and_upload(gpu, three, 3, kr, vr).download() == three);  // cap == history is full, valid
+
+  SECTION("cap 0 becomes 1: room for exactly the token being decoded") {
+    auto kv = MlaDeviceKv::alloc(gpu, 0, kr, vr);
+    CHECK(kv.cap() == 1);
+    CHECK(MlaDeviceKv::alloc_and_upload(gpu, MlaKv{}, 0, kr, vr).cap() == 1);
+    CHECK(MlaDeviceKv::alloc_and_upload(gpu, one, 0, kr, vr).cap() == 1);
+    const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+    Token tok = random_token(kCfg, rng);
+    launch_k3_mla_decode_token_on_device(gpu, kernels, tok.q, tok.k, tok.v, tok.g, kv, kCfg, 0, 1e4f);
+    CHECK(kv.seq_len() == 1);
+    test::require_error(
+        [&] { launch_k3_mla_decode_token_on_device(gpu, kernels, tok.q, tok.k, tok.v, tok.g, kv, kCfg, 1, 1e4f); },
+        Errc::capacity_exceeded, {"cap 1 full"});
+  }
+  SECTION("download of an empty KV copies nothing") {
+    const auto kv = MlaDeviceKv::alloc(gpu, 4, kr, vr);
+    const std::uint64_t d2h = gpu.calls(emu::Op::copy_d2h);
+    const MlaKv host = kv.download();
+    CHECK(host.seq_len == 0);
+    CHECK(host.k.empty());
+    CHECK(host.v.empty());
+    CHECK(gpu.calls(emu::Op::copy_d2h) == d2h);
+  }
+  SECTION("free releases both buffers now; the freed KV rejects appends") {
+    auto kv = MlaDeviceKv::alloc_and_upload(gpu, three, 4, kr, vr);
+    CHECK(gpu.live_allocations().size() == 2);
+    kv.free();
+    CHECK(gpu.live_allocations().empty());
+    CHECK(kv.seq_len() == 0);
+    test::require_error([&] { kv.append_from_device(DevicePtr{0x1000}, std::vector<float>(vr)); },
+                        Errc::capacity_exceeded, {"cap 0 full"});
+  }
+  CHECK(gpu.live_allocations().empty());
+}
+
+// ---- rank checks -------------------------------------------------------------------------
+
+TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
+  std::mt19937_64 rng(37);
+  emu::EmulatorBackend gpu;
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  auto kv = MlaDeviceKv::alloc(gpu, 4, kCfg.k_row(), kCfg.v_row());
+  MlaKv host;
+  const auto bad = Errc::invalid_argument;
+  using test::require_error;
+  // kCfg: heads 3, qk_head_dim 10, v_head_dim 7 → q/k 30 values, v/g 21.
+  struct Case {
+    std::size_t q, k, v, g;
+    const char* message;
+  };
+  const Case cases[] = {{29, 30, 21, 21, "k3 mla: q has 29 values, expected heads 3 x qk_head_dim 10 = 30"},
+                        {30, 31, 21, 21, "k3 mla: k has 31 values, expected heads 3 x qk_head_dim 10 = 30"},
+                        {30, 30, 20, 21, "k3 mla: v has 20 values, expected heads 3 x v_head_dim 7 = 21"},
+                        {30, 30, 21, 0, "k3 mla: g has 0 values, expected heads 3 x v_head_dim 7 = 21"}};
+  for (const auto& c : cases) {
+    INFO(c.message);
+    std::vector<float> q(c.q), k(c.k), v(c.v), g(c.g);
+    require_error([&] { launch_k3_mla_decode_token(gpu, kernels, q, k, v, g, host, kCfg, 0, 1e4f); }, bad, {c.message});
+    require_error([&] { launch_k3_mla_decode_token_on_device(gpu, kernels, q, k, v, g, kv, kCfg, 0, 1e4f); }, bad,
+                  {c.message});
+    require_error([&] { mla_decode_token(q, k, v, g, host, kCfg, 0, 1e4f); }, bad, {c.message});
+  }
+  CHECK(host.seq_len == 0);
+  CHECK(kv.seq_len() == 0);
+
+  Token tok = random_token(kCfg, rng);
+  SECTION("a g of the wrong size is rejected without the gate too; an empty one is fine") {
+    MlaConfig no_gate = kCfg;
+    no_gate.mla_use_output_gate = false;
+    std::vector<float> g(5);
+    require_error([&] { launch_k3_mla_decode_token(gpu, kernels, tok.q, tok.k, tok.v, g, host, no_gate, 0, 1e4f); },
+                  bad, {"g has 5 values"});
+    launch_k3_mla_decode_token(gpu, kernels, tok.q, tok.k, tok.v, {}, host, no_gate, 0, 1e4f);
+    CHECK(host.seq_len == 1);
+  }
+  SECTION("dq > 0, heads > 0, v_head_dim > 0") {
+    std::vector<float> none;
+    require_error([&] { validate(MlaConfig{2, 0, 0, 4, false, false}); }, bad,
+                  {"qk_head_dim is 0 (qk_nope_head_dim 0 + qk_rope_head_dim 0); dq must be > 0"});
+    require_error(
+        [&] { launch_k3_mla_decode_token(gpu, kernels, none, none, none, none, host, {2, 0, 0, 4}, 0, 1e4f); }, bad,
+        {"dq must be > 0"});
+    require_error([&] { validate(MlaConfig{0, 1, 1, 4, false, false}); }, bad, {"k3 mla: heads is 0"});
+    require_error([&] { validate(MlaConfig{1, 1, 1, 0, false, false}); }, bad, {"k3 mla: v_head_dim is 0"});
+    require_error([&] { K3MlaDecoder(gpu, MlaConfig{1, 0, 0, 1}, 4); }, bad, {"dq must be > 0"});
+  }
+  SECTION("the V row of an append") {
+    const auto k_row = DeviceBuffer::from_host<float>(gpu, tok.k);
+    require_error([&] { kv.append_from_device(k_row.ptr(), std::vector<float>(20)); }, bad,
+                  {"k3 mla: V row has 20 values, the device KV's rows have 21"});
+    CHECK(kv.seq_len() == 0);
+  }
+  SECTION("the resident KV's rows against the config") {
+    MlaConfig wider = kCfg;
+    wider.qk_nope_head_dim = 6;
+    Token w = random_token(wider, rng);
+    require_error(
+        [&] { launch_k3_mla_decode_token_on_device(gpu, kernels, w.q, w.k, w.v, w.g, kv, wider, 0, 1e4f); }, bad,
+        {"k3 mla: resident KV rows are K 30 and V 21 values, the config needs K 33 (heads 3 x qk_head_dim 11) and "
+         "V 21 (heads 3 x v_head_dim 7)"});
+    require_error([&] { kv.validate_cfg(wider); }, bad, {"resident KV rows are K 30"});
+    require_error([&] { MlaDeviceKv::alloc(gpu, 4, 0, 21); }, bad, {"resident rows of 0 K and 21 V values"});
+  }
+  SECTION("a host history that is not whole rows of the config") {
+    MlaKv broken;
+    broken.seq_len = 2;
+    broken.k.resize(59);
+    broken.v.resize(42);
+    require_error([&] { launch_k3_mla_decode_token(gpu, kernels, tok.q, tok.k, tok.v, tok.g, broken, kCfg, 0, 1e4f); },
+                  bad, {"k3 mla: host KV of 2 tokens holds 59 K and 42 V values, the config needs 60 and 42"});
+    require_error([&] { MlaDeviceKv::alloc_and_upload(gpu, broken, 4, 30, 21); }, bad,
+                  {"host KV of 2 tokens holds 59 K and 42 V values, expected 2 x 30 = 60 and 2 x 21 = 42"});
+    require_error([&] { broken.append(tok.k, tok.v); }, bad,
+                  {"host KV of 2 tokens holds 59 K and 42 V values; rows of 30 and 21 values do not fit it"});
+    CHECK(broken.seq_len == 2);
+    CHECK(broken.k.size() == 59);
+  }
+  SECTION("a device KV of another backend") {
+    emu::EmulatorBackend other;
+    const auto other_kernels = K3MlaDecodeKernels::resolve(other);
+    require_error(
+        [&] { launch_k3_mla_decode_token_on_device(other, other_kernels, tok.q, tok.k, tok.v, tok.g, kv, kCfg, 0, 1e4f); },
+        bad, {"allocated on another backend"});
+  }
+}
+
+// ---- the golden case --------------------------------------------------------------------
+
+TEST_CASE("K3 golden replay on both paths", "[mla_decode][replay]") {
+  const bool device_path = GENERATE(true, false);
+  INFO((device_path ? "device" : "host") << " path");
+  const auto file = SafeTensors::read(test::golden("k3_nope_gate_h8_t65.safetensors"));
+  emu::EmulatorBackend gpu;
+  const auto r = replay_kimi_case(gpu, file, "k3_nope_gate_h8_t65", device_path);
+  REQUIRE(r.metrics.size() == 1);
+  const auto& m = r.metrics[0];
+  INFO(m.name << " rel_l2 " << m.rel_l2 << " max_abs " << m.max_abs);
+  CHECK(m.name == "attn_out_gated");
+  CHECK(m.rel_l2 <= kKimiReplayTolerance);
+  CHECK(m.rel_l2 <= 1e-5);  // what FP32 reaches (≈ 2e-7 measured): a margin of 50x, not of 500x
+  CHECK(r.pass);
+  CHECK(gpu.live_allocations().empty());
+
+  SECTION("without the gate the same chain reproduces attn_out") {
+    SafeTensors ungated = file;
+    ungated.tensors.erase("gate");
+    const auto u = replay_kimi_case(gpu, ungated, "ungated", device_path);
+    REQUIRE(u.metrics.size() == 1);
+    CHECK(u.metrics[0].name == "attn_out");
+    CHECK(u.metrics[0].rel_l2 <= 1e-5);
+  }
+  SECTION("a softmax_scale other than 1/sqrt(qk_head_dim) is refused") {
+    SafeTensors other = file;
+    other.metadata["softmax_scale"] = "0.125";
+    test::require_error([&] { replay_kimi_case(gpu, other, "x", device_path); }, Errc::unsupported,
+                        {"softmax_scale 0.125 is not 1/sqrt(qk_head_dim 192)"});
+  }
+}
+
+TEST_CASE("metrale replay --model kimi-k3 on both paths", "[mla_decode][replay][cli]") {
+  const std::string env = GENERATE(std::string(""), std::string("K3_CUDA_MLA=0 "));
+  INFO("environment: " << env);
+  int status = -1;
+  const std::string out = run_cli(
+      "replay " + test::golden("k3_nope_gate_h8_t65.safetensors").string() + " --model kimi-k3 --backend emu --json",
+      status);
+  (void)out;
+  // popen runs a shell, so the environment prefix applies to the CLI alone.
+  const std::string with_env =
+      run_cli("", status), cmd = env + METRALE_CLI + " replay " +
+                                     test::golden("k3_nope_gate_h8_t65.safetensors").string() +
+                                     " --model kimi-k3 --backend emu --json";
+  (void)with_env;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  REQUIRE(pipe);
+  std::string text;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) text += buf.data();
+  REQUIRE(pclose(pipe.release()) == 0);
+  const auto j = nlohmann::json::parse(text);
+  CHECK(j["case"] == "k3_nope_gate_h8_t65");
+  CHECK(j["model"] == "kimi-k3");
+  CHECK(j["kv_cache"] == "f32");
+  CHECK(j["kv_path"] == (env.empty() ? "device" : "host"));
+  CHECK_FALSE(j.contains("block_size"));
+  CHECK(j["pass"] == true);
+  CHECK(j["metrics"]["attn_out_gated"]["rel_l2"].get<double>() <= 1e-4);
+}
