@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "metrale/error.hpp"
+#include "recorder.hpp"
 
 namespace metrale::emu {
 
@@ -368,6 +369,7 @@ struct EmulatorBackend::Impl {
   std::vector<ActivePlan> plans;
   bool recording = false;
   bool dry_run = false;
+  std::unique_ptr<CaseRecorder> recorder;  // when options.record_dir is set
   std::vector<LaunchRecord> log;
 
   /// Count a call of `op`; true when a fault plan makes this call fail.
@@ -425,6 +427,7 @@ struct EmulatorBackend::Impl {
 
 EmulatorBackend::EmulatorBackend(EmulatorOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   register_all_ports(impl_->registry);
+  if (!impl_->options.record_dir.empty()) impl_->recorder = std::make_unique<CaseRecorder>(impl_->options.record_dir);
 }
 
 EmulatorBackend::~EmulatorBackend() {
@@ -516,7 +519,13 @@ void EmulatorBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::sp
   }
   if (impl_->recording || impl_->dry_run) impl_->record(e, grid, block, args);
   if (impl_->dry_run) return;
+  if (!impl_->recorder) {
+    impl_->execute(e, grid, block, args);
+    return;
+  }
+  KernelCase recorded = impl_->recorder->before(e, grid, block, args, impl_->memory);
   impl_->execute(e, grid, block, args);
+  impl_->recorder->after(std::move(recorded), args, e, impl_->memory);
 }
 
 void EmulatorBackend::synchronize(Stream /*stream*/) {

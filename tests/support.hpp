@@ -7,11 +7,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
+#include "metrale/kernel_case.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
 
 namespace metrale::test {
 
@@ -53,6 +60,57 @@ inline double rel_l2(std::span<const double> a, std::span<const double> b) {
   }
   if (den == 0) return std::sqrt(num);
   return std::sqrt(num / den);
+}
+
+/// The backends kernel tests run on: the emulator, and CUDA when a device
+/// answers (said once, on the first call, when it does not).
+inline std::vector<std::string> backends() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n{"emu"};
+#ifdef METRALE_WITH_CUDA
+    if (CudaBackend::available()) {
+      n.push_back("cuda");
+    } else {
+      WARN("kernel tests skip the CUDA backend: " << CudaBackend::unavailable_reason());
+    }
+#else
+    WARN("kernel tests skip the CUDA backend: not built");
+#endif
+    return n;
+  }();
+  return names;
+}
+
+inline std::unique_ptr<GpuBackend> make_backend(const std::string& name) {
+#ifdef METRALE_WITH_CUDA
+  if (name == "cuda") return std::make_unique<CudaBackend>();
+#endif
+  (void)name;
+  return std::make_unique<emu::EmulatorBackend>();
+}
+
+/// Run `c` on every test backend: each output against the case's expectation,
+/// and a device's against the emulator's for the same arithmetic.
+inline void check_case(const KernelCase& c) {
+  INFO("case: " << c.name);
+  std::map<std::string, Tensor> emu_out;
+  for (const auto& name : backends()) {
+    INFO("backend: " << name);
+    auto gpu = make_backend(name);
+    const auto out = run_kernel_case(*gpu, c);
+    for (const auto& [param, want] : c.expected) {
+      const auto r =
+          check_output(param, out.at(param), want, c.tolerance.count(param) ? c.tolerance.at(param) : Tolerance{});
+      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
+      CHECK(r.pass);
+      if (name == "emu") continue;
+      const auto& ref = emu_out.at(param);
+      const auto same = check_output(param, out.at(param), ref, same_arithmetic_tolerance(ref));
+      INFO("against the emulator: " << same.bad << " of " << same.count << " differ, worst " << same.worst);
+      CHECK(same.pass);
+    }
+    if (name == "emu") emu_out = out;
+  }
 }
 
 }  // namespace metrale::test

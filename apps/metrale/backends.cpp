@@ -10,10 +10,23 @@
 
 namespace metrale::cli {
 
+namespace {
+std::string g_record_dir;  // --record
+}  // namespace
+
+void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
+
 std::unique_ptr<GpuBackend> make_backend(std::string choice) {
   if (choice.empty()) {
     const char* env = std::getenv("METRALE_BACKEND");
     choice = env != nullptr && *env != '\0' ? env : "auto";
+  }
+  if (!g_record_dir.empty()) {
+    if (choice != "emu" && choice != "auto")
+      fail(Errc::invalid_argument, "--record {} needs the emulator, not backend {}", g_record_dir, choice);
+    emu::EmulatorOptions o;
+    o.record_dir = g_record_dir;
+    return std::make_unique<emu::EmulatorBackend>(o);
   }
   if (choice == "emu") return std::make_unique<emu::EmulatorBackend>();
 #ifdef METRALE_WITH_CUDA

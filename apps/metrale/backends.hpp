@@ -15,6 +15,11 @@ namespace metrale::cli {
 /// for but not built or no device answers.
 std::unique_ptr<GpuBackend> make_backend(std::string choice);
 
+/// `--record DIR`: every backend made from now on is an emulator that writes
+/// each launch to DIR as a kernel case file. Asking for CUDA then is an
+/// `invalid_argument` error.
+void record_launches_to(std::string dir);
+
 struct BackendStatus {
   std::string name;
   bool built = false;

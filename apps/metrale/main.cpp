@@ -5,6 +5,7 @@
 #include <spdlog/cfg/env.h>
 #include <CLI/CLI.hpp>
 
+#include "backends.hpp"
 #include "commands.hpp"
 #include "metrale/error.hpp"
 
@@ -13,9 +14,14 @@ int main(int argc, char** argv) {
   CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
   app.set_version_flag("--version", METRALE_VERSION);
   app.require_subcommand(1);
+  std::string record_dir;
+  app.add_option("--record", record_dir, "write every launch as a kernel case file in DIR (emulator only)")
+      ->each([](const std::string& dir) { metrale::cli::record_launches_to(dir); });
   int exit_code = 0;
   metrale::cli::add_replay(app, [&](int code) { exit_code = code; });
   metrale::cli::add_info(app);
+  metrale::cli::add_case(app, [&](int code) { exit_code = code; });
+  metrale::cli::add_conform(app, [&](int code) { exit_code = code; });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

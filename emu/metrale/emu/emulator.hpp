@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -67,6 +68,8 @@ struct EmulatorOptions {
   /// Called by the destructor with the allocations still live; the default
   /// logs each one as an error through spdlog.
   std::function<void(const std::vector<AllocationInfo>&)> on_leak;
+  /// When set, every launch is written there as a kernel case file (SPEC §5).
+  std::filesystem::path record_dir;
 };
 
 class EmulatorBackend final : public GpuBackend {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "metrale/device.hpp"
+#include "metrale/dtype.hpp"
 
 namespace metrale::emu {
 
@@ -260,6 +261,7 @@ Global<T> Block::global(DevicePtr addr, const char* param) {
 struct ParamDecl {
   const char* name;  // a string literal
   ArgKind kind;
+  Dtype dtype;  // the element type for a pointer, the value's type for a scalar
   bool operator==(const ParamDecl& o) const { return std::string_view(name) == o.name && kind == o.kind; }
 };
 
@@ -276,26 +278,31 @@ struct PortArg;
 template <>
 struct PortArg<std::uint32_t> {
   static constexpr ArgKind kind = ArgKind::u32;
+  static constexpr Dtype dtype = Dtype::u32;
   static std::uint32_t get(const KernelArg& a, Block&, const char*) { return a.as_u32(); }
 };
 template <>
 struct PortArg<std::int32_t> {
   static constexpr ArgKind kind = ArgKind::i32;
+  static constexpr Dtype dtype = Dtype::i32;
   static std::int32_t get(const KernelArg& a, Block&, const char*) { return a.as_i32(); }
 };
 template <>
 struct PortArg<float> {
   static constexpr ArgKind kind = ArgKind::f32;
+  static constexpr Dtype dtype = Dtype::f32;
   static float get(const KernelArg& a, Block&, const char*) { return a.as_f32(); }
 };
 template <>
 struct PortArg<std::uint64_t> {
   static constexpr ArgKind kind = ArgKind::u64;
+  static constexpr Dtype dtype = Dtype::u64;
   static std::uint64_t get(const KernelArg& a, Block&, const char*) { return a.as_u64(); }
 };
 template <class T>
 struct PortArg<Global<T>> {
   static constexpr ArgKind kind = ArgKind::ptr;
+  static constexpr Dtype dtype = dtype_of<std::remove_const_t<T>>();
   static Global<T> get(const KernelArg& a, Block& b, const char* name) { return b.global<T>(a.as_ptr(), name); }
 };
 }  // namespace detail
@@ -330,7 +337,8 @@ class Registry {
     static_assert(sizeof...(A) == N, "one name per port parameter");
     Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}};
     constexpr ArgKind kinds[] = {detail::PortArg<A>::kind...};
-    for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i]});
+    constexpr Dtype dtypes[] = {detail::PortArg<A>::dtype...};
+    for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i], dtypes[i]});
     e.run = [port](Block& blk, std::span<const KernelArg> args, std::span<const ParamDecl> decl) {
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         port(blk, detail::PortArg<A>::get(args[I], blk, decl[I].name)...);

@@ -1,0 +1,56 @@
+// metrale case run FILE...: kernel case files (SPEC §5) on a backend, compared with their expectations.
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "backends.hpp"
+#include "commands.hpp"
+#include "metrale/kernel_case.hpp"
+
+namespace metrale::cli {
+
+void add_case(CLI::App& app, std::function<void(int)> set_exit) {
+  struct Opts {
+    std::vector<std::string> files;
+    std::string backend;
+  };
+  auto opts = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("case", "kernel case files");
+  cmd->require_subcommand(1);
+  auto* run = cmd->add_subcommand("run", "run kernel case files on a backend and compare with their expectations");
+  run->add_option("FILE", opts->files, "kernel case files (.safetensors) or folders of them")->required();
+  run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
+  run->callback([opts, set_exit] {
+    std::vector<std::filesystem::path> files;
+    for (const auto& f : opts->files) {
+      if (!std::filesystem::is_directory(f)) {
+        files.emplace_back(f);
+        continue;
+      }
+      for (const auto& e : std::filesystem::directory_iterator(f))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    auto gpu = make_backend(opts->backend);
+    fmt::print("{:<44} {:<16} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
+    int failed = 0;
+    for (const auto& path : files) {
+      const KernelCase c = read_kernel_case(path);
+      const auto out = run_kernel_case(*gpu, c);
+      if (c.expected.empty())
+        fmt::print("{:<44} {:<16} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
+      for (const auto& [param, want] : c.expected) {
+        const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
+        const auto r = check_output(param, out.at(param), want, tol);
+        fmt::print("{:<44} {:<16} {:>11.3e} {:>9}  {}\n", c.name, param, r.max_abs,
+                   fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
+        failed += r.pass ? 0 : 1;
+      }
+    }
+    fmt::print("\n{} files on {}: {}\n", files.size(), gpu->name(),
+               failed == 0 ? "PASS" : fmt::format("{} outputs FAIL", failed));
+    set_exit(failed == 0 ? 0 : 1);
+  });
+}
+
+}  // namespace metrale::cli

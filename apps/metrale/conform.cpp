@@ -1,0 +1,246 @@
+// metrale conform: the conformance set on a backend — every kernel over the generated sweep
+// (against the float64 reference and against the emulator running the same case), recorded
+// kernel case files, and the golden model replays — with report.json and report.md.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends.hpp"
+#include "commands.hpp"
+#include "metrale/case_gen.hpp"
+#include "metrale/emu/emulator.hpp"
+#include "metrale/kernel_case.hpp"
+#include "metrale/model_case.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
+
+namespace metrale::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+struct Check {
+  std::string output, against;  // "reference", "emulator", "file", or a golden tensor
+  double max_abs = 0, max_rel = 0, tolerance = 0;
+  std::size_t bad = 0, count = 0;
+  std::string worst;
+  bool pass = false;
+};
+
+struct CaseResult {
+  std::string group, kernel, name;
+  std::vector<Check> checks;
+  std::string error;  // the exception, when the case could not run
+  bool pass() const {
+    return error.empty() && std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.pass; });
+  }
+};
+
+Check to_check(const OutputCheck& r, std::string against) {
+  return {r.output, std::move(against), r.max_abs, r.max_rel, 0, r.bad, r.count, r.worst, r.pass};
+}
+
+std::vector<fs::path> safetensors_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Run `body` into a result; an error is the case's failure, not the run's.
+template <class F>
+CaseResult guarded(std::string group, std::string kernel, std::string name, F&& body) {
+  CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, ""};
+  try {
+    body(r);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCase& c) {
+  return guarded("sweep", c.entry, c.name, [&](CaseResult& r) {
+    const auto out = run_kernel_case(gpu, c);
+    const auto emu_out = run_kernel_case(emu, c);
+    for (const auto& [param, want] : c.expected) {
+      r.checks.push_back(to_check(check_output(param, out.at(param), want, c.tolerance.at(param)), "reference"));
+      const auto& e = emu_out.at(param);
+      r.checks.push_back(to_check(check_output(param, out.at(param), e, same_arithmetic_tolerance(e)), "emulator"));
+    }
+  });
+}
+
+CaseResult file_case(GpuBackend& gpu, const fs::path& path) {
+  return guarded("file", "", path.filename().string(), [&](CaseResult& r) {
+    const KernelCase c = read_kernel_case(path);
+    r.kernel = c.entry;
+    const auto out = run_kernel_case(gpu, c);
+    for (const auto& [param, want] : c.expected) {
+      const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : same_arithmetic_tolerance(want);
+      r.checks.push_back(to_check(check_output(param, out.at(param), want, tol), "file"));
+    }
+  });
+}
+
+std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
+  std::vector<CaseResult> out;
+  const SafeTensors file = SafeTensors::read(path);
+  if (!file.has("q_nope") || file.metadata.count("heads") == 0) return out;  // not a model case
+  const std::string name = path.stem().string();
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+    for (std::uint32_t bs : {1u, 16u, 64u})
+      out.push_back(guarded(
+          "golden", "deepseek decode step", fmt::format("{} {} block {}", name, to_string(f), bs), [&](CaseResult& r) {
+            for (const auto& m : replay_deepseek_case(gpu, file, name, {f, bs}).metrics)
+              r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
+          }));
+  return out;
+}
+
+ordered_json device_json(GpuBackend& gpu) {
+  ordered_json d{{"backend", gpu.name()}};
+#ifdef METRALE_WITH_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&gpu)) {
+    d["device"] = cuda->device_name();
+    d["compute_capability"] = cuda->compute_capability();
+    d["driver_version"] = cuda->driver_version();
+    d["toolkit_version"] = CudaBackend::toolkit_version();
+  }
+#endif
+  return d;
+}
+
+void write_reports(const fs::path& dir, const ordered_json& device, const std::vector<CaseResult>& results,
+                   double seconds) {
+  fs::create_directories(dir);
+  ordered_json cases = ordered_json::array();
+  for (const auto& r : results) {
+    ordered_json checks = ordered_json::array();
+    for (const auto& c : r.checks)
+      checks.push_back({{"output", c.output},
+                        {"against", c.against},
+                        {"max_abs", c.max_abs},
+                        {"max_rel", c.max_rel},
+                        {"bad", c.bad},
+                        {"count", c.count},
+                        {"worst", c.worst},
+                        {"pass", c.pass}});
+    cases.push_back({{"group", r.group},
+                     {"kernel", r.kernel},
+                     {"name", r.name},
+                     {"pass", r.pass()},
+                     {"error", r.error},
+                     {"checks", checks}});
+  }
+  const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
+  const ordered_json report{{"device", device},   {"cases_run", results.size()}, {"cases_failed", failed},
+                            {"seconds", seconds}, {"pass", failed == 0},         {"cases", cases}};
+  std::ofstream(dir / "report.json") << report.dump(2) << '\n';
+
+  // report.md: one row per (group, kernel) with the largest errors seen.
+  struct Row {
+    std::size_t cases = 0, failed = 0;
+    double vs_ref = 0, vs_emu = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Row> rows;
+  for (const auto& r : results) {
+    Row& row = rows[{r.group, r.kernel}];
+    ++row.cases;
+    row.failed += r.pass() ? 0 : 1;
+    for (const auto& c : r.checks) {
+      double& slot = c.against == "emulator" ? row.vs_emu : row.vs_ref;
+      slot = std::max(slot, c.max_abs);
+    }
+  }
+  std::ofstream md(dir / "report.md");
+  md << "# Conformance report\n\n";
+  for (const auto& [k, v] : device.items()) md << "- " << k << ": " << v << "\n";
+  md << fmt::format("- cases: {} run, {} failed, {:.1f} s\n\n", results.size(), failed, seconds);
+  md << "| group | kernel | cases | failed | max abs error vs reference/golden/file | max abs diff vs emulator |\n";
+  md << "|---|---|---|---|---|---|\n";
+  for (const auto& [k, row] : rows)
+    md << fmt::format("| {} | {} | {} | {} | {:.3e} | {} |\n", k.first, k.second, row.cases, row.failed, row.vs_ref,
+                      k.first == "sweep" ? fmt::format("{:.3e}", row.vs_emu) : "-");
+  for (const auto& r : results) {
+    if (r.pass()) continue;
+    md << "\n## FAIL " << r.name << "\n\n";
+    if (!r.error.empty()) md << "error: " << r.error << "\n";
+    for (const auto& c : r.checks)
+      if (!c.pass)
+        md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
+  }
+}
+
+}  // namespace
+
+void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
+  struct Opts {
+    std::string backend = "cuda", report;
+    std::vector<std::string> case_dirs{"cases/kernels"}, golden_dirs{"cases/golden"};
+    std::uint64_t seed = 1;
+  };
+  auto opts = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("conform", "the conformance set on a backend, against the emulator and the reference");
+  cmd->add_option("--backend", opts->backend, "backend under test (default cuda)");
+  cmd->add_option("--report", opts->report, "write report.json and report.md into DIR");
+  cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)");
+  cmd->add_option("--golden", opts->golden_dirs,
+                  "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)");
+  cmd->add_option("--seed", opts->seed, "seed of the generated sweep");
+  cmd->callback([opts, set_exit] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto gpu = make_backend(opts->backend);
+    emu::EmulatorBackend emu;
+    std::vector<CaseResult> results;
+    for (const auto& c : gen::conformance_sweep(opts->seed)) results.push_back(sweep_case(*gpu, emu, c));
+    for (const auto& dir : opts->case_dirs)
+      for (const auto& f : safetensors_in(dir)) results.push_back(file_case(*gpu, f));
+    auto golden_dirs = opts->golden_dirs;
+    if (const char* env = std::getenv("METRALE_GOLDEN_DIR")) golden_dirs.emplace_back(env);
+    std::vector<std::string> seen;
+    for (const auto& dir : golden_dirs)
+      for (const auto& f : safetensors_in(dir)) {
+        if (std::find(seen.begin(), seen.end(), f.filename().string()) != seen.end()) continue;
+        seen.push_back(f.filename().string());
+        auto g = golden_cases(*gpu, f);
+        results.insert(results.end(), g.begin(), g.end());
+      }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    const auto device = device_json(*gpu);
+    fmt::print("{:<8} {:<28} {:>6} {:>6}\n", "group", "kernel", "cases", "failed");
+    std::map<std::pair<std::string, std::string>, std::pair<int, int>> summary;
+    for (const auto& r : results) {
+      auto& [n, bad] = summary[{r.group, r.kernel}];
+      ++n;
+      bad += r.pass() ? 0 : 1;
+    }
+    for (const auto& [k, v] : summary) fmt::print("{:<8} {:<28} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
+    const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
+    for (const auto& r : results)
+      if (!r.pass()) {
+        fmt::print("FAIL {} {}\n", r.group, r.name);
+        if (!r.error.empty()) fmt::print("  error: {}\n", r.error);
+        for (const auto& c : r.checks)
+          if (!c.pass) fmt::print("  {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
+      }
+    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}\n", device.dump(), results.size(), failed, seconds,
+               failed == 0 ? "PASS" : "FAIL");
+    if (!opts->report.empty()) write_reports(opts->report, device, results, seconds);
+    set_exit(failed == 0 ? 0 : 1);
+  });
+}
+
+}  // namespace metrale::cli

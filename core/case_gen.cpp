@@ -1,0 +1,447 @@
+#include "metrale/case_gen.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "metrale/formats.hpp"
+#include "metrale/reference.hpp"
+
+namespace metrale::gen {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr Bf16 kNanBf16{0x7FC0};
+
+using Shape = std::vector<std::int64_t>;
+
+std::vector<Bf16> random_bf16(std::size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> uni(lo, hi);
+  std::vector<Bf16> v(n);
+  for (auto& x : v) x = Bf16::from_float(uni(rng));
+  return v;
+}
+
+std::vector<float> floats(const std::vector<Bf16>& v) {
+  std::vector<float> f(v.size());
+  std::transform(v.begin(), v.end(), f.begin(), [](Bf16 b) { return b.to_float(); });
+  return f;
+}
+
+template <class T>
+Tensor tensor(Shape shape, const std::vector<T>& v) {
+  return Tensor::from<T>(std::move(shape), std::span<const T>(v));
+}
+
+KernelCase make_case(std::string name, const char* entry) {
+  KernelCase c;
+  c.name = std::move(name);
+  c.module = "mla_absorbed";
+  c.entry = entry;
+  return c;
+}
+
+// E4M3 codes below 0x70 in magnitude (|x| < 2): random data that never hits NaN.
+std::vector<std::uint8_t> random_codes(std::size_t n, std::mt19937_64& rng) {
+  std::vector<std::uint8_t> b(n);
+  for (auto& c : b) c = static_cast<std::uint8_t>((rng() % 0x70) | (rng() % 2 ? 0x80 : 0));
+  return b;
+}
+
+}  // namespace
+
+std::string PagedSpec::vars() const {
+  std::ostringstream s;
+  s << "format=" << to_string(format) << " num_seqs=" << num_seqs << " num_q_heads=" << num_q_heads
+    << " num_kv_heads=" << num_kv_heads << " q_head_dim=" << q_head_dim << " kv_cache_dim=" << kv_cache_dim
+    << " block_size=" << block_size << " max_blocks_per_seq=" << max_blocks_per_seq << " num_blocks=" << num_blocks
+    << " fill=" << fill << " inv_sqrt_d=" << inv_sqrt_d << " k_scale=" << k_scale << " v_scale=" << v_scale
+    << " cache_stride=" << cache_stride << " sliding_window=" << sliding_window << " sinks=" << sinks
+    << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
+    << " zero_groups_every=" << zero_groups_every << " seed=" << seed << " seq_lens=[";
+  for (std::size_t i = 0; i < seq_lens.size(); ++i) s << (i ? " " : "") << seq_lens[i];
+  s << "]";
+  return s.str();
+}
+
+KernelCase paged_decode_case(const PagedSpec& p) {
+  std::mt19937_64 rng(p.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::uint64_t width = std::uint64_t{p.num_kv_heads} * p.kv_cache_dim;
+  const std::uint64_t stride = p.cache_stride != 0 ? p.cache_stride : width;
+  const auto q = random_bf16(std::size_t{p.num_seqs} * p.num_q_heads * p.q_head_dim, rng);
+
+  std::vector<std::uint8_t> k_pool, v_pool;
+  std::uint64_t data_section = 0, block_stride = 0;
+  if (p.format == KvFormat::fp8) {
+    k_pool = random_codes(std::size_t{p.num_blocks} * p.block_size * stride, rng);
+    v_pool = random_codes(k_pool.size(), rng);
+  } else {
+    data_section = std::uint64_t{p.block_size} * width / 2 + 16;  // slack: ≥ is allowed
+    block_stride = data_section + std::uint64_t{p.block_size} * width / 16 + 32;
+    auto pool = [&] {
+      std::vector<std::uint8_t> b(std::size_t{p.num_blocks} * block_stride);
+      for (auto& c : b) c = static_cast<std::uint8_t>(rng());
+      for (std::uint64_t blk = 0; blk < p.num_blocks; ++blk)
+        for (std::uint64_t i = 0; i < p.block_size; ++i)
+          for (std::uint64_t g = 0; g < width / 16; ++g) {
+            std::uint8_t& scale = b[blk * block_stride + data_section + i * width / 16 + g];
+            scale = static_cast<std::uint8_t>(0x20 + rng() % 0x30);  // finite positive scales
+            const std::uint64_t n = (blk * p.block_size + i) * (width / 16) + g;
+            if (p.zero_groups_every != 0 && n % p.zero_groups_every == 0) {
+              scale = 0;
+              std::fill_n(b.begin() + static_cast<std::ptrdiff_t>(blk * block_stride + i * width / 2 + g * 8), 8, 0);
+            }
+          }
+      return b;
+    };
+    k_pool = pool();
+    v_pool = pool();
+  }
+  // Each sequence's blocks come from a shuffled pool: permuted, sparse physical blocks.
+  std::vector<std::int32_t> phys(p.num_blocks);
+  std::iota(phys.begin(), phys.end(), 0);
+  std::shuffle(phys.begin(), phys.end(), rng);
+  std::vector<std::int32_t> tables(std::size_t{p.num_seqs} * p.max_blocks_per_seq, p.fill);
+  std::size_t next = 0;
+  for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int64_t len =
+        std::clamp<std::int64_t>(p.seq_lens.at(s), 0, std::int64_t{p.max_blocks_per_seq} * p.block_size);
+    for (std::int64_t b = 0; b < (len + p.block_size - 1) / p.block_size; ++b)
+      tables[s * p.max_blocks_per_seq + b] = phys[next++ % p.num_blocks];
+  }
+  std::vector<float> sinks;
+  if (p.sinks)
+    for (std::uint32_t h = 0; h < p.num_q_heads; ++h) sinks.push_back(uni(rng) * 4.0f);
+  std::vector<std::uint8_t> comp;
+  if (p.comp_pool) comp = random_codes(std::size_t{p.num_seqs} * std::max(p.comp_block_count, 1u) * 2 * stride, rng);
+
+  // The float64 reference.
+  const auto qf = floats(q);
+  ref::PagedAttentionProblem r;
+  r.format = p.format, r.q = qf, r.k_pool = k_pool, r.v_pool = v_pool, r.block_tables = tables;
+  r.seq_lens = p.seq_lens, r.num_seqs = p.num_seqs, r.max_blocks_per_seq = p.max_blocks_per_seq;
+  r.num_q_heads = p.num_q_heads, r.num_kv_heads = p.num_kv_heads, r.q_head_dim = p.q_head_dim;
+  r.kv_cache_dim = p.kv_cache_dim, r.block_size = p.block_size, r.inv_sqrt_d = p.inv_sqrt_d;
+  r.k_scale = p.k_scale, r.v_scale = p.v_scale, r.cache_stride = stride, r.sliding_window = p.sliding_window;
+  r.sinks = sinks;
+  if (p.comp_pool) r.comp_pool = comp;
+  r.comp_block_count = p.comp_pool ? p.comp_block_count : 0;
+  r.block_stride_bytes = block_stride, r.data_section_bytes = data_section;
+  const auto o_ref = ref::paged_attention(r);
+
+  const bool fp8 = p.format == KvFormat::fp8;
+  KernelCase c = make_case(std::string(fp8 ? "paged_decode_fp8 " : "paged_decode_nvfp4 ") + p.vars(),
+                           fp8 ? "mla_paged_decode_fp8" : "mla_paged_decode_nvfp4");
+  const Shape o_shape{p.num_seqs, p.num_q_heads, p.kv_cache_dim};
+  c.inputs["q"] = tensor<Bf16>({p.num_seqs, p.num_q_heads, p.q_head_dim}, q);
+  c.inputs["k_cache"] = tensor<std::uint8_t>({static_cast<std::int64_t>(k_pool.size())}, k_pool);
+  c.inputs["v_cache"] = tensor<std::uint8_t>({static_cast<std::int64_t>(v_pool.size())}, v_pool);
+  c.inputs["o"] = tensor<Bf16>(o_shape, std::vector<Bf16>(o_ref.size(), kNanBf16));
+  c.inputs["block_tables"] = tensor<std::int32_t>({p.num_seqs, p.max_blocks_per_seq}, tables);
+  c.inputs["seq_lens"] = tensor<std::int32_t>({p.num_seqs}, p.seq_lens);
+  if (!sinks.empty()) c.inputs["sinks"] = tensor<float>({p.num_q_heads}, sinks);
+  if (!comp.empty()) c.inputs["comp_pool"] = tensor<std::uint8_t>({static_cast<std::int64_t>(comp.size())}, comp);
+  c.expected["o"] = tensor<double>(o_shape, o_ref);
+  double vmax = 6.0 * 448;  // NVFP4: bounded by the largest code times the largest scale
+  if (fp8) {
+    vmax = 0;
+    for (std::uint8_t b : v_pool) vmax = std::max(vmax, std::fabs(double{e4m3_decode(b)}) * p.v_scale);
+    for (std::uint8_t b : comp) vmax = std::max(vmax, std::fabs(double{e4m3_decode(b)}) * p.v_scale);
+  }
+  c.tolerance["o"] = {1e-5 * vmax, 0x1p-8, 0};
+  auto u32 = [&](const char* n, std::uint32_t v) { c.scalars[n] = KernelArg::u32(v); };
+  u32("max_blocks_per_seq", p.max_blocks_per_seq), u32("num_q_heads", p.num_q_heads);
+  u32("num_kv_heads", p.num_kv_heads), u32("q_head_dim", p.q_head_dim), u32("kv_cache_dim", p.kv_cache_dim);
+  u32("block_size", p.block_size), u32("num_seqs", p.num_seqs);
+  c.scalars["inv_sqrt_d"] = KernelArg::f32(p.inv_sqrt_d);
+  if (fp8) {
+    c.scalars["k_scale"] = KernelArg::f32(p.k_scale);
+    c.scalars["v_scale"] = KernelArg::f32(p.v_scale);
+    c.scalars["cache_stride"] = KernelArg::u64(stride);
+    u32("sliding_window", p.sliding_window), u32("comp_block_count", p.comp_block_count);
+  } else {
+    c.scalars["block_stride_bytes"] = KernelArg::u64(block_stride);
+    c.scalars["data_section_bytes"] = KernelArg::u64(data_section);
+  }
+  return c;
+}
+
+KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,
+                     std::uint32_t out_pad, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint32_t is = k + in_pad, os = n_out + out_pad;
+  const auto x = random_bf16(std::size_t{heads} * is, rng), w = random_bf16(std::size_t{heads} * n_out * k, rng);
+  const auto xf = floats(x), wf = floats(w);
+  const auto y = ref::batched_gemv(xf, wf, n_out, k, heads, is);
+  std::vector<double> want(std::size_t{heads} * os, kNaN);  // the gap between heads stays unwritten
+  double mag = 0;                                           // max Σ|w·x| bounds the FP32 accumulation error
+  for (std::uint32_t h = 0; h < heads; ++h)
+    for (std::uint32_t n = 0; n < n_out; ++n) {
+      want[std::size_t{h} * os + n] = y[std::size_t{h} * n_out + n];
+      double m = 0;
+      for (std::uint32_t j = 0; j < k; ++j)
+        m += std::fabs(double{wf[(std::size_t{h} * n_out + n) * k + j]} * xf[std::size_t{h} * is + j]);
+      mag = std::max(mag, m);
+    }
+  KernelCase c =
+      make_case(fmt::format("gemv n_out={} k={} heads={} input_stride={} output_stride={}", n_out, k, heads, is, os),
+                "mla_batched_gemv");
+  c.inputs["input"] = tensor<Bf16>({heads, is}, x);
+  c.inputs["weight"] = tensor<Bf16>({heads, n_out, k}, w);
+  c.inputs["output"] = tensor<Bf16>({heads, os}, std::vector<Bf16>(want.size(), kNanBf16));
+  c.expected["output"] = tensor<double>({heads, os}, want);
+  c.tolerance["output"] = {k * 0x1p-23 * mag, 0x1p-8, 0};
+  c.scalars = {{"n_out", KernelArg::u32(n_out)},
+               {"k", KernelArg::u32(k)},
+               {"num_heads", KernelArg::u32(heads)},
+               {"input_stride", KernelArg::u32(is)},
+               {"output_stride", KernelArg::u32(os)}};
+  return c;
+}
+
+KernelCase q_rope_scatter_case(std::uint32_t nq, std::uint32_t nope, std::uint32_t rope, std::uint32_t kv_lora,
+                               std::uint32_t extra_hd, std::uint32_t extra_cd, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint32_t hd = nope + rope + extra_hd, cd = kv_lora + rope + extra_cd;
+  const auto q_full = random_bf16(std::size_t{nq} * hd, rng);
+  std::vector<Bf16> abs_want(std::size_t{nq} * cd, kNanBf16), rope_want(std::size_t{nq} * rope);
+  for (std::size_t h = 0; h < nq; ++h)
+    for (std::size_t i = 0; i < rope; ++i)
+      abs_want[h * cd + kv_lora + i] = rope_want[h * rope + i] = q_full[h * hd + nope + i];
+  KernelCase c = make_case(fmt::format("q_rope_scatter nq={} hd={} nope={} rope={} kv_lora={} mla_cache_dim={}", nq, hd,
+                                       nope, rope, kv_lora, cd),
+                           "mla_q_rope_scatter");
+  c.inputs["q_full"] = tensor<Bf16>({nq, hd}, q_full);
+  c.inputs["q_absorbed_buf"] = tensor<Bf16>({nq, cd}, std::vector<Bf16>(abs_want.size(), kNanBf16));
+  c.inputs["q_rope_contiguous"] = tensor<Bf16>({nq, rope}, std::vector<Bf16>(rope_want.size(), kNanBf16));
+  c.expected["q_absorbed_buf"] = tensor<Bf16>({nq, cd}, abs_want);
+  c.expected["q_rope_contiguous"] = tensor<Bf16>({nq, rope}, rope_want);
+  c.tolerance["q_absorbed_buf"] = c.tolerance["q_rope_contiguous"] = {};
+  c.scalars = {{"nq", KernelArg::u32(nq)},           {"hd", KernelArg::u32(hd)},
+               {"nope", KernelArg::u32(nope)},       {"rope", KernelArg::u32(rope)},
+               {"kv_lora", KernelArg::u32(kv_lora)}, {"mla_cache_dim", KernelArg::u32(cd)}};
+  return c;
+}
+
+KernelCase q_rope_writeback_case(std::uint32_t nq, std::uint32_t rope, std::uint32_t kv_lora, std::uint32_t extra_cd,
+                                 std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint32_t cd = kv_lora + rope + extra_cd;
+  const auto direct = random_bf16(std::size_t{nq} * rope, rng);
+  const auto before = random_bf16(std::size_t{nq} * cd, rng);
+  std::vector<Bf16> want = before;
+  for (std::size_t h = 0; h < nq; ++h)
+    for (std::size_t i = 0; i < rope; ++i) want[h * cd + kv_lora + i] = direct[h * rope + i];
+  KernelCase c =
+      make_case(fmt::format("q_rope_writeback nq={} rope={} kv_lora={} mla_cache_dim={}", nq, rope, kv_lora, cd),
+                "mla_q_rope_writeback");
+  c.inputs["q_rope_direct"] = tensor<Bf16>({nq, rope}, direct);
+  c.inputs["q_absorbed_buf"] = tensor<Bf16>({nq, cd}, before);
+  c.expected["q_absorbed_buf"] = tensor<Bf16>({nq, cd}, want);
+  c.tolerance["q_absorbed_buf"] = {};
+  c.scalars = {{"nq", KernelArg::u32(nq)},
+               {"rope", KernelArg::u32(rope)},
+               {"kv_lora", KernelArg::u32(kv_lora)},
+               {"mla_cache_dim", KernelArg::u32(cd)}};
+  return c;
+}
+
+KernelCase cache_assemble_case(std::uint32_t kv_lora, std::uint32_t rope, std::uint32_t cd, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto latent = random_bf16(kv_lora, rng), k_rope = random_bf16(std::max(rope, 1u), rng);
+  std::vector<Bf16> k_want(cd), v_want(cd);
+  for (std::uint32_t i = 0; i < cd; ++i) {
+    k_want[i] = i < kv_lora ? latent[i] : i < kv_lora + rope ? k_rope[i - kv_lora] : Bf16{};
+    v_want[i] = i < kv_lora ? latent[i] : Bf16{};
+  }
+  KernelCase c = make_case(fmt::format("cache_assemble kv_lora={} rope={} mla_cache_dim={}", kv_lora, rope, cd),
+                           "mla_cache_assemble");
+  c.inputs["kv_latent"] = tensor<Bf16>({kv_lora}, latent);
+  c.inputs["k_rope"] = tensor<Bf16>({static_cast<std::int64_t>(k_rope.size())}, k_rope);
+  c.inputs["k_cache"] = c.inputs["v_cache"] = tensor<Bf16>({cd}, std::vector<Bf16>(cd, kNanBf16));
+  c.expected["k_cache"] = tensor<Bf16>({cd}, k_want);
+  c.expected["v_cache"] = tensor<Bf16>({cd}, v_want);
+  c.tolerance["k_cache"] = c.tolerance["v_cache"] = {};
+  c.scalars = {
+      {"kv_lora", KernelArg::u32(kv_lora)}, {"rope", KernelArg::u32(rope)}, {"mla_cache_dim", KernelArg::u32(cd)}};
+  return c;
+}
+
+KernelCase rope_case(std::uint32_t rows, std::uint32_t rope, std::uint32_t pos, float theta, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto x = random_bf16(std::size_t{rows} * rope, rng);
+  const auto xf = floats(x);
+  std::vector<double> want(xf.begin(), xf.end());
+  ref::rope_pairs(want, rope, pos, theta);
+  KernelCase c =
+      make_case(fmt::format("rope rows={} rope={} pos={} theta={}", rows, rope, pos, theta), "rope_pairs_bf16");
+  c.inputs["x"] = tensor<Bf16>({rows, rope}, x);
+  c.expected["x"] = tensor<double>({rows, rope}, want);
+  // |a|,|b| ≤ 1: BF16 rounding, plus the FP32 angle (pos·2^-24 rad) and trig errors on a pair of norm ≤ 2.
+  c.tolerance["x"] = {2.0 * (pos * 0x1p-23 + 0x1p-20), 0x1p-8, 0};
+  c.scalars = {{"rows", KernelArg::u32(rows)},
+               {"rope", KernelArg::u32(rope)},
+               {"pos", KernelArg::u32(pos)},
+               {"theta", KernelArg::f32(theta)}};
+  return c;
+}
+
+KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint32_t row_width,
+                            std::uint32_t block_size, std::uint32_t num_blocks, std::uint64_t pitch,
+                            std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto k_src = random_bf16(std::size_t{num_tokens} * row_width, rng, -3, 3);
+  const auto v_src = random_bf16(k_src.size(), rng, -3, 3);
+  if (format == KvFormat::nvfp4 && row_width >= 32) std::fill_n(k_src.begin() + 16, 16, Bf16{});  // a zero group
+  std::vector<std::int32_t> slots(std::size_t{num_blocks} * block_size);  // distinct slots, one skipped
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  if (num_tokens > 2) slots[1] = -1;
+  const float k_scale = 0.37f, v_scale = 1.9f;  // not powers of two
+  const std::uint64_t w = row_width;
+  const std::uint64_t data_section = std::uint64_t{block_size} * w / 2 + 16;
+  const std::uint64_t block_stride = data_section + std::uint64_t{block_size} * w / 16 + 16;
+  const bool fp8 = format == KvFormat::fp8;
+  const std::uint64_t pool =
+      fp8 ? std::uint64_t{num_blocks} * block_size * pitch : std::uint64_t{num_blocks} * block_stride;
+  const std::vector<std::uint8_t> poison(pool, 0xA5);
+  std::vector<std::uint8_t> want_k = poison, want_v = poison;
+  for (std::uint32_t t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const auto slot = static_cast<std::uint64_t>(slots[t]);
+    if (fp8) {
+      for (std::uint64_t e = 0; e < w; ++e) {
+        want_k[slot * pitch + e] = e4m3_encode(k_src[t * w + e].to_float() / k_scale);
+        want_v[slot * pitch + e] = e4m3_encode(v_src[t * w + e].to_float() / v_scale);
+      }
+      continue;
+    }
+    const std::uint64_t base = slot / block_size * block_stride, i = slot % block_size;
+    for (std::uint64_t g = 0; g < w / 16; ++g)
+      for (auto* dst : {&want_k, &want_v}) {
+        const auto& src = dst == &want_k ? k_src : v_src;
+        std::array<float, 16> x{};
+        for (std::size_t e = 0; e < 16; ++e) x[e] = src[t * w + g * 16 + e].to_float();
+        std::array<std::uint8_t, 8> packed{};
+        std::uint8_t scale = 0;
+        nvfp4_encode_group(x, packed, scale);
+        std::copy(packed.begin(), packed.end(), dst->begin() + static_cast<std::ptrdiff_t>(base + i * w / 2 + g * 8));
+        (*dst)[base + data_section + i * w / 16 + g] = scale;
+      }
+  }
+  KernelCase c = make_case(fmt::format("cache_store_{} num_tokens={} row_width={} block_size={} num_blocks={}",
+                                       to_string(format), num_tokens, row_width, block_size, num_blocks),
+                           fp8 ? "mla_paged_cache_store_fp8" : "mla_paged_cache_store_nvfp4");
+  const Shape pool_shape{static_cast<std::int64_t>(pool)};
+  c.inputs["k_src"] = tensor<Bf16>({num_tokens, row_width}, k_src);
+  c.inputs["v_src"] = tensor<Bf16>({num_tokens, row_width}, v_src);
+  c.inputs["k_cache"] = c.inputs["v_cache"] = tensor<std::uint8_t>(pool_shape, poison);
+  c.inputs["slot_mapping"] = tensor<std::int32_t>({num_tokens}, slots);
+  c.expected["k_cache"] = tensor<std::uint8_t>(pool_shape, want_k);
+  c.expected["v_cache"] = tensor<std::uint8_t>(pool_shape, want_v);
+  c.tolerance["k_cache"] = c.tolerance["v_cache"] = {};
+  c.scalars = {{"num_tokens", KernelArg::u32(num_tokens)},
+               {"row_width", KernelArg::u32(row_width)},
+               {"block_size", KernelArg::u32(block_size)}};
+  if (fp8) {
+    c.scalars["cache_stride"] = KernelArg::u64(pitch);
+    c.scalars["k_scale"] = KernelArg::f32(k_scale);
+    c.scalars["v_scale"] = KernelArg::f32(v_scale);
+  } else {
+    c.scalars["block_stride_bytes"] = KernelArg::u64(block_stride);
+    c.scalars["data_section_bytes"] = KernelArg::u64(data_section);
+  }
+  return c;
+}
+
+std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
+  std::vector<KernelCase> out;
+  std::uint64_t s = seed;
+  for (auto [n, k, h, ip, op] : std::vector<std::array<std::uint32_t, 5>>{{1, 1, 1, 0, 0},
+                                                                          {3, 7, 1, 2, 1},
+                                                                          {7, 19, 3, 0, 5},
+                                                                          {19, 733, 7, 3, 0},
+                                                                          {733, 3, 1, 0, 2},
+                                                                          {512, 128, 16, 64, 64},
+                                                                          {128, 512, 8, 64, 0}})
+    out.push_back(gemv_case(n, k, h, ip, op, ++s));
+  for (auto [nq, nope, rope, kv, ehd, ecd] : std::vector<std::array<std::uint32_t, 6>>{{1, 1, 1, 1, 0, 0},
+                                                                                       {3, 7, 2, 19, 1, 3},
+                                                                                       {19, 3, 7, 1, 0, 2},
+                                                                                       {733, 2, 3, 5, 1, 1},
+                                                                                       {128, 128, 64, 512, 0, 0}})
+    out.push_back(q_rope_scatter_case(nq, nope, rope, kv, ehd, ecd, ++s));
+  for (auto [nq, rope, kv, ecd] :
+       std::vector<std::array<std::uint32_t, 4>>{{1, 1, 1, 0}, {7, 3, 19, 2}, {733, 64, 5, 1}, {128, 64, 512, 0}})
+    out.push_back(q_rope_writeback_case(nq, rope, kv, ecd, ++s));
+  for (auto [kv, rope, cd] : std::vector<std::array<std::uint32_t, 3>>{
+           {1, 0, 1}, {3, 1, 7}, {7, 7, 19}, {19, 3, 733}, {512, 64, 576}, {733, 19, 1024}})
+    out.push_back(cache_assemble_case(kv, rope, cd, ++s));
+  for (auto [rows, rope, pos] : std::vector<std::array<std::uint32_t, 3>>{
+           {1, 2, 0}, {3, 64, 1}, {7, 6, 19}, {19, 64, 299}, {733, 2, 7}, {128, 64, 4095}, {1, 64, 65535}})
+    out.push_back(rope_case(rows, rope, pos, pos % 2 ? 50000.0f : 10000.0f, ++s));
+  out.push_back(cache_store_case(KvFormat::fp8, 1, 1, 1, 2, 1, ++s));
+  out.push_back(cache_store_case(KvFormat::fp8, 3, 7, 3, 3, 9, ++s));
+  out.push_back(cache_store_case(KvFormat::fp8, 19, 733, 7, 5, 736, ++s));
+  out.push_back(cache_store_case(KvFormat::fp8, 7, 576, 16, 2, 576, ++s));
+  out.push_back(cache_store_case(KvFormat::nvfp4, 1, 16, 1, 2, 0, ++s));
+  out.push_back(cache_store_case(KvFormat::nvfp4, 7, 48, 3, 5, 0, ++s));
+  out.push_back(cache_store_case(KvFormat::nvfp4, 19, 576, 16, 3, 0, ++s));
+  out.push_back(cache_store_case(KvFormat::nvfp4, 3, 1024, 1, 4, 0, ++s));
+
+  auto paged = [&](PagedSpec p) {
+    p.seed = ++s;
+    out.push_back(paged_decode_case(p));
+  };
+  PagedSpec model;  // DeepSeek: 576-wide rows, 1/√192, a partial last block
+  model.num_q_heads = 16, model.q_head_dim = 576, model.kv_cache_dim = 576, model.block_size = 16;
+  model.num_seqs = 3, model.max_blocks_per_seq = 20, model.num_blocks = 60, model.seq_lens = {300, 1, 17};
+  model.inv_sqrt_d = 1.0f / std::sqrt(192.0f), model.k_scale = 0.013f, model.v_scale = 0.021f;
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
+    PagedSpec p = model;
+    p.format = f;
+    p.zero_groups_every = f == KvFormat::nvfp4 ? 7 : 0;
+    paged(p);
+    PagedSpec odd;  // 733 keys over blocks of 7, q_head_dim < kv_cache_dim
+    odd.format = f, odd.num_q_heads = 7, odd.q_head_dim = 3, odd.kv_cache_dim = f == KvFormat::fp8 ? 19 : 32;
+    odd.block_size = 7, odd.max_blocks_per_seq = 105, odd.num_blocks = 110, odd.seq_lens = {733};
+    odd.cache_stride = f == KvFormat::fp8 ? 23 : 0;
+    paged(odd);
+    PagedSpec edges;  // empty, one-token, block-edge and negative lengths; garbage in unused columns
+    edges.format = f, edges.block_size = 5, edges.num_seqs = 7, edges.max_blocks_per_seq = 3, edges.num_blocks = 40;
+    edges.kv_cache_dim = edges.q_head_dim = 16, edges.fill = std::numeric_limits<std::int32_t>::max();
+    edges.seq_lens = {0, 1, 4, 5, 6, 15, -3};
+    paged(edges);
+    PagedSpec clamp = edges;  // seq_len past the table is clamped
+    clamp.num_seqs = 1, clamp.seq_lens = {1000}, clamp.fill = -1;
+    paged(clamp);
+    PagedSpec grouped;  // 6 q heads over 3 kv heads
+    grouped.format = f, grouped.num_q_heads = 6, grouped.num_kv_heads = 3, grouped.q_head_dim = 7;
+    grouped.kv_cache_dim = f == KvFormat::fp8 ? 9 : 16, grouped.num_seqs = 2, grouped.max_blocks_per_seq = 5;
+    grouped.num_blocks = 10, grouped.seq_lens = {19, 3};
+    paged(grouped);
+  }
+  for (std::uint32_t window : {1u, 6u, 7u, 31u}) {  // windows covering some, most and all keys, with sinks
+    PagedSpec p;
+    p.sinks = true, p.block_size = 4, p.num_seqs = 4, p.max_blocks_per_seq = 8, p.num_blocks = 32;
+    p.seq_lens = {30, 5, 7, 0}, p.sliding_window = window;
+    paged(p);
+  }
+  for (std::uint32_t comp : {0u, 1u, 3u})
+    for (std::uint32_t window : {0u, 2u}) {  // compressed pools of C entries, with and without a window
+      PagedSpec p;
+      p.comp_pool = true, p.comp_block_count = comp, p.sliding_window = window, p.sinks = true;
+      p.num_seqs = 3, p.block_size = 2, p.max_blocks_per_seq = 6, p.num_blocks = 18, p.seq_lens = {0, 3, 11};
+      paged(p);
+    }
+  return out;
+}
+
+}  // namespace metrale::gen

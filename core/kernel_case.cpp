@@ -1,0 +1,394 @@
+#include "metrale/kernel_case.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+
+#include "metrale/buffer.hpp"
+#include "metrale/error.hpp"
+#include "metrale/mla_absorbed.hpp"
+
+namespace metrale {
+
+namespace {
+
+// The arguments of one case as the launcher adapters read them.
+struct CaseArgs {
+  const KernelCase& c;
+  const std::map<std::string, DevicePtr>& ptrs;
+
+  const KernelArg& scalar(const std::string& name, ArgKind kind) const {
+    const auto it = c.scalars.find(name);
+    if (it == c.scalars.end()) fail(Errc::invalid_argument, "case {}: no scalar {}", c.name, name);
+    if (it->second.kind != kind)
+      fail(Errc::invalid_argument, "case {}: scalar {} is {}, expected {}", c.name, name, to_string(it->second.kind),
+           to_string(kind));
+    return it->second;
+  }
+  std::uint32_t u32(const std::string& n) const { return scalar(n, ArgKind::u32).as_u32(); }
+  std::uint64_t u64(const std::string& n) const { return scalar(n, ArgKind::u64).as_u64(); }
+  float f32(const std::string& n) const { return scalar(n, ArgKind::f32).as_f32(); }
+  DevicePtr ptr(const std::string& n) const {
+    const auto it = ptrs.find(n);
+    return it == ptrs.end() ? DevicePtr{} : it->second;
+  }
+};
+
+struct Adapter {
+  std::string module, entry;
+  LauncherFields fields;
+  std::vector<std::pair<std::string, char>> from_grid;  // launch-shape fields a recorded launch implies
+  std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
+};
+
+constexpr ArgKind U32 = ArgKind::u32, U64 = ArgKind::u64, F32 = ArgKind::f32;
+
+PagedDecodeCommon paged_common(const CaseArgs& a) {
+  return {a.ptr("q"),
+          a.ptr("k_cache"),
+          a.ptr("v_cache"),
+          a.ptr("o"),
+          a.ptr("block_tables"),
+          a.ptr("seq_lens"),
+          a.u32("max_blocks_per_seq"),
+          a.u32("num_q_heads"),
+          a.u32("num_kv_heads"),
+          a.u32("q_head_dim"),
+          a.u32("kv_cache_dim"),
+          a.u32("block_size"),
+          a.f32("inv_sqrt_d"),
+          a.u32("num_seqs")};
+}
+
+CacheStoreCommon store_common(const CaseArgs& a) {
+  return {a.ptr("k_src"),        a.ptr("v_src"),      a.ptr("k_cache"),   a.ptr("v_cache"),
+          a.ptr("slot_mapping"), a.u32("num_tokens"), a.u32("row_width"), a.u32("block_size")};
+}
+
+const std::vector<std::pair<std::string, ArgKind>> kPagedScalars = {
+    {"max_blocks_per_seq", U32}, {"num_q_heads", U32}, {"num_kv_heads", U32}, {"q_head_dim", U32},
+    {"kv_cache_dim", U32},       {"block_size", U32},  {"inv_sqrt_d", F32},   {"num_seqs", U32}};
+const std::vector<std::string> kPagedPointers = {"q", "k_cache", "v_cache", "o", "block_tables", "seq_lens"};
+
+template <class T>
+std::vector<T> concat(std::vector<T> a, const std::vector<T>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
+const std::vector<Adapter>& adapters() {
+  static const std::vector<Adapter> table = {
+      {"mla_absorbed",
+       "mla_batched_gemv",
+       {{{"n_out", U32}, {"k", U32}, {"num_heads", U32}, {"input_stride", U32}, {"output_stride", U32}},
+        {"input", "weight", "output"}},
+       {{"num_heads", 'y'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_batched_gemv(g, k,
+                          {a.ptr("input"), a.ptr("weight"), a.ptr("output"), a.u32("n_out"), a.u32("k"),
+                           a.u32("num_heads"), a.u32("input_stride"), a.u32("output_stride")});
+       }},
+      {"mla_absorbed",
+       "mla_q_rope_scatter",
+       {{{"nq", U32}, {"hd", U32}, {"nope", U32}, {"rope", U32}, {"kv_lora", U32}, {"mla_cache_dim", U32}},
+        {"q_full", "q_absorbed_buf", "q_rope_contiguous"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_q_rope_scatter(g, k,
+                            {a.ptr("q_full"), a.ptr("q_absorbed_buf"), a.ptr("q_rope_contiguous"), a.u32("nq"),
+                             a.u32("hd"), a.u32("nope"), a.u32("rope"), a.u32("kv_lora"), a.u32("mla_cache_dim")});
+       }},
+      {"mla_absorbed",
+       "mla_q_rope_writeback",
+       {{{"nq", U32}, {"rope", U32}, {"kv_lora", U32}, {"mla_cache_dim", U32}}, {"q_rope_direct", "q_absorbed_buf"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_q_rope_writeback(g, k,
+                              {a.ptr("q_rope_direct"), a.ptr("q_absorbed_buf"), a.u32("nq"), a.u32("rope"),
+                               a.u32("kv_lora"), a.u32("mla_cache_dim")});
+       }},
+      {"mla_absorbed",
+       "mla_cache_assemble",
+       {{{"kv_lora", U32}, {"rope", U32}, {"mla_cache_dim", U32}}, {"kv_latent", "k_rope", "k_cache", "v_cache"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_cache_assemble(g, k,
+                            {a.ptr("kv_latent"), a.ptr("k_rope"), a.ptr("k_cache"), a.ptr("v_cache"), a.u32("kv_lora"),
+                             a.u32("rope"), a.u32("mla_cache_dim")});
+       }},
+      {"mla_absorbed",
+       "rope_pairs_bf16",
+       {{{"rows", U32}, {"rope", U32}, {"pos", U32}, {"theta", F32}}, {"x"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         rope_pairs_bf16(g, k, {a.ptr("x"), a.u32("rows"), a.u32("rope"), a.u32("pos"), a.f32("theta")});
+       }},
+      {"mla_absorbed",
+       "mla_paged_decode_nvfp4",
+       {concat(kPagedScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}), kPagedPointers},
+       {{"num_seqs", 'y'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_paged_decode_nvfp4(g, k, {paged_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")});
+       }},
+      {"mla_absorbed",
+       "mla_paged_decode_fp8",
+       {concat(kPagedScalars, {{"k_scale", F32},
+                               {"v_scale", F32},
+                               {"cache_stride", U64},
+                               {"sliding_window", U32},
+                               {"comp_block_count", U32}}),
+        concat(kPagedPointers, {"sinks", "comp_pool"})},
+       {{"num_seqs", 'y'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_paged_decode_fp8(g, k,
+                              {paged_common(a), a.f32("k_scale"), a.f32("v_scale"), a.u64("cache_stride"),
+                               a.u32("sliding_window"), a.ptr("sinks"), a.ptr("comp_pool"), a.u32("comp_block_count")});
+       }},
+      {"mla_absorbed",
+       "mla_paged_cache_store_fp8",
+       {{{"num_tokens", U32},
+         {"row_width", U32},
+         {"block_size", U32},
+         {"cache_stride", U64},
+         {"k_scale", F32},
+         {"v_scale", F32}},
+        {"k_src", "v_src", "k_cache", "v_cache", "slot_mapping"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_paged_cache_store_fp8(g, k, {store_common(a), a.u64("cache_stride"), a.f32("k_scale"), a.f32("v_scale")});
+       }},
+      {"mla_absorbed",
+       "mla_paged_cache_store_nvfp4",
+       {{{"num_tokens", U32},
+         {"row_width", U32},
+         {"block_size", U32},
+         {"block_stride_bytes", U64},
+         {"data_section_bytes", U64}},
+        {"k_src", "v_src", "k_cache", "v_cache", "slot_mapping"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_paged_cache_store_nvfp4(g, k, {store_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")});
+       }},
+  };
+  return table;
+}
+
+const Adapter& adapter(std::string_view module, std::string_view entry) {
+  for (const auto& a : adapters())
+    if (a.module == module && a.entry == entry) return a;
+  fail(Errc::not_found, "no launcher for kernel {}.{}", module, entry);
+}
+
+std::string dims(Dim3 d) { return fmt::format("{},{},{}", d.x, d.y, d.z); }
+
+Dim3 parse_dims(const std::string& text, const std::string& what) {
+  Dim3 d;
+  if (std::sscanf(text.c_str(), "%u,%u,%u", &d.x, &d.y, &d.z) != 3)
+    fail(Errc::invalid_argument, "{} '{}' is not x,y,z", what, text);
+  return d;
+}
+
+std::string format_scalar(const KernelArg& a) {
+  switch (a.kind) {
+    case ArgKind::f32:
+      return fmt::format("{}", a.as_f32());  // shortest round-trip form
+    case ArgKind::i32:
+      return fmt::format("{}", a.as_i32());
+    case ArgKind::u32:
+      return fmt::format("{}", a.as_u32());
+    default:
+      return fmt::format("{}", a.as_u64());
+  }
+}
+
+KernelArg parse_scalar(const std::string& case_name, const std::string& name, const std::string& text, ArgKind kind) {
+  const char* b = text.data();
+  const char* e = text.data() + text.size();
+  auto bad = [&] {
+    fail(Errc::invalid_argument, "case {}: scalar {} = '{}' is not a {}", case_name, name, text, to_string(kind));
+  };
+  if (kind == ArgKind::f32) {
+    float v = 0;
+    if (auto r = std::from_chars(b, e, v); r.ec != std::errc{} || r.ptr != e) bad();
+    return KernelArg::f32(v);
+  }
+  if (kind == ArgKind::i32) {
+    std::int32_t v = 0;
+    if (auto r = std::from_chars(b, e, v); r.ec != std::errc{} || r.ptr != e) bad();
+    return KernelArg::i32(v);
+  }
+  std::uint64_t v = 0;
+  if (auto r = std::from_chars(b, e, v); r.ec != std::errc{} || r.ptr != e) bad();
+  if (kind == ArgKind::u32 && v > std::numeric_limits<std::uint32_t>::max()) bad();
+  return kind == ArgKind::u32 ? KernelArg::u32(static_cast<std::uint32_t>(v)) : KernelArg::u64(v);
+}
+
+std::vector<double> to_doubles(const Tensor& t) {
+  switch (t.dtype) {
+    case Dtype::f64:
+      return t.values<double>();
+    case Dtype::f32:
+    case Dtype::bf16:
+    case Dtype::f16: {
+      const auto f = t.to_f32();
+      return {f.begin(), f.end()};
+    }
+    case Dtype::i32: {
+      const auto v = t.values<std::int32_t>();
+      return {v.begin(), v.end()};
+    }
+    case Dtype::u8: {
+      const auto v = t.values<std::uint8_t>();
+      return {v.begin(), v.end()};
+    }
+    default:
+      fail(Errc::unsupported, "comparison of {} tensors", to_string(t.dtype));
+  }
+}
+
+// Distance in representable BF16 values (sign-magnitude bits mapped to a line).
+std::uint32_t bf16_ulps(std::uint16_t a, std::uint16_t b) {
+  auto line = [](std::uint16_t x) { return (x & 0x8000) ? 0x8000 - static_cast<int>(x & 0x7FFF) : 0x8000 + x; };
+  return static_cast<std::uint32_t>(std::abs(line(a) - line(b)));
+}
+
+}  // namespace
+
+const LauncherFields& launcher_fields(std::string_view module, std::string_view entry) {
+  return adapter(module, entry).fields;
+}
+
+std::vector<std::pair<std::string, std::string>> launchable_kernels() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& a : adapters()) out.emplace_back(a.module, a.entry);
+  return out;
+}
+
+SafeTensors to_safetensors(const KernelCase& c) {
+  SafeTensors f;
+  f.metadata = {{"kind", "kernel"}, {"module", c.module},   {"entry", c.entry},
+                {"case", c.name},   {"grid", dims(c.grid)}, {"block", dims(c.block)}};
+  for (const auto& [name, v] : c.scalars) f.metadata[name] = format_scalar(v);
+  for (const auto& [name, t] : c.inputs) f.tensors[name] = t;
+  for (const auto& [name, t] : c.expected) f.tensors["expected." + name] = t;
+  for (const auto& [name, tol] : c.tolerance) {
+    const double v[] = {tol.abs, tol.rel, static_cast<double>(tol.ulps)};
+    f.tensors["tolerance." + name] = Tensor::from<double>({3}, v);
+  }
+  return f;
+}
+
+KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
+  if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
+    fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'", name);
+  KernelCase c;
+  c.name = f.metadata.count("case") != 0 ? f.meta("case") : std::move(name);
+  c.module = f.meta("module");
+  c.entry = f.meta("entry");
+  const Adapter& a = adapter(c.module, c.entry);
+  if (f.metadata.count("grid") != 0) c.grid = parse_dims(f.meta("grid"), "grid");
+  if (f.metadata.count("block") != 0) c.block = parse_dims(f.meta("block"), "block");
+  for (const auto& [field, kind] : a.fields.scalars) {
+    if (f.metadata.count(field) != 0) {
+      c.scalars[field] = parse_scalar(c.name, field, f.meta(field), kind);
+      continue;
+    }
+    // A recorded launch names only the kernel's parameters; the launch shape gives the rest.
+    const auto g =
+        std::find_if(a.from_grid.begin(), a.from_grid.end(), [&](const auto& p) { return p.first == field; });
+    if (g == a.from_grid.end() || c.grid.count() == 0)
+      fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
+    c.scalars[field] = KernelArg::u32(g->second == 'x' ? c.grid.x : g->second == 'y' ? c.grid.y : c.grid.z);
+  }
+  for (const auto& [tname, t] : f.tensors) {
+    if (tname.starts_with("expected.")) {
+      c.expected[tname.substr(9)] = t;
+    } else if (tname.starts_with("tolerance.")) {
+      const auto v = t.values<double>();
+      if (v.size() != 3) fail(Errc::invalid_argument, "case {}: {} must hold [abs, rel, ulps]", c.name, tname);
+      c.tolerance[tname.substr(10)] = {v[0], v[1], static_cast<std::uint32_t>(v[2])};
+    } else if (std::find(a.fields.pointers.begin(), a.fields.pointers.end(), tname) != a.fields.pointers.end()) {
+      c.inputs[tname] = t;
+    } else {
+      fail(Errc::invalid_argument, "case {}: tensor {} is not a pointer parameter of {}", c.name, tname, c.entry);
+    }
+  }
+  for (const auto& [out, t] : c.expected)
+    if (c.inputs.count(out) == 0)
+      fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
+  return c;
+}
+
+KernelCase read_kernel_case(const std::filesystem::path& path) {
+  return with_context(path.string(), [&] { return kernel_case_from(SafeTensors::read(path), path.stem().string()); });
+}
+
+std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase& c, bool all) {
+  return with_context("case " + c.name, [&] {
+    const Adapter& a = adapter(c.module, c.entry);
+    std::map<std::string, DeviceBuffer> buffers;
+    std::map<std::string, DevicePtr> ptrs;
+    for (const auto& [name, t] : c.inputs) {
+      buffers.emplace(name, DeviceBuffer::from_host<std::byte>(gpu, t.data));
+      ptrs[name] = buffers.at(name).ptr();
+    }
+    a.launch(gpu, gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+    gpu.synchronize(0);
+    std::map<std::string, Tensor> out;
+    for (const auto& [name, buf] : buffers) {
+      if (!all && c.expected.count(name) == 0) continue;
+      const Tensor& in = c.inputs.at(name);
+      out[name] = Tensor{in.dtype, in.shape, buf.to_host<std::byte>()};
+    }
+    return out;
+  });
+}
+
+OutputCheck check_output(const std::string& name, const Tensor& got, const Tensor& want, const Tolerance& tol) {
+  OutputCheck r{name, got.numel(), 0, 0, 0, "", false};
+  if (got.numel() != want.numel()) {
+    r.bad = r.count;
+    r.worst = fmt::format("{} values against {} expected", got.numel(), want.numel());
+    return r;
+  }
+  const auto g = to_doubles(got), w = to_doubles(want);
+  const bool ulp_check = tol.ulps > 0 && got.dtype == Dtype::bf16 && want.dtype == Dtype::bf16;
+  const auto gb = ulp_check ? got.values<Bf16>() : std::vector<Bf16>{};
+  const auto wb = ulp_check ? want.values<Bf16>() : std::vector<Bf16>{};
+  double worst_excess = -1;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double diff = std::fabs(g[i] - w[i]);
+    const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
+    bool ok = both_nan || diff <= tol.abs + tol.rel * std::fabs(w[i]);
+    if (!ok && ulp_check) ok = bf16_ulps(gb[i].bits, wb[i].bits) <= tol.ulps;
+    if (!both_nan) {
+      r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);
+      if (w[i] != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w[i]));
+    }
+    if (!ok) {
+      ++r.bad;
+      const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        r.worst = fmt::format("[{}] got {} expected {}", i, g[i], w[i]);
+      }
+    }
+  }
+  r.pass = r.bad == 0;
+  return r;
+}
+
+Tolerance same_arithmetic_tolerance(const Tensor& want) {
+  if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64) return {};
+  double peak = 0;
+  for (double v : to_doubles(want))
+    if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
+  if (want.dtype == Dtype::bf16) return {1e-6 * peak, 0, 1};
+  return {1e-6 * peak, 1e-6, 0};
+}
+
+}  // namespace metrale

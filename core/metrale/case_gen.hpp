@@ -1,0 +1,67 @@
+// Generated kernel cases: random inputs over chosen shapes and edge cases, the
+// outputs poisoned with NaN (or a byte pattern), and the expected outputs from
+// the float64 reference (metrale/reference.hpp) with a tolerance that states
+// why. The tests, `metrale conform` and the fuzz drivers share these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "metrale/kernel_case.hpp"
+#include "metrale/paged_cache.hpp"
+
+namespace metrale::gen {
+
+/// A paged-decode launch: a pool filled with random codes, block tables over
+/// permuted physical blocks, every field of the launcher.
+struct PagedSpec {
+  KvFormat format = KvFormat::fp8;
+  std::uint32_t num_seqs = 1, num_q_heads = 1, num_kv_heads = 1, q_head_dim = 8, kv_cache_dim = 8, block_size = 4;
+  std::uint32_t max_blocks_per_seq = 4, num_blocks = 8;
+  std::vector<std::int32_t> seq_lens;  // one per sequence; may be negative or past the table
+  std::int32_t fill = -1;              // unused block-table columns
+  float inv_sqrt_d = 0.125f;
+  float k_scale = 0.75f, v_scale = 1.25f;  // FP8
+  std::uint64_t cache_stride = 0;          // FP8; 0: the row width
+  std::uint32_t sliding_window = 0;        // FP8
+  bool sinks = false;                      // FP8
+  bool comp_pool = false;                  // FP8
+  std::uint32_t comp_block_count = 0;      // FP8
+  std::uint32_t zero_groups_every = 0;     // NVFP4: every n-th group all zero (scale 0)
+  std::uint64_t seed = 1;
+
+  /// Every field, for a failing case's report.
+  std::string vars() const;
+};
+
+/// The case of a paged decode launch, expected o from the float64 reference.
+/// Tolerance: BF16 rounding of o (2^-8 relative) plus 1e-5 of the largest |V|
+/// for the FP32 softmax — far below what one missing or extra key changes.
+KernelCase paged_decode_case(const PagedSpec& spec);
+
+/// `mla_batched_gemv` over [heads, n_out, k] with padded strides. Tolerance:
+/// BF16 output rounding plus k·2^-23·max Σ|w·x| for FP32 accumulation.
+KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,
+                     std::uint32_t out_pad, std::uint64_t seed);
+/// The copy kernels: exact.
+KernelCase q_rope_scatter_case(std::uint32_t nq, std::uint32_t nope, std::uint32_t rope, std::uint32_t kv_lora,
+                               std::uint32_t extra_hd, std::uint32_t extra_cd, std::uint64_t seed);
+KernelCase q_rope_writeback_case(std::uint32_t nq, std::uint32_t rope, std::uint32_t kv_lora, std::uint32_t extra_cd,
+                                 std::uint64_t seed);
+KernelCase cache_assemble_case(std::uint32_t kv_lora, std::uint32_t rope, std::uint32_t mla_cache_dim,
+                               std::uint64_t seed);
+/// `rope_pairs_bf16`. Tolerance: BF16 rounding plus the FP32 angle error (pos·2^-24 rad).
+KernelCase rope_case(std::uint32_t rows, std::uint32_t rope, std::uint32_t pos, float theta, std::uint64_t seed);
+/// The cache stores: exact bytes (the codecs are the reference, checked against ml_dtypes).
+KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint32_t row_width,
+                            std::uint32_t block_size, std::uint32_t num_blocks, std::uint64_t pitch,
+                            std::uint64_t seed);
+
+/// Every kernel with a launcher over its sweep of shapes and edge cases
+/// (odd sizes, the model's dimensions, empty and block-edge sequences,
+/// garbage in unused table columns, windows, sinks, compressed pools, zero
+/// groups, scales that are not powers of two). Deterministic in `seed`.
+std::vector<KernelCase> conformance_sweep(std::uint64_t seed = 1);
+
+}  // namespace metrale::gen

@@ -1,0 +1,85 @@
+// Kernel cases (SPEC §5): one launch as data — the kernel, its scalar
+// arguments by declared name, the initial contents of its pointer arguments,
+// and the expected contents of its outputs with a tolerance. A case is a
+// safetensors file, so PyTorch or numpy can write one, the emulator's recorder
+// writes one per launch, and the same file runs on the emulator and on hardware.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "metrale/backend.hpp"
+#include "metrale/safetensors.hpp"
+
+namespace metrale {
+
+/// got passes against want when |got − want| ≤ abs + rel·|want|, or when both
+/// are BF16 values at most `ulps` apart. All zero: exact.
+struct Tolerance {
+  double abs = 0, rel = 0;
+  std::uint32_t ulps = 0;
+};
+
+struct KernelCase {
+  std::string name;
+  std::string module, entry;
+  Dim3 grid{}, block{};  // as launched, when recorded; the launcher recomputes them
+  /// Every non-pointer field of the kernel's launcher by name: the kernel's
+  /// scalar parameters and the launch-shape ones (num_heads, num_seqs).
+  std::map<std::string, KernelArg> scalars;
+  /// Initial device contents per pointer parameter; an absent one is null.
+  std::map<std::string, Tensor> inputs;
+  /// Expected contents of the outputs after the launch (any float dtype for
+  /// float outputs: a float64 reference or another backend's result).
+  std::map<std::string, Tensor> expected;
+  std::map<std::string, Tolerance> tolerance;
+};
+
+/// The launcher's fields of a kernel, as a case names them.
+struct LauncherFields {
+  std::vector<std::pair<std::string, ArgKind>> scalars;
+  std::vector<std::string> pointers;
+};
+/// Errors: `not_found` naming module and entry for a kernel without a launcher.
+const LauncherFields& launcher_fields(std::string_view module, std::string_view entry);
+/// Every (module, entry) that has a launcher.
+std::vector<std::pair<std::string, std::string>> launchable_kernels();
+
+/// The case as a safetensors file: metadata kind=kernel, module, entry, grid,
+/// block and each scalar by name; tensors named after pointer parameters,
+/// `expected.<param>`, `tolerance.<param>` (F64 [abs, rel, ulps]).
+SafeTensors to_safetensors(const KernelCase& c);
+/// Errors: `invalid_argument` naming what is missing or malformed (not a
+/// kernel case, a scalar that does not parse, an unknown kernel).
+KernelCase kernel_case_from(const SafeTensors& file, std::string name);
+KernelCase read_kernel_case(const std::filesystem::path& path);
+
+/// Upload the inputs, call the kernel's launcher, synchronize and download
+/// every pointer parameter that has an expected tensor (or, with `all`, every
+/// input). Device memory is freed on every path. Errors: the launcher's and the
+/// backend's, with the case name as context.
+std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase& c, bool all = false);
+
+struct OutputCheck {
+  std::string output;
+  std::size_t count = 0, bad = 0;
+  double max_abs = 0, max_rel = 0;  // over all elements
+  std::string worst;                // the element furthest outside, for the report
+  bool pass = false;
+};
+/// Compare an output with its expectation. NaN passes only against NaN; a
+/// shape or size mismatch fails.
+OutputCheck check_output(const std::string& name, const Tensor& got, const Tensor& want, const Tolerance& tol);
+
+/// The tolerance of one backend's result against another's for the same
+/// arithmetic: BF16 within one ulp, FP32 within 1e-6 relative, integers and
+/// bytes exact; plus an absolute floor of 1e-6 of the output's largest value
+/// for results that cancel to near zero.
+Tolerance same_arithmetic_tolerance(const Tensor& want);
+
+}  // namespace metrale

@@ -1,0 +1,67 @@
+#include "recorder.hpp"
+
+#include <cstring>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "metrale/error.hpp"
+
+namespace metrale::emu {
+
+namespace {
+
+// The bytes from `addr` to the end of its allocation, as elements of `dtype`; empty when the
+// address is null or in no live allocation.
+std::optional<Tensor> snapshot(DevicePtr addr, Dtype dtype, const detail::AddressSpace& memory) {
+  const detail::Allocation* a = addr ? memory.resolve(addr) : nullptr;
+  if (a == nullptr || !a->live) return std::nullopt;
+  const std::uint64_t off = addr.addr - a->base.addr;
+  const std::uint64_t n = (a->bytes - off) / dtype_size(dtype);
+  Tensor t{dtype, {static_cast<std::int64_t>(n)}, std::vector<std::byte>(n * dtype_size(dtype))};
+  std::memcpy(t.data.data(), a->data + off, t.data.size());
+  return t;
+}
+
+}  // namespace
+
+CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
+}
+
+KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
+                                const detail::AddressSpace& memory) const {
+  KernelCase c;
+  c.module = e.module;
+  c.entry = e.entry;
+  c.grid = grid;
+  c.block = block;
+  for (std::size_t i = 0; i < e.params.size(); ++i) {
+    const ParamDecl& p = e.params[i];
+    if (p.kind != ArgKind::ptr) {
+      c.scalars[p.name] = args[i];
+    } else if (auto t = snapshot(args[i].as_ptr(), p.dtype, memory)) {
+      c.inputs[p.name] = std::move(*t);
+    }
+  }
+  return c;
+}
+
+void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
+                         const detail::AddressSpace& memory) {
+  for (std::size_t i = 0; i < e.params.size(); ++i) {
+    const ParamDecl& p = e.params[i];
+    const auto in = c.inputs.find(p.name);
+    if (p.kind != ArgKind::ptr || in == c.inputs.end()) continue;
+    auto now = snapshot(args[i].as_ptr(), p.dtype, memory);
+    if (!now || now->data == in->second.data) continue;
+    c.tolerance[p.name] = same_arithmetic_tolerance(*now);
+    c.expected[p.name] = std::move(*now);
+  }
+  c.name = fmt::format("{:04}_{}", count_++, c.entry);
+  to_safetensors(c).write(dir_ / (c.name + ".safetensors"));
+}
+
+}  // namespace metrale::emu

@@ -1,0 +1,38 @@
+// The emulator's recorder (SPEC §2): each launch written as a kernel case file
+// (SPEC §5) — its arguments, the bytes its pointer arguments held before it ran
+// and, for those it changed, what they held after as the expectation — so a run
+// without a GPU can be replayed on hardware and compared.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+
+#include "metrale/emu/port.hpp"
+#include "metrale/kernel_case.hpp"
+
+namespace metrale::emu {
+
+class CaseRecorder {
+ public:
+  /// Errors: `invalid_argument` when `dir` cannot be created (names it).
+  explicit CaseRecorder(std::filesystem::path dir);
+
+  /// Snapshot a launch before it runs. A pointer argument records the bytes
+  /// from its address to the end of its allocation, typed by the port's
+  /// declared element type; null or unmapped pointers record nothing.
+  KernelCase before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
+                    const detail::AddressSpace& memory) const;
+  /// After it ran: the changed buffers become `expected.<param>` with the
+  /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors.
+  void after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
+             const detail::AddressSpace& memory);
+
+  std::uint64_t written() const { return count_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::uint64_t count_ = 0;
+};
+
+}  // namespace metrale::emu
