@@ -14,5 +14,7 @@ void add_info(CLI::App& app);
 void add_case(CLI::App& app, std::function<void(int)> set_exit);
 /// `metrale conform`: the conformance set on a backend against the emulator and the reference.
 void add_conform(CLI::App& app, std::function<void(int)> set_exit);
+/// `metrale bench`: kernel timings against the copy bandwidth.
+void add_bench(CLI::App& app);
 
 }  // namespace metrale::cli

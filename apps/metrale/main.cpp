@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   metrale::cli::add_info(app);
   metrale::cli::add_case(app, [&](int code) { exit_code = code; });
   metrale::cli::add_conform(app, [&](int code) { exit_code = code; });
+  metrale::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

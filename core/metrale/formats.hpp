@@ -40,9 +40,8 @@ constexpr float bf16_round(float f) { return Bf16::from_float(f).to_float(); }
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr std::uint8_t kE4m3Nan = 0x7F;
 
-/// Value of an E4M3 code: bias 7, subnormal step 2^-9, NaN at 0x7F and 0xFF,
-/// no infinity.
-inline float e4m3_decode(std::uint8_t code) {
+namespace detail {
+inline float e4m3_value(std::uint8_t code) {
   const bool neg = (code & 0x80) != 0;
   const int exp = (code >> 3) & 0xF;
   const int mant = code & 0x7;
@@ -56,6 +55,17 @@ inline float e4m3_decode(std::uint8_t code) {
   }
   return neg ? -v : v;
 }
+// All 256 values, computed once: the ports decode every cache element through this.
+inline const std::array<float, 256> kE4m3Values = [] {
+  std::array<float, 256> t{};
+  for (int c = 0; c < 256; ++c) t[static_cast<std::size_t>(c)] = e4m3_value(static_cast<std::uint8_t>(c));
+  return t;
+}();
+}  // namespace detail
+
+/// Value of an E4M3 code: bias 7, subnormal step 2^-9, NaN at 0x7F and 0xFF,
+/// no infinity.
+inline float e4m3_decode(std::uint8_t code) { return detail::kE4m3Values[code]; }
 
 /// E4M3 code of `x`: round to nearest even, saturate to ±448 (±inf too,
 /// "satfinite"), NaN → 0x7F.
