@@ -76,8 +76,16 @@ K3RopeArgs rope_args(const MlaConfig& cfg, DevicePtr q, DevicePtr k_new, std::ui
 
 K3SdpaArgs sdpa_args(const MlaConfig& cfg, DevicePtr q, DevicePtr k, DevicePtr v, DevicePtr g, DevicePtr out,
                      std::size_t seq_len) {
-  return {q,   k,         v,           g, out, static_cast<std::uint32_t>(seq_len), cfg.heads, cfg.qk_head_dim(),
-          cfg.v_head_dim, cfg.mla_use_output_gate};
+  return {.q = q,
+          .k = k,
+          .v = v,
+          .g = g,
+          .out = out,
+          .seq_len = static_cast<std::uint32_t>(seq_len),
+          .heads = cfg.heads,
+          .dq = cfg.qk_head_dim(),
+          .dv = cfg.v_head_dim,
+          .use_gate = cfg.mla_use_output_gate};
 }
 
 // Unless NoPE, rotate the rope slice of each head of x [heads, dq] in place, in float64.
@@ -239,8 +247,8 @@ MlaDeviceKv MlaDeviceKv::alloc_and_upload(GpuBackend& gpu, const MlaKv& host, st
                                           std::size_t v_row) {
   if (host.k.size() != host.seq_len * k_row || host.v.size() != host.seq_len * v_row)
     fail(Errc::invalid_argument,
-         "k3 mla: host KV of {} tokens holds {} K and {} V values, expected {} x {} = {} and {} x {} = {}", host.seq_len,
-         host.k.size(), host.v.size(), host.seq_len, k_row, host.seq_len * k_row, host.seq_len, v_row,
+         "k3 mla: host KV of {} tokens holds {} K and {} V values, expected {} x {} = {} and {} x {} = {}",
+         host.seq_len, host.k.size(), host.v.size(), host.seq_len, k_row, host.seq_len * k_row, host.seq_len, v_row,
          host.seq_len * v_row);
   if (std::max<std::size_t>(cap, 1) < host.seq_len)
     fail(Errc::invalid_argument, "k3 mla: device KV cap {} < history of {} tokens", cap, host.seq_len);
@@ -320,8 +328,8 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
     const auto dg = with_context("upload g", [&] { return DeviceBuffer::from_host<float>(gpu, g); });
     const auto out = with_context("allocate out", [&] { return DeviceBuffer(gpu, cfg.v_row() * kF32); });
     with_context("attend", [&] {
-      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, sdpa_args(cfg, dq.ptr(), hk.ptr(), hv.ptr(), dg.ptr(), out.ptr(), kv.seq_len),
-                           stream);
+      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
+                           sdpa_args(cfg, dq.ptr(), hk.ptr(), hv.ptr(), dg.ptr(), out.ptr(), kv.seq_len), stream);
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });
@@ -357,8 +365,8 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
     const auto dg = with_context("upload g", [&] { return DeviceBuffer::from_host<float>(gpu, g); });
     const auto out = with_context("allocate out", [&] { return DeviceBuffer(gpu, cfg.v_row() * kF32); });
     with_context("attend", [&] {
-      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, sdpa_args(cfg, dq.ptr(), kv.k(), kv.v(), dg.ptr(), out.ptr(), kv.seq_len()),
-                           stream);
+      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
+                           sdpa_args(cfg, dq.ptr(), kv.k(), kv.v(), dg.ptr(), out.ptr(), kv.seq_len()), stream);
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });

@@ -131,21 +131,48 @@ float dot_f64(std::span<const float> w, std::span<const float> x) {
   return static_cast<float>(acc);
 }
 
+// Every token's per-head K3 rows from the latent (golden README): K [T, H, nope + rope] =
+// [w_uk[h] · c_t ‖ k_rope_t], V [T, H, dv] = w_uv[h] · c_t.
+struct KimiRows {
+  std::vector<float> k, v;
+};
+KimiRows project_kimi_rows(const MlaConfig& cfg, std::size_t T, std::size_t kv_lora, std::span<const float> kv_latent,
+                           std::span<const float> k_rope, std::span<const float> w_uk, std::span<const float> w_uv) {
+  const std::size_t H = cfg.heads, nope = cfg.qk_nope_head_dim, rp = cfg.qk_rope_head_dim, dq = cfg.qk_head_dim(),
+                    dv = cfg.v_head_dim;
+  KimiRows r{std::vector<float>(T * H * dq), std::vector<float>(T * H * dv)};
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto c = kv_latent.subspan(t * kv_lora, kv_lora);
+    for (std::size_t h = 0; h < H; ++h) {
+      float* k_row = &r.k[(t * H + h) * dq];
+      for (std::size_t i = 0; i < nope; ++i) k_row[i] = dot_f64(w_uk.subspan((h * nope + i) * kv_lora, kv_lora), c);
+      std::copy_n(k_rope.begin() + static_cast<std::ptrdiff_t>(t * rp), rp, k_row + nope);
+      for (std::size_t i = 0; i < dv; ++i)
+        r.v[(t * H + h) * dv + i] = dot_f64(w_uv.subspan((h * dv + i) * kv_lora, kv_lora), c);
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path) {
   using clock = std::chrono::steady_clock;
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   auto t0 = clock::now();
-  const std::uint32_t H = meta_u32(file, "heads"), T = meta_u32(file, "tokens"), kv_lora = meta_u32(file, "kv_lora_rank");
+  const std::uint32_t H = meta_u32(file, "heads"), T = meta_u32(file, "tokens"),
+                      kv_lora = meta_u32(file, "kv_lora_rank");
   const std::string& rope = file.meta("rope");
   if (rope != "pairs(2i,2i+1)" && rope != "none")
     fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
   const bool gated = file.has("gate");
-  const MlaConfig cfg{H,           meta_u32(file, "qk_nope_head_dim"), meta_u32(file, "qk_rope_head_dim"),
-                      meta_u32(file, "v_head_dim"), rope == "none", gated};
-  const std::size_t nope = cfg.qk_nope_head_dim, rp = cfg.qk_rope_head_dim, dq = cfg.qk_head_dim(),
-                    dv = cfg.v_head_dim;
+  const MlaConfig cfg{.heads = H,
+                      .qk_nope_head_dim = meta_u32(file, "qk_nope_head_dim"),
+                      .qk_rope_head_dim = meta_u32(file, "qk_rope_head_dim"),
+                      .v_head_dim = meta_u32(file, "v_head_dim"),
+                      .mla_use_nope = rope == "none",
+                      .mla_use_output_gate = gated};
+  const std::size_t nope = cfg.qk_nope_head_dim, rp = cfg.qk_rope_head_dim, dq = cfg.qk_head_dim(), dv = cfg.v_head_dim;
   const double scale = file.meta_f64("softmax_scale"), kernel_scale = 1.0 / std::sqrt(static_cast<double>(dq));
   if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,
@@ -161,28 +188,16 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, {}, {}, false};
   r.stages.emplace_back("load case", since(t0));
 
-  // Every token's per-head rows: K = [w_uk[h] · c_t ‖ k_rope_t], V = w_uv[h] · c_t.
   t0 = clock::now();
-  const std::span<const float> wk(w_uk), wv(w_uv);
-  std::vector<float> k_rows(std::size_t{T} * H * dq), v_rows(std::size_t{T} * H * dv);
-  for (std::size_t t = 0; t < T; ++t) {
-    const auto c = std::span(kv_latent).subspan(t * kv_lora, kv_lora);
-    for (std::size_t h = 0; h < H; ++h) {
-      float* k_row = &k_rows[(t * H + h) * dq];
-      for (std::size_t i = 0; i < nope; ++i) k_row[i] = dot_f64(wk.subspan((h * nope + i) * kv_lora, kv_lora), c);
-      std::copy_n(k_rope.begin() + static_cast<std::ptrdiff_t>(t * rp), rp, k_row + nope);
-      for (std::size_t i = 0; i < dv; ++i)
-        v_rows[(t * H + h) * dv + i] = dot_f64(wv.subspan((h * dv + i) * kv_lora, kv_lora), c);
-    }
-  }
+  const KimiRows rows = project_kimi_rows(cfg, T, kv_lora, kv_latent, k_rope, w_uk, w_uv);
   r.stages.emplace_back("project K and V per head (host, float64)", since(t0));
 
   t0 = clock::now();
   const char* where = device_path ? "device KV" : "host KV";
   K3MlaDecoder dec(gpu, cfg, T, device_path ? MlaKvPlacement::device : MlaKvPlacement::host);
   r.stages.emplace_back(fmt::format("set up decoder ({})", where), since(t0));
-  auto k_of = [&](std::size_t t) { return std::span(k_rows).subspan(t * H * dq, H * dq); };
-  auto v_of = [&](std::size_t t) { return std::span(v_rows).subspan(t * H * dv, H * dv); };
+  auto k_of = [&](std::size_t t) { return std::span(rows.k).subspan(t * H * dq, H * dq); };
+  auto v_of = [&](std::size_t t) { return std::span(rows.v).subspan(t * H * dv, H * dv); };
 
   // The prompt: the earlier tokens' outputs are not compared, so their q and gate are zeros.
   t0 = clock::now();
@@ -193,7 +208,8 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
 
   t0 = clock::now();
   for (std::size_t h = 0; h < H; ++h) {
-    std::copy_n(q_nope.begin() + static_cast<std::ptrdiff_t>(h * nope), nope, q.begin() + static_cast<std::ptrdiff_t>(h * dq));
+    std::copy_n(q_nope.begin() + static_cast<std::ptrdiff_t>(h * nope), nope,
+                q.begin() + static_cast<std::ptrdiff_t>(h * dq));
     std::copy_n(q_rope.begin() + static_cast<std::ptrdiff_t>(h * rp), rp,
                 q.begin() + static_cast<std::ptrdiff_t>(h * dq + nope));
   }

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -140,6 +141,28 @@ class MlaDeviceKv {
   static MlaDeviceKv alloc_and_upload(GpuBackend& gpu, const MlaKv& host, std::size_t cap, std::size_t k_row,
                                       std::size_t v_row);
 
+  /// A moved-from KV is empty with cap 0, as after `free`.
+  MlaDeviceKv(MlaDeviceKv&& o) noexcept
+      : gpu_(o.gpu_),
+        k_(std::move(o.k_)),
+        v_(std::move(o.v_)),
+        seq_len_(std::exchange(o.seq_len_, 0)),
+        cap_(std::exchange(o.cap_, 0)),
+        k_row_(o.k_row_),
+        v_row_(o.v_row_) {}
+  MlaDeviceKv& operator=(MlaDeviceKv&& o) noexcept {
+    if (this != &o) {
+      gpu_ = o.gpu_;
+      k_ = std::move(o.k_);
+      v_ = std::move(o.v_);
+      seq_len_ = std::exchange(o.seq_len_, 0);
+      cap_ = std::exchange(o.cap_, 0);
+      k_row_ = o.k_row_;
+      v_row_ = o.v_row_;
+    }
+    return *this;
+  }
+
   /// Errors (`invalid_argument`): the resident rows are not cfg.k_row() and
   /// cfg.v_row() wide (the message names all four numbers and the config).
   void validate_cfg(const MlaConfig& cfg) const;
@@ -231,7 +254,9 @@ class K3MlaDecoder {
   std::vector<float> decode(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                             std::span<const float> g, std::uint32_t pos, float theta);
 
-  MlaKvPlacement placement() const { return std::holds_alternative<MlaKv>(kv_) ? MlaKvPlacement::host : MlaKvPlacement::device; }
+  MlaKvPlacement placement() const {
+    return std::holds_alternative<MlaKv>(kv_) ? MlaKvPlacement::host : MlaKvPlacement::device;
+  }
   std::size_t seq_len() const;
   /// The history (downloaded from the device KV). Errors: the backend's.
   MlaKv history() const;
