@@ -361,6 +361,88 @@ KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint
   return c;
 }
 
+double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h) {
+  constexpr double kU = 0x1p-24;  // FP32 unit roundoff
+  double qk = 0, vmax = 0;
+  for (std::size_t j = 0; j < p.seq_len; ++j) {
+    double s = 0;
+    for (std::size_t d = 0; d < p.dq; ++d)
+      s += std::fabs(double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d]);
+    qk = std::max(qk, s);
+    for (std::size_t d = 0; d < p.dv; ++d) vmax = std::max(vmax, std::fabs(double{p.v[(j * p.heads + h) * p.dv + d]}));
+  }
+  const double delta = qk / std::sqrt(static_cast<double>(p.dq)) * (p.dq / 32.0 + 8) * 2 * kU;
+  return vmax * (4 * delta + (4.0 * p.seq_len + 32) * kU) + 1e-30;
+}
+
+namespace {
+
+std::vector<float> random_f32(std::size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = uni(rng);
+  return v;
+}
+
+}  // namespace
+
+KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t rope, std::uint32_t pos, float theta,
+                        bool use_nope, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint32_t dq = nope + rope;
+  const auto q = random_f32(std::size_t{heads} * dq, rng), k = random_f32(q.size(), rng);
+  KernelCase c = make_case(fmt::format("k3_rope heads={} nope={} rope={} pos={} theta={} use_nope={}", heads, nope,
+                                       rope, pos, theta, use_nope),
+                           "k3_mla_maybe_rope_f32");
+  c.module = "mla_decode";
+  c.inputs["q"] = tensor<float>({heads, dq}, q);
+  c.inputs["k_new"] = tensor<float>({heads, dq}, k);
+  c.expected["q"] = tensor<double>({heads, dq}, ref::k3_rope(q, heads, nope, rope, pos, theta, use_nope));
+  c.expected["k_new"] = tensor<double>({heads, dq}, ref::k3_rope(k, heads, nope, rope, pos, theta, use_nope));
+  // |a|, |b| < 1: FP32 rounding of the products, the FP32 angle (pos·2^-24 rad) and the trig error.
+  c.tolerance["q"] = c.tolerance["k_new"] = {2.0 * (4.0 * pos * 0x1p-24 + 0x1p-20), 0, 0};
+  c.scalars = {{"heads", KernelArg::u32(heads)}, {"nope", KernelArg::u32(nope)},
+               {"rope", KernelArg::u32(rope)},   {"pos", KernelArg::u32(pos)},
+               {"theta", KernelArg::f32(theta)}, {"use_nope", KernelArg::u32(use_nope ? 1 : 0)}};
+  return c;
+}
+
+KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
+                        std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ref::K3SdpaProblem p{heads,
+                       dq,
+                       dv,
+                       seq_len,
+                       use_gate,
+                       random_f32(std::size_t{heads} * dq, rng),
+                       random_f32(std::size_t{seq_len} * heads * dq, rng),
+                       random_f32(std::size_t{seq_len} * heads * dv, rng),
+                       random_f32(std::size_t{heads} * dv, rng)};
+  for (auto& x : p.q) x *= 4.0f;  // logits spread enough that the softmax is not flat
+  double bound = 0;
+  for (std::size_t h = 0; h < heads; ++h) bound = std::max(bound, k3_sdpa_bound(p, h));
+  KernelCase c =
+      make_case(fmt::format("k3_sdpa heads={} dq={} dv={} seq_len={} use_gate={}", heads, dq, dv, seq_len, use_gate),
+                "k3_mla_sdpa_gate_f32");
+  c.module = "mla_decode";
+  c.inputs["q"] = tensor<float>({heads, dq}, p.q);
+  if (seq_len > 0) {
+    c.inputs["k"] = tensor<float>({seq_len, heads, dq}, p.k);
+    c.inputs["v"] = tensor<float>({seq_len, heads, dv}, p.v);
+  }
+  c.inputs["g"] = tensor<float>({heads, dv}, p.g);
+  c.inputs["out"] = tensor<float>({heads, dv}, std::vector<float>(std::size_t{heads} * dv, std::nanf("")));
+  c.expected["out"] = tensor<double>({heads, dv}, ref::k3_sdpa_gate(p));
+  c.tolerance["out"] = {bound, 0, 0};
+  c.scalars = {{"seq_len", KernelArg::u32(seq_len)},
+               {"heads", KernelArg::u32(heads)},
+               {"dq", KernelArg::u32(dq)},
+               {"dv", KernelArg::u32(dv)},
+               {"use_gate", KernelArg::u32(use_gate ? 1 : 0)}};
+  return c;
+}
+
 std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   std::vector<KernelCase> out;
   std::uint64_t s = seed;
@@ -441,6 +523,14 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
       p.num_seqs = 3, p.block_size = 2, p.max_blocks_per_seq = 6, p.num_blocks = 18, p.seq_lens = {0, 3, 11};
       paged(p);
     }
+  // Kimi K3: odd head counts and dims, rope 0 and odd, NoPE, positions far out; SDPA with and
+  // without the gate over histories from empty to several hundred keys.
+  for (auto [heads, nope, rope, pos] : std::vector<std::array<std::uint32_t, 4>>{
+           {1, 1, 2, 0}, {3, 7, 0, 5}, {7, 19, 5, 299}, {64, 128, 64, 4095}, {70, 3, 64, 65535}})
+    for (bool use_nope : {false, true}) out.push_back(k3_rope_case(heads, nope, rope, pos, 10000.0f, use_nope, ++s));
+  for (auto [heads, dq, dv, seq] : std::vector<std::array<std::uint32_t, 4>>{
+           {1, 1, 1, 0}, {3, 7, 19, 1}, {7, 33, 5, 19}, {64, 192, 128, 300}, {19, 192, 128, 733}, {70, 65, 129, 7}})
+    for (bool gate : {false, true}) out.push_back(k3_sdpa_case(heads, dq, dv, seq, gate, ++s));
   return out;
 }
 

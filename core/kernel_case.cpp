@@ -10,6 +10,7 @@
 #include "metrale/buffer.hpp"
 #include "metrale/error.hpp"
 #include "metrale/mla_absorbed.hpp"
+#include "metrale/mla_decode.hpp"
 
 namespace metrale {
 
@@ -172,6 +173,25 @@ const std::vector<Adapter>& adapters() {
        {},
        [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
          mla_paged_cache_store_nvfp4(g, k, {store_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")});
+       }},
+      {"mla_decode",
+       "k3_mla_maybe_rope_f32",
+       {{{"heads", U32}, {"nope", U32}, {"rope", U32}, {"pos", U32}, {"theta", F32}, {"use_nope", U32}},
+        {"q", "k_new"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         k3_mla_maybe_rope_f32(g, k,
+                               {a.ptr("q"), a.ptr("k_new"), a.u32("heads"), a.u32("nope"), a.u32("rope"), a.u32("pos"),
+                                a.f32("theta"), a.u32("use_nope") != 0});
+       }},
+      {"mla_decode",
+       "k3_mla_sdpa_gate_f32",
+       {{{"seq_len", U32}, {"heads", U32}, {"dq", U32}, {"dv", U32}, {"use_gate", U32}}, {"q", "k", "v", "g", "out"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         k3_mla_sdpa_gate_f32(g, k,
+                              {a.ptr("q"), a.ptr("k"), a.ptr("v"), a.ptr("g"), a.ptr("out"), a.u32("seq_len"),
+                               a.u32("heads"), a.u32("dq"), a.u32("dv"), a.u32("use_gate") != 0});
        }},
   };
   return table;

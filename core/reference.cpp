@@ -177,4 +177,42 @@ DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
   return r;
 }
 
+std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
+                            std::uint32_t pos, double theta, bool use_nope) {
+  std::vector<double> y(x.begin(), x.end());
+  if (use_nope) return y;
+  const std::size_t dq = std::size_t{nope} + rope;
+  for (std::size_t h = 0; h < heads; ++h) {
+    for (std::uint32_t i = 0; 2 * i + 1 < rope; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / rope);
+      const std::size_t at = h * dq + nope + 2 * i;
+      y[at] = x[at] * std::cos(angle) - x[at + 1] * std::sin(angle);
+      y[at + 1] = x[at + 1] * std::cos(angle) + x[at] * std::sin(angle);
+    }
+  }
+  return y;
+}
+
+std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p) {
+  std::vector<double> out(std::size_t{p.heads} * p.dv, 0.0);
+  if (p.seq_len == 0) return out;
+  for (std::size_t h = 0; h < p.heads; ++h) {
+    MatrixXd k(p.seq_len, p.dq), v(p.seq_len, p.dv);
+    for (std::size_t j = 0; j < p.seq_len; ++j) {
+      for (std::size_t d = 0; d < p.dq; ++d)
+        k(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(d)) = p.k[(j * p.heads + h) * p.dq + d];
+      for (std::size_t d = 0; d < p.dv; ++d)
+        v(static_cast<Eigen::Index>(j), static_cast<Eigen::Index>(d)) = p.v[(j * p.heads + h) * p.dv + d];
+    }
+    const VectorXd q = to_vec(std::span(p.q).subspan(h * p.dq, p.dq));
+    const VectorXd o = attend(k * q / std::sqrt(static_cast<double>(p.dq)), v, false, 0.0);
+    for (std::size_t d = 0; d < p.dv; ++d) {
+      double x = o[static_cast<Eigen::Index>(d)];
+      if (p.use_gate) x /= 1.0 + std::exp(-double{p.g[h * p.dv + d]});
+      out[h * p.dv + d] = x;
+    }
+  }
+  return out;
+}
+
 }  // namespace metrale::ref

@@ -22,9 +22,11 @@
 #include <nlohmann/json.hpp>
 
 #include "metrale/buffer.hpp"
+#include "metrale/case_gen.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/model_case.hpp"
+#include "metrale/reference.hpp"
 #include "support.hpp"
 
 using namespace metrale;
@@ -39,73 +41,6 @@ std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng) {
   std::vector<float> v(n);
   for (auto& x : v) x = uni(rng);
   return v;
-}
-
-// ---- float64 references of the two kernels, independent of the ports and of mla_decode_token ----
-
-// x [heads, nope + rope] rotated by the SPEC §4 definition.
-std::vector<double> rope_f64(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
-                             std::uint32_t pos, double theta, bool use_nope) {
-  std::vector<double> y(x.begin(), x.end());
-  if (use_nope) return y;
-  const std::size_t dq = std::size_t{nope} + rope;
-  for (std::size_t h = 0; h < heads; ++h) {
-    for (std::uint32_t i = 0; 2 * i + 1 < rope; ++i) {
-      const double angle = pos * std::pow(theta, -2.0 * i / rope);
-      const std::size_t at = h * dq + nope + 2 * i;
-      y[at] = x[at] * std::cos(angle) - x[at + 1] * std::sin(angle);
-      y[at + 1] = x[at + 1] * std::cos(angle) + x[at] * std::sin(angle);
-    }
-  }
-  return y;
-}
-
-struct SdpaProblem {
-  std::uint32_t heads = 1, dq = 1, dv = 1, seq_len = 0;
-  bool use_gate = false;
-  std::vector<float> q, k, v, g;  // [heads, dq], [seq_len, heads, dq], [seq_len, heads, dv], [heads, dv]
-};
-
-// out [heads, dv] by the definition: softmax over all keys, then the gate.
-std::vector<double> sdpa_f64(const SdpaProblem& p) {
-  std::vector<double> out(std::size_t{p.heads} * p.dv, 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(p.dq));
-  for (std::size_t h = 0; h < p.heads; ++h) {
-    std::vector<double> logit(p.seq_len);
-    for (std::size_t j = 0; j < p.seq_len; ++j) {
-      double dot = 0;
-      for (std::size_t d = 0; d < p.dq; ++d) dot += double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d];
-      logit[j] = dot * scale;
-    }
-    if (p.seq_len == 0) continue;
-    const double m = *std::max_element(logit.begin(), logit.end());
-    double denom = 0;
-    for (double& x : logit) denom += (x = std::exp(x - m));
-    for (std::size_t d = 0; d < p.dv; ++d) {
-      double acc = 0;
-      for (std::size_t j = 0; j < p.seq_len; ++j) acc += logit[j] * p.v[(j * p.heads + h) * p.dv + d];
-      double o = acc / denom;
-      if (p.use_gate) o /= 1.0 + std::exp(-double{p.g[h * p.dv + d]});
-      out[h * p.dv + d] = o;
-    }
-  }
-  return out;
-}
-
-// The FP32 error bound of one head's output: a logit error δ (dq/32 + 5 rounded additions per lane
-// sum and butterfly, over Σ|q·k|) moves each weight by ≲ 2δ relatively; the online rescaling adds
-// a few roundings per key to the accumulators and the denominator.
-double sdpa_bound(const SdpaProblem& p, std::size_t h) {
-  double qk = 0, vmax = 0;
-  for (std::size_t j = 0; j < p.seq_len; ++j) {
-    double s = 0;
-    for (std::size_t d = 0; d < p.dq; ++d)
-      s += std::fabs(double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d]);
-    qk = std::max(qk, s);
-    for (std::size_t d = 0; d < p.dv; ++d) vmax = std::max(vmax, std::fabs(double{p.v[(j * p.heads + h) * p.dv + d]}));
-  }
-  const double delta = qk / std::sqrt(static_cast<double>(p.dq)) * (p.dq / 32.0 + 8) * 2 * kU;
-  return vmax * (4 * delta + (4.0 * p.seq_len + 32) * kU) + 1e-30;
 }
 
 std::string describe(const MlaConfig& c) {
@@ -193,7 +128,7 @@ TEST_CASE("k3_mla_maybe_rope_f32 matches the float64 rotation", "[mla_decode][ro
     k3_mla_maybe_rope_f32(gpu, kernels.rope, {q_d.ptr(), k_d.ptr(), heads, nope, rope, pos, theta, use_nope});
     for (const auto& [in, buf] : {std::pair{&q, &q_d}, std::pair{&k, &k_d}}) {
       const auto got = buf->to_host<float>();
-      const auto want = rope_f64(*in, heads, nope, rope, pos, theta, use_nope);
+      const auto want = ref::k3_rope(*in, heads, nope, rope, pos, theta, use_nope);
       for (std::size_t i = 0; i < got.size(); ++i) {
         const std::size_t c = i % dq;
         const bool rotated = !use_nope && c >= nope && (c - nope) / 2 < rope / 2;
@@ -221,14 +156,14 @@ TEST_CASE("k3_mla_maybe_rope_f32 covers every head over several blocks", "[mla_d
   k3_mla_maybe_rope_f32(gpu, kernels.rope, {q_d.ptr(), k_d.ptr(), heads, nope, rope, 7, 10000.0f, false});
   for (const auto& [in, buf] : {std::pair{&q, &q_d}, std::pair{&k, &k_d}}) {
     const auto got = buf->to_host<float>();
-    const auto want = rope_f64(*in, heads, nope, rope, 7, 10000.0, false);
+    const auto want = ref::k3_rope(*in, heads, nope, rope, 7, 10000.0, false);
     for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::fabs(got[i] - want[i]) <= 1e-6);
   }
 }
 
 TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sdpa]") {
   rc::prop("random heads, dims, seq_len, gate; out poisoned", [] {
-    SdpaProblem p;
+    ref::K3SdpaProblem p;
     p.heads = *rc::gen::inRange<std::uint32_t>(1, 71);
     const auto nope = *rc::gen::inRange<std::uint32_t>(0, 41);
     const auto rope = *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 34);
@@ -251,9 +186,9 @@ TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sd
     k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
                          {q.ptr(), k.ptr(), v.ptr(), g.ptr(), out.ptr(), p.seq_len, p.heads, p.dq, p.dv, p.use_gate});
     const auto got = out.to_host<float>();
-    const auto want = sdpa_f64(p);
+    const auto want = ref::k3_sdpa_gate(p);
     for (std::size_t h = 0; h < p.heads; ++h) {
-      const double bound = sdpa_bound(p, h);
+      const double bound = gen::k3_sdpa_bound(p, h);
       for (std::size_t d = 0; d < p.dv; ++d) {
         const float o = got[h * p.dv + d];
         RC_ASSERT(std::isfinite(o));

@@ -94,6 +94,12 @@ CaseResult file_case(GpuBackend& gpu, const fs::path& path) {
   });
 }
 
+// A replay's metrics as checks: max_rel carries the replay's rel_l2.
+void add_metrics(CaseResult& r, const ReplayResult& replay) {
+  for (const auto& m : replay.metrics)
+    r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
+}
+
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
   std::vector<CaseResult> out;
   const SafeTensors file = SafeTensors::read(path);
@@ -106,6 +112,9 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
             for (const auto& m : replay_deepseek_case(gpu, file, name, {f, bs}).metrics)
               r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
           }));
+  for (bool device_path : {true, false})
+    out.push_back(guarded("golden", "kimi k3 decode", fmt::format("{} {} KV", name, device_path ? "device" : "host"),
+                          [&](CaseResult& r) { add_metrics(r, replay_kimi_case(gpu, file, name, device_path)); }));
   return out;
 }
 

@@ -10,6 +10,7 @@
 
 #include "metrale/kernel_case.hpp"
 #include "metrale/paged_cache.hpp"
+#include "metrale/reference.hpp"
 
 namespace metrale::gen {
 
@@ -57,6 +58,19 @@ KernelCase rope_case(std::uint32_t rows, std::uint32_t rope, std::uint32_t pos, 
 KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint32_t row_width,
                             std::uint32_t block_size, std::uint32_t num_blocks, std::uint64_t pitch,
                             std::uint64_t seed);
+
+/// `k3_mla_maybe_rope_f32` on random q and k rows. Tolerance: FP32 rounding
+/// plus the FP32 angle error (pos·2^-24 rad).
+KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t rope, std::uint32_t pos, float theta,
+                        bool use_nope, std::uint64_t seed);
+/// `k3_mla_sdpa_gate_f32` over a random history. Tolerance: k3_sdpa_bound.
+KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
+                        std::uint64_t seed);
+/// The FP32 error bound of head h's SDPA output: a logit error δ (dq/32 + 8
+/// rounded additions per lane sum and butterfly, over Σ|q·k|) moves each weight
+/// by ≲ 2δ relatively; the online rescaling adds a few roundings per key to the
+/// accumulators and the denominator.
+double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h);
 
 /// Every kernel with a launcher over its sweep of shapes and edge cases
 /// (odd sizes, the model's dimensions, empty and block-edge sequences,

@@ -74,4 +74,22 @@ struct DeepseekStepResult {
 /// Token t is at position t; the last token is the query.
 DeepseekStepResult deepseek_step(const DeepseekStepProblem& p);
 
+// ---- Kimi K3 (SPEC §4) ----------------------------------------------------------
+
+/// x [heads, nope + rope] with dims [nope, nope + rope) of each row rotated by
+/// pairs (2i, 2i+1), angle = pos · theta^(−2i/rope) (an odd last dim stays);
+/// unchanged when use_nope.
+std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
+                            std::uint32_t pos, double theta, bool use_nope);
+
+struct K3SdpaProblem {
+  std::uint32_t heads = 1, dq = 1, dv = 1, seq_len = 0;
+  bool use_gate = false;
+  std::vector<float> q, k, v, g;  // [heads, dq], [seq_len, heads, dq], [seq_len, heads, dv], [heads, dv]
+};
+/// out [heads, dv] by the definition: softmax over all keys with scale
+/// 1/√dq, the weighted sum of V, then sigmoid(g) elementwise when use_gate;
+/// zeros without keys.
+std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p);
+
 }  // namespace metrale::ref

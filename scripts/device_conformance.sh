@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Hardware conformance on the device machine (see docs/conformance.md). The binaries are built on
+# Debian with CUDA and carried in .carry/ (scripts/pack_device.sh); this runs the test suite on the
+# GPU, metrale conform, the four compute-sanitizer tools over conform, the recorded case files and
+# the benchmark, writing logs under $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" build/bin build/kernels /work
+export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+export METRALE_GOLDEN_DIR=$PWD/.carry/golden
+cp .carry/bin/* build/bin/ && cp .carry/kernels/* build/kernels/
+[ -e /work/main ] || ln -s "$PWD" /work/main  # the test binary's baked source path
+cd /work/main
+M=build/bin/metrale
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  cuobjdump --list-elf build/kernels/mla_absorbed.fatbin build/kernels/mla_decode.fatbin
+  cuobjdump --list-ptx build/kernels/mla_absorbed.fatbin
+} > "$OUT/device.txt" 2>&1
+step() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $? in $((SECONDS - t0)) s"; }
+step tests build/bin/metrale_tests
+step conform $M conform --backend cuda --report "$OUT/conform" --golden .carry/golden
+step cases $M case run cases/kernels --backend cuda
+for tool in memcheck racecheck initcheck synccheck; do
+  step "sanitizer_$tool" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 $M conform --backend cuda --golden none
+done
+step bench $M bench --backend cuda --iters 30 --json "$OUT/bench.json"
+tail -n 3 "$OUT/tests.txt" "$OUT/conform.txt" "$OUT/cases.txt"
+for tool in memcheck racecheck initcheck synccheck; do tail -n 2 "$OUT/sanitizer_$tool.txt"; done
+cat "$OUT/bench.txt"
