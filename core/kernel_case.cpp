@@ -295,10 +295,12 @@ SafeTensors to_safetensors(const KernelCase& c) {
   for (const auto& [name, v] : c.scalars) f.metadata[name] = format_scalar(v);
   for (const auto& [name, t] : c.inputs) f.tensors[name] = t;
   for (const auto& [name, t] : c.expected) f.tensors["expected." + name] = t;
-  for (const auto& [name, tol] : c.tolerance) {
-    const double v[] = {tol.abs, tol.rel, static_cast<double>(tol.ulps)};
-    f.tensors["tolerance." + name] = Tensor::from<double>({3}, v);
-  }
+  for (const auto& [prefix, tols] :
+       {std::pair{"tolerance.", &c.tolerance}, {"backend_tolerance.", &c.backend_tolerance}})
+    for (const auto& [name, tol] : *tols) {
+      const double v[] = {tol.abs, tol.rel, static_cast<double>(tol.ulps)};
+      f.tensors[prefix + name] = Tensor::from<double>({3}, v);
+    }
   return f;
 }
 
@@ -327,10 +329,12 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
       c.expected[tname.substr(9)] = t;
-    } else if (tname.starts_with("tolerance.")) {
+    } else if (tname.starts_with("tolerance.") || tname.starts_with("backend_tolerance.")) {
       const auto v = t.values<double>();
       if (v.size() != 3) fail(Errc::invalid_argument, "case {}: {} must hold [abs, rel, ulps]", c.name, tname);
-      c.tolerance[tname.substr(10)] = {v[0], v[1], static_cast<std::uint32_t>(v[2])};
+      const bool backend = tname.starts_with("backend_");
+      (backend ? c.backend_tolerance : c.tolerance)[tname.substr(tname.find('.') + 1)] = {
+          v[0], v[1], static_cast<std::uint32_t>(v[2])};
     } else if (std::find(a.fields.pointers.begin(), a.fields.pointers.end(), tname) != a.fields.pointers.end()) {
       c.inputs[tname] = t;
     } else {
@@ -409,6 +413,11 @@ Tolerance same_arithmetic_tolerance(const Tensor& want) {
     if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
   if (want.dtype == Dtype::bf16) return {1e-6 * peak, 0, 1};
   return {1e-6 * peak, 1e-6, 0};
+}
+
+Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {
+  const auto it = c.backend_tolerance.find(output);
+  return it != c.backend_tolerance.end() ? it->second : same_arithmetic_tolerance(want);
 }
 
 }  // namespace metrale

@@ -105,7 +105,7 @@ inline void check_case(const KernelCase& c) {
       CHECK(r.pass);
       if (name == "emu") continue;
       const auto& ref = emu_out.at(param);
-      const auto same = check_output(param, out.at(param), ref, same_arithmetic_tolerance(ref));
+      const auto same = check_output(param, out.at(param), ref, backend_tolerance(c, param, ref));
       INFO("against the emulator: " << same.bad << " of " << same.count << " differ, worst " << same.worst);
       CHECK(same.pass);
     }

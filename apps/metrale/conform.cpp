@@ -77,7 +77,7 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
     for (const auto& [param, want] : c.expected) {
       r.checks.push_back(to_check(check_output(param, out.at(param), want, c.tolerance.at(param)), "reference"));
       const auto& e = emu_out.at(param);
-      r.checks.push_back(to_check(check_output(param, out.at(param), e, same_arithmetic_tolerance(e)), "emulator"));
+      r.checks.push_back(to_check(check_output(param, out.at(param), e, backend_tolerance(c, param, e)), "emulator"));
     }
   });
 }

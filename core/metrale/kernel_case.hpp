@@ -38,6 +38,10 @@ struct KernelCase {
   /// float outputs: a float64 reference or another backend's result).
   std::map<std::string, Tensor> expected;
   std::map<std::string, Tolerance> tolerance;
+  /// Between two backends running this case, where it must be looser than
+  /// same_arithmetic_tolerance: kernels whose transcendental functions differ
+  /// between the host's libm and CUDA's math library (rope at large positions).
+  std::map<std::string, Tolerance> backend_tolerance;
 };
 
 /// The launcher's fields of a kernel, as a case names them.
@@ -52,7 +56,8 @@ std::vector<std::pair<std::string, std::string>> launchable_kernels();
 
 /// The case as a safetensors file: metadata kind=kernel, module, entry, grid,
 /// block and each scalar by name; tensors named after pointer parameters,
-/// `expected.<param>`, `tolerance.<param>` (F64 [abs, rel, ulps]).
+/// `expected.<param>`, `tolerance.<param>` and `backend_tolerance.<param>`
+/// (F64 [abs, rel, ulps]).
 SafeTensors to_safetensors(const KernelCase& c);
 /// Errors: `invalid_argument` naming what is missing or malformed (not a
 /// kernel case, a scalar that does not parse, an unknown kernel).
@@ -81,5 +86,7 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
 /// bytes exact; plus an absolute floor of 1e-6 of the output's largest value
 /// for results that cancel to near zero.
 Tolerance same_arithmetic_tolerance(const Tensor& want);
+/// The case's backend_tolerance for `output`, else same_arithmetic_tolerance(want).
+Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 
 }  // namespace metrale
