@@ -67,7 +67,7 @@ TEST_CASE("replay of every golden case, both cache formats, block sizes 1, 16, 6
 
 TEST_CASE("metrale replay --json prints the documented object and exits 0", "[replay][cli]") {
   const std::string cmd = std::string(METRALE_CLI) + " replay " +
-                          test::golden("dsv3_h8_t300_theta50k.safetensors").string() + " --kv-cache fp8 --json";
+                          test::golden("dsv3_h8_t300_theta50k.safetensors").string() + " --kv-cache fp8 --backend emu --json";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   REQUIRE(pipe);
   std::string out;
