@@ -82,8 +82,9 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     k_pool = random_codes(std::size_t{p.num_blocks} * p.block_size * stride, rng);
     v_pool = random_codes(k_pool.size(), rng);
   } else {
-    data_section = std::uint64_t{p.block_size} * width / 2 + 16;  // slack: ≥ is allowed
-    block_stride = data_section + std::uint64_t{p.block_size} * width / 16 + 32;
+    // Slack beyond the minimum (≥ is allowed), 16-byte aligned as a real pool is.
+    data_section = (std::uint64_t{p.block_size} * width / 2 + 16 + 15) / 16 * 16;
+    block_stride = (data_section + std::uint64_t{p.block_size} * width / 16 + 32 + 15) / 16 * 16;
     auto pool = [&] {
       std::vector<std::uint8_t> b(std::size_t{p.num_blocks} * block_stride);
       for (auto& c : b) c = static_cast<std::uint8_t>(rng());
@@ -169,6 +170,17 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     c.scalars["block_stride_bytes"] = KernelArg::u64(block_stride);
     c.scalars["data_section_bytes"] = KernelArg::u64(data_section);
   }
+  return c;
+}
+
+KernelCase split_path_case(const PagedSpec& spec) {
+  KernelCase c = paged_decode_case(spec);
+  c.module = "mla_fast";
+  c.entry = spec.format == KvFormat::fp8 ? "paged_decode_fp8_split_path" : "paged_decode_nvfp4_split_path";
+  c.name = "split " + c.name;
+  const double vmax = c.tolerance["o"].abs / 1e-5;
+  c.tolerance["o"].abs += 0x1p-9 * vmax;
+  c.backend_tolerance["o"] = {0x1p-9 * vmax, 0, 1};
   return c;
 }
 
@@ -527,6 +539,42 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
       p.num_seqs = 3, p.block_size = 2, p.max_blocks_per_seq = 6, p.num_blocks = 18, p.seq_lens = {0, 3, 11};
       paged(p);
     }
+  // The fast paths: the wide GEMV on the same shapes where k allows, the split decode on the
+  // model's rows and on small ones where a single key's weight is far above P's BF16 rounding.
+  for (auto [n, k, h, ip, op] : std::vector<std::array<std::uint32_t, 5>>{{1, 8, 1, 0, 0},
+                                                                          {7, 24, 3, 8, 5},
+                                                                          {19, 736, 7, 8, 0},
+                                                                          {65, 16, 2, 0, 1},
+                                                                          {512, 128, 16, 64, 64},
+                                                                          {128, 512, 8, 64, 0}}) {
+    KernelCase c = gemv_case(n, k, h, ip, op, ++s);
+    c.module = "mla_fast";
+    c.entry = "mla_batched_gemv_wide";
+    c.name = "wide " + c.name;
+    out.push_back(std::move(c));
+  }
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
+    PagedSpec p = model;  // 576-wide rows, 16 heads, 300 keys
+    p.format = f, p.seed = ++s;
+    out.push_back(split_path_case(p));
+    PagedSpec wide = model;  // 128 heads: two groups of 64, a partial last split
+    wide.format = f, wide.num_q_heads = 128, wide.num_seqs = 2, wide.seq_lens = {1000, 33},
+    wide.max_blocks_per_seq = 70;
+    wide.num_blocks = 140, wide.seed = ++s;
+    out.push_back(split_path_case(wide));
+    PagedSpec small;  // few keys, odd head count, block-edge and empty sequences, garbage columns
+    small.format = f, small.num_q_heads = 19, small.q_head_dim = 32, small.kv_cache_dim = 64, small.block_size = 5;
+    small.num_seqs = 5, small.max_blocks_per_seq = 8, small.num_blocks = 40, small.seq_lens = {0, 1, 5, 6, 33};
+    small.fill = std::numeric_limits<std::int32_t>::max(), small.seed = ++s;
+    out.push_back(split_path_case(small));
+  }
+  for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path
+    PagedSpec p;
+    p.q_head_dim = 64, p.kv_cache_dim = 128, p.num_q_heads = 4, p.sinks = true, p.block_size = 4, p.num_seqs = 4;
+    p.max_blocks_per_seq = 80, p.num_blocks = 320, p.seq_lens = {300, 5, 7, 0}, p.sliding_window = 40;
+    p.comp_pool = comp > 0, p.comp_block_count = comp, p.seed = ++s;
+    out.push_back(split_path_case(p));
+  }
   // Kimi K3: odd head counts and dims, rope 0 and odd, NoPE, positions far out; SDPA with and
   // without the gate over histories from empty to several hundred keys.
   for (auto [heads, nope, rope, pos] : std::vector<std::array<std::uint32_t, 4>>{

@@ -1,16 +1,19 @@
 #include "metrale/kernel_case.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <limits>
 
 #include "metrale/buffer.hpp"
 #include "metrale/error.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
+#include "metrale/mla_fast.hpp"
 
 namespace metrale {
 
@@ -193,6 +196,46 @@ const std::vector<Adapter>& adapters() {
                               {a.ptr("q"), a.ptr("k"), a.ptr("v"), a.ptr("g"), a.ptr("out"), a.u32("seq_len"),
                                a.u32("heads"), a.u32("dq"), a.u32("dv"), a.u32("use_gate") != 0});
        }},
+      {"mla_fast",
+       "mla_batched_gemv_wide",
+       {{{"n_out", U32}, {"k", U32}, {"num_heads", U32}, {"input_stride", U32}, {"output_stride", U32}},
+        {"input", "weight", "output"}},
+       {{"num_heads", 'y'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_batched_gemv_wide(g, k,
+                               {a.ptr("input"), a.ptr("weight"), a.ptr("output"), a.u32("n_out"), a.u32("k"),
+                                a.u32("num_heads"), a.u32("input_stride"), a.u32("output_stride")});
+       }},
+      // The split path as one step (split + combine, workspace inside): same fields as the seed decode.
+      {"mla_fast",
+       "paged_decode_fp8_split_path",
+       {concat(kPagedScalars, {{"k_scale", F32},
+                               {"v_scale", F32},
+                               {"cache_stride", U64},
+                               {"sliding_window", U32},
+                               {"comp_block_count", U32}}),
+        concat(kPagedPointers, {"sinks", "comp_pool"})},
+       {},
+       [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
+         const PagedDecodeFp8Args args{paged_common(a),       a.f32("k_scale"),         a.f32("v_scale"),
+                                       a.u64("cache_stride"), a.u32("sliding_window"),  a.ptr("sinks"),
+                                       a.ptr("comp_pool"),    a.u32("comp_block_count")};
+         if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
+         DecodeWorkspace ws;
+         paged_decode_fp8(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws);
+         g.synchronize(0);
+       }},
+      {"mla_fast",
+       "paged_decode_nvfp4_split_path",
+       {concat(kPagedScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}), kPagedPointers},
+       {},
+       [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
+         const PagedDecodeNvfp4Args args{paged_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")};
+         if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
+         DecodeWorkspace ws;
+         paged_decode_nvfp4(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws);
+         g.synchronize(0);
+       }},
   };
   return table;
 }
@@ -203,13 +246,68 @@ const Adapter& adapter(std::string_view module, std::string_view entry) {
   fail(Errc::not_found, "no launcher for kernel {}.{}", module, entry);
 }
 
+// The element type of each pointer parameter as the kernel declares it (emu/, kernels/), so that
+// a case file's tensor of another dtype is refused instead of reinterpreted; a kernel not listed
+// here is not checked.
+std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view entry, std::string_view param) {
+  if (module != kMlaAbsorbedModule && module != kMlaDecodeModule) return std::nullopt;
+  constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, F32 = Dtype::f32;
+  using Params = std::map<std::string_view, Dtype>;
+  const Params paged = {{"q", BF16},     {"k_cache", U8},      {"v_cache", U8}, {"o", BF16},
+                        {"block_tables", I32}, {"seq_lens", I32}, {"sinks", F32},  {"comp_pool", U8}};
+  const Params store = {{"k_src", BF16}, {"v_src", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"slot_mapping", I32}};
+  static const std::map<std::string_view, Params> table = {
+      {"mla_batched_gemv", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
+      {"mla_q_rope_scatter", {{"q_full", BF16}, {"q_absorbed_buf", BF16}, {"q_rope_contiguous", BF16}}},
+      {"mla_q_rope_writeback", {{"q_rope_direct", BF16}, {"q_absorbed_buf", BF16}}},
+      {"mla_cache_assemble", {{"kv_latent", BF16}, {"k_rope", BF16}, {"k_cache", BF16}, {"v_cache", BF16}}},
+      {"rope_pairs_bf16", {{"x", BF16}}},
+      {"mla_paged_decode_nvfp4", paged},
+      {"mla_paged_decode_fp8", paged},
+      {"mla_paged_cache_store_fp8", store},
+      {"mla_paged_cache_store_nvfp4", store},
+      {"k3_mla_maybe_rope_f32", {{"q", F32}, {"k_new", F32}}},
+      {"k3_mla_sdpa_gate_f32", {{"q", F32}, {"k", F32}, {"v", F32}, {"g", F32}, {"out", F32}}},
+  };
+  const auto kernel = table.find(entry);
+  if (kernel == table.end()) return std::nullopt;
+  const auto it = kernel->second.find(param);
+  return it == kernel->second.end() ? std::nullopt : std::optional<Dtype>(it->second);
+}
+
 std::string dims(Dim3 d) { return fmt::format("{},{},{}", d.x, d.y, d.z); }
 
+// "x,y,z", three decimal u32 and nothing else (sscanf would take "-1" and "1,1,1junk").
 Dim3 parse_dims(const std::string& text, const std::string& what) {
   Dim3 d;
-  if (std::sscanf(text.c_str(), "%u,%u,%u", &d.x, &d.y, &d.z) != 3)
-    fail(Errc::invalid_argument, "{} '{}' is not x,y,z", what, text);
+  const char* p = text.data();
+  const char* const e = text.data() + text.size();
+  for (std::uint32_t* v : {&d.x, &d.y, &d.z}) {
+    if (v != &d.x && (p == e || *p++ != ','))
+      fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
+    const auto r = std::from_chars(p, e, *v);
+    if (r.ec != std::errc{})
+      fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
+    p = r.ptr;
+  }
+  if (p != e) fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
   return d;
+}
+
+// tolerance.<param> / backend_tolerance.<param>: F64 [abs, rel, ulps], abs and rel non-negative
+// (+inf allowed), ulps a whole number that fits u32 (a cast of anything else is undefined).
+Tolerance parse_tolerance(const std::string& case_name, const std::string& tname, const Tensor& t) {
+  if (t.dtype != Dtype::f64)
+    fail(Errc::invalid_argument, "case {}: {} is {}, expected F64 [abs, rel, ulps]", case_name, tname,
+         to_string(t.dtype));
+  const auto v = t.values<double>();
+  if (v.size() != 3) fail(Errc::invalid_argument, "case {}: {} must hold [abs, rel, ulps]", case_name, tname);
+  if (!(v[0] >= 0) || !(v[1] >= 0))
+    fail(Errc::invalid_argument, "case {}: {} abs {} and rel {} must be non-negative", case_name, tname, v[0], v[1]);
+  if (!(v[2] >= 0 && v[2] <= std::numeric_limits<std::uint32_t>::max() && v[2] == std::floor(v[2])))
+    fail(Errc::invalid_argument, "case {}: {} ulps {} is not a whole number in [0, {}]", case_name, tname, v[2],
+         std::numeric_limits<std::uint32_t>::max());
+  return {v[0], v[1], static_cast<std::uint32_t>(v[2])};
 }
 
 std::string format_scalar(const KernelArg& a) {
@@ -312,30 +410,39 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   c.module = f.meta("module");
   c.entry = f.meta("entry");
   const Adapter& a = adapter(c.module, c.entry);
-  if (f.metadata.count("grid") != 0) c.grid = parse_dims(f.meta("grid"), "grid");
+  const bool has_grid = f.metadata.count("grid") != 0;
+  if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
   if (f.metadata.count("block") != 0) c.block = parse_dims(f.meta("block"), "block");
   for (const auto& [field, kind] : a.fields.scalars) {
     if (f.metadata.count(field) != 0) {
       c.scalars[field] = parse_scalar(c.name, field, f.meta(field), kind);
       continue;
     }
-    // A recorded launch names only the kernel's parameters; the launch shape gives the rest.
+    // A recorded launch names only the kernel's parameters; the launch shape gives the rest
+    // (a file without a grid has none: the default {1,1,1} would silently mean 1).
     const auto g =
         std::find_if(a.from_grid.begin(), a.from_grid.end(), [&](const auto& p) { return p.first == field; });
-    if (g == a.from_grid.end() || c.grid.count() == 0)
+    if (g == a.from_grid.end() || !has_grid || c.grid.count() == 0)
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
     c.scalars[field] = KernelArg::u32(g->second == 'x' ? c.grid.x : g->second == 'y' ? c.grid.y : c.grid.z);
   }
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
+      // check_output compares these dtypes; any other would fail only after the launch.
+      constexpr std::array kComparable{Dtype::f64, Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i32, Dtype::u8};
+      if (std::find(kComparable.begin(), kComparable.end(), t.dtype) == kComparable.end())
+        fail(Errc::invalid_argument, "case {}: {} is {}; an expectation is F64, F32, BF16, F16, I32 or U8", c.name,
+             tname, to_string(t.dtype));
       c.expected[tname.substr(9)] = t;
     } else if (tname.starts_with("tolerance.") || tname.starts_with("backend_tolerance.")) {
-      const auto v = t.values<double>();
-      if (v.size() != 3) fail(Errc::invalid_argument, "case {}: {} must hold [abs, rel, ulps]", c.name, tname);
       const bool backend = tname.starts_with("backend_");
-      (backend ? c.backend_tolerance : c.tolerance)[tname.substr(tname.find('.') + 1)] = {
-          v[0], v[1], static_cast<std::uint32_t>(v[2])};
+      (backend ? c.backend_tolerance : c.tolerance)[tname.substr(tname.find('.') + 1)] =
+          parse_tolerance(c.name, tname, t);
     } else if (std::find(a.fields.pointers.begin(), a.fields.pointers.end(), tname) != a.fields.pointers.end()) {
+      // The bytes go to the device as they are: a tensor of another dtype would be reinterpreted.
+      if (const auto want = pointer_dtype(c.module, c.entry, tname); want && t.dtype != *want)
+        fail(Errc::invalid_argument, "case {}: tensor {} is {}, but parameter {} of {} is {}", c.name, tname,
+             to_string(t.dtype), tname, c.entry, to_string(*want));
       c.inputs[tname] = t;
     } else {
       fail(Errc::invalid_argument, "case {}: tensor {} is not a pointer parameter of {}", c.name, tname, c.entry);
@@ -360,7 +467,8 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
       buffers.emplace(name, DeviceBuffer::from_host<std::byte>(gpu, t.data));
       ptrs[name] = buffers.at(name).ptr();
     }
-    a.launch(gpu, gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+    const bool path = c.entry.ends_with("_path");  // a launcher-level path of several kernels
+    a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
     gpu.synchronize(0);
     std::map<std::string, Tensor> out;
     for (const auto& [name, buf] : buffers) {

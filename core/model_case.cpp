@@ -45,10 +45,24 @@ std::uint32_t meta_u32(const SafeTensors& f, std::string_view key) {
 
 // The tensor `name` as floats, checked to hold `count` values.
 std::vector<float> tensor(const SafeTensors& f, std::string_view name, std::size_t count) {
-  std::vector<float> v = f.at(name).to_f32();
+  const Tensor& t = f.at(name);
+  std::vector<float> v = with_context(fmt::format("tensor {}", name), [&] { return t.to_f32(); });
   if (v.size() != count) fail(Errc::invalid_argument, "tensor {} has {} values, expected {}", name, v.size(), count);
   return v;
 }
+
+// The BF16 tensor `name` (the DeepSeek decoder's weights are BF16, as the model's), checked to hold `count` values.
+std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::size_t count) {
+  const Tensor& t = f.at(name);
+  if (t.dtype != Dtype::bf16) fail(Errc::invalid_argument, "tensor {} is {}, expected BF16", name, to_string(t.dtype));
+  std::vector<Bf16> v = t.values<Bf16>();
+  if (v.size() != count) fail(Errc::invalid_argument, "tensor {} has {} values, expected {}", name, v.size(), count);
+  return v;
+}
+
+// The K3 replay holds every token's K and V rows per head, on the host and on the device: a
+// bound on their size keeps a small file with large metadata from asking for terabytes.
+constexpr std::uint64_t kMaxKimiReplayKvValues = std::uint64_t{1} << 28;
 
 float amax(std::span<const float> x) {
   float m = 0;
@@ -74,7 +88,8 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   const std::size_t H = c.heads, T = c.tokens;
   const auto q_nope = tensor(file, "q_nope", H * d.nope), q_rope = tensor(file, "q_rope", H * d.rope);
   const auto kv_latent = tensor(file, "kv_latent", T * d.kv_lora), k_rope = tensor(file, "k_rope", T * d.rope);
-  const auto w_uk = file.at("w_uk").values<Bf16>(), w_uv = file.at("w_uv").values<Bf16>();
+  const auto w_uk = bf16_tensor(file, "w_uk", H * d.nope * d.kv_lora);
+  const auto w_uv = bf16_tensor(file, "w_uv", H * d.v_head * d.kv_lora);
 
   PagedCacheConfig pc;
   pc.format = options.kv_cache;
@@ -173,6 +188,11 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
                       .mla_use_nope = rope == "none",
                       .mla_use_output_gate = gated};
   const std::size_t nope = cfg.qk_nope_head_dim, rp = cfg.qk_rope_head_dim, dq = cfg.qk_head_dim(), dv = cfg.v_head_dim;
+  const std::uint64_t kv_values = std::uint64_t{T} * H * (std::uint64_t{dq} + dv);
+  if (kv_values > kMaxKimiReplayKvValues)
+    fail(Errc::invalid_argument,
+         "tokens {} x heads {} x (qk_head_dim {} + v_head_dim {}) = {} K/V values exceed the replay's limit of {}", T, H,
+         dq, dv, kv_values, kMaxKimiReplayKvValues);
   const double scale = file.meta_f64("softmax_scale"), kernel_scale = 1.0 / std::sqrt(static_cast<double>(dq));
   if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <optional>
 #include <set>
 #include <system_error>
@@ -131,11 +132,14 @@ std::optional<std::uint64_t> json_u64(const Json& j) {
 
 Json parse_header_json(std::string_view text, std::string_view name) {
   // JSON keeps the last of duplicate keys silently; two entries for one tensor
-  // name would let two readers see different files, so they are refused.
-  std::set<std::string> top_keys;
+  // name (or two values of one metadata key, or two dtypes of one tensor) would
+  // let two readers see different files, so they are refused in every object.
+  std::vector<std::set<std::string>> keys;  // one set per open object, innermost last
   const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
     if (depth > kMaxJsonDepth) fail(Errc::invalid_argument, "{}: header json nests deeper than {} levels", name, kMaxJsonDepth);
-    if (event == Json::parse_event_t::key && depth == 1 && !top_keys.insert(parsed.get<std::string>()).second)
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
       fail(Errc::invalid_argument, "{}: header has key '{}' twice", name, parsed.get<std::string>());
     return true;
   };
@@ -288,6 +292,61 @@ std::vector<float> Tensor::to_f32() const {
 
 // ---- SafeTensors --------------------------------------------------------------
 
+namespace {
+
+// The end of the data the header's tensors reference (the largest well-formed
+// data_offsets end; parse() rejects the malformed ones).
+std::uint64_t referenced_data_end(const Json& header) {
+  std::uint64_t end = 0;
+  if (!header.is_object()) return 0;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey || !value.is_object() || !value.contains("data_offsets")) continue;
+    const Json& offsets = value.at("data_offsets");
+    if (!offsets.is_array() || offsets.size() != 2) continue;
+    if (const auto e = json_u64(offsets[1])) end = std::max(end, *e);
+  }
+  return end;
+}
+
+// parse() of the first bytes of a file of `total` bytes: every size check is
+// against `total`, and `bytes` holds at least the header and the data its
+// tensors reference, so a file is never read past what it describes.
+SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, std::string_view name) {
+  if (total < 8) fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, total);
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
+  const std::uint64_t rest = total - 8;
+  if (header_len > rest)
+    fail(Errc::invalid_argument, "{}: header length {} is larger than the {} bytes after it", name, header_len, rest);
+  if (header_len > kMaxHeaderBytes)
+    fail(Errc::invalid_argument, "{}: header length {} exceeds the limit of {} bytes", name, header_len, kMaxHeaderBytes);
+
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
+  const Json header = parse_header_json(text, name);
+  if (!header.is_object()) fail(Errc::invalid_argument, "{}: header is a json {}, not an object", name, header.type_name());
+
+  const std::uint64_t data_size = rest - header_len;
+  const auto data = bytes.subspan(8 + header_len);
+  SafeTensors out;
+  std::map<std::string, Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      out.metadata = parse_metadata(value, name);
+    } else {
+      entries.emplace(key, parse_entry(key, value, data_size, name));
+    }
+  }
+  check_no_overlap(entries, name);
+  for (auto& [key, e] : entries) {
+    const auto src = data.subspan(e.begin, e.end - e.begin);
+    e.tensor.data.assign(src.begin(), src.end());
+    out.tensors.emplace(key, std::move(e.tensor));
+  }
+  return out;
+}
+
+}  // namespace
+
 SafeTensors SafeTensors::read(const std::filesystem::path& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -301,43 +360,40 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path) {
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
   if (size < 0) fail(Errc::invalid_argument, "cannot determine the size of {}", path.string());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) fail(Errc::invalid_argument, "cannot read {}", path.string());
-  return parse(bytes, path.string());
+  const auto total = static_cast<std::uint64_t>(size);
+  const std::string name = path.string();
+
+  // The length and the header first, then only the data the header's tensors
+  // reference: the file's size bounds nothing (a sparse file of a terabyte
+  // behind a small header is not read whole).
+  std::vector<std::byte> bytes;
+  auto read_up_to = [&](std::uint64_t n) {
+    const std::size_t have = bytes.size();
+    try {
+      bytes.resize(static_cast<std::size_t>(n));
+    } catch (const std::bad_alloc&) {
+      fail(Errc::out_of_memory, "{}: cannot hold {} bytes of the file in memory", name, n);
+    }
+    if (!in.read(reinterpret_cast<char*>(bytes.data() + have), static_cast<std::streamsize>(n - have)))
+      fail(Errc::invalid_argument, "cannot read {}", name);
+  };
+  read_up_to(std::min<std::uint64_t>(total, 8));
+  if (total >= 8) {
+    std::uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
+    if (header_len <= std::min(total - 8, kMaxHeaderBytes)) {  // else parse_prefix says which limit it breaks
+      read_up_to(8 + header_len);
+      const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
+      // An end past the data section is an error parse_prefix reports before it touches any data.
+      const std::uint64_t end = referenced_data_end(parse_header_json(text, name));
+      if (end <= total - 8 - header_len) read_up_to(8 + header_len + end);
+    }
+  }
+  return parse_prefix(bytes, total, name);
 }
 
 SafeTensors SafeTensors::parse(std::span<const std::byte> bytes, std::string_view name) {
-  if (bytes.size() < 8)
-    fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, bytes.size());
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
-  const std::uint64_t rest = bytes.size() - 8;
-  if (header_len > rest)
-    fail(Errc::invalid_argument, "{}: header length {} is larger than the {} bytes after it", name, header_len, rest);
-  if (header_len > kMaxHeaderBytes)
-    fail(Errc::invalid_argument, "{}: header length {} exceeds the limit of {} bytes", name, header_len, kMaxHeaderBytes);
-
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
-  const Json header = parse_header_json(text, name);
-  if (!header.is_object()) fail(Errc::invalid_argument, "{}: header is a json {}, not an object", name, header.type_name());
-
-  const auto data = bytes.subspan(8 + header_len);
-  SafeTensors out;
-  std::map<std::string, Entry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey) {
-      out.metadata = parse_metadata(value, name);
-    } else {
-      entries.emplace(key, parse_entry(key, value, data.size(), name));
-    }
-  }
-  check_no_overlap(entries, name);
-  for (auto& [key, e] : entries) {
-    const auto src = data.subspan(e.begin, e.end - e.begin);
-    e.tensor.data.assign(src.begin(), src.end());
-    out.tensors.emplace(key, std::move(e.tensor));
-  }
-  return out;
+  return parse_prefix(bytes, bytes.size(), name);
 }
 
 std::vector<std::byte> SafeTensors::serialize() const {

@@ -26,7 +26,7 @@ namespace {
           X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData)              \
               X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuStreamSynchronize) \
                   X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)       \
-                      X(cuEventElapsedTime) X(cuEventDestroy)
+                      X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)
 
 struct Driver {
 #define METRALE_CU_MEMBER(f) decltype(&::f) f = nullptr;
@@ -110,6 +110,7 @@ struct Kernel {
   std::string module, entry;
   CUfunction function;
   std::vector<std::size_t> param_sizes;  // from the image
+  std::uint32_t shared_limit = 48 * 1024;  // dynamic shared memory allowed without opting in
 };
 
 }  // namespace
@@ -214,10 +215,16 @@ std::string CudaBackend::kernel_name(KernelHandle kernel) const {
   return k.module + "." + k.entry;
 }
 
-void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) {
+void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
+                            Stream stream, std::uint32_t shared_bytes) {
   if (kernel.id == 0 || kernel.id > impl_->kernels.size())
     fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
-  const Kernel& k = impl_->kernels[kernel.id - 1];
+  Kernel& k = impl_->kernels[kernel.id - 1];
+  if (shared_bytes > k.shared_limit) {  // above 48 KiB a kernel must opt in
+    METRALE_CU(cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                  static_cast<int>(shared_bytes)));
+    k.shared_limit = shared_bytes;
+  }
   // A launcher that drifted from its kernel fails here, before the driver reads garbage.
   if (args.size() != k.param_sizes.size())
     fail(Errc::launch_failed, "{} arguments but {} takes {}", args.size(), k.entry, k.param_sizes.size());
@@ -230,7 +237,7 @@ void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<c
     storage[i] = args[i].bits;  // little-endian: a 4-byte argument is the low half
     params[i] = &storage[i];
   }
-  METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0,
+  METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes,
                             reinterpret_cast<CUstream>(stream), params.data(), nullptr));
 }
 
@@ -247,6 +254,12 @@ int CudaBackend::compute_capability() const {
   METRALE_CU(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, impl_->device));
   METRALE_CU(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, impl_->device));
   return major * 10 + minor;
+}
+
+std::uint32_t CudaBackend::multiprocessor_count() const {
+  int n = 0;
+  METRALE_CU(cuDeviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, impl_->device));
+  return static_cast<std::uint32_t>(n);
 }
 
 int CudaBackend::driver_version() const {

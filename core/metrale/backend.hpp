@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <source_location>
 #include <span>
 #include <string>
@@ -39,20 +40,29 @@ class GpuBackend {
   /// Look a kernel up by module and entry name (the `.cu` file stem and the
   /// `__global__` function). Errors: `not_found` naming both.
   virtual KernelHandle kernel(std::string_view module, std::string_view entry) = 0;
-  /// Launch `kernel` over `grid` x `block` with `args` in declaration order.
-  /// Errors: `launch_failed` when the arguments or block shape disagree with the
-  /// kernel's declared parameters; `device_fault` for a faulting kernel.
-  virtual void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                      Stream stream) = 0;
+  /// Launch `kernel` over `grid` x `block` with `args` in declaration order and
+  /// `shared_bytes` of dynamic shared memory per block. Errors: `launch_failed`
+  /// when the arguments or block shape disagree with the kernel's declared
+  /// parameters or the shared memory exceeds the device's limit;
+  /// `device_fault` for a faulting kernel.
+  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
+              std::uint32_t shared_bytes = 0) {
+    do_launch(kernel, grid, block, args, stream, shared_bytes);
+  }
   /// Wait for the work queued on `stream`. Errors: `device_fault`.
   virtual void synchronize(Stream stream) = 0;
   /// "emu" or "cuda".
   virtual std::string name() const = 0;
   /// "module.entry" of a handle this backend returned, for messages.
   virtual std::string kernel_name(KernelHandle kernel) const = 0;
+  /// Streaming multiprocessors, for launchers that size their grid to the
+  /// device; the emulator answers as an H200 (132).
+  virtual std::uint32_t multiprocessor_count() const { return 132; }
 
  protected:
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;
+  virtual void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
+                         std::uint32_t shared_bytes) = 0;
 };
 
 }  // namespace metrale

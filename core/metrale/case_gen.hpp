@@ -41,6 +41,12 @@ struct PagedSpec {
 /// for the FP32 softmax — far below what one missing or extra key changes.
 KernelCase paged_decode_case(const PagedSpec& spec);
 
+/// The same launch through the split path of module mla_fast (entry
+/// paged_decode_<format>_split_path). Tolerance: the reference's plus the BF16
+/// rounding of P (≤ 2^-9 of the largest |V|); against another backend, the same
+/// 2^-9 (one P element rounding the other way) or one BF16 ulp.
+KernelCase split_path_case(const PagedSpec& spec);
+
 /// `mla_batched_gemv` over [heads, n_out, k] with padded strides. Tolerance:
 /// BF16 output rounding plus k·2^-23·max Σ|w·x| for FP32 accumulation.
 KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,

@@ -83,7 +83,7 @@ class EmulatorBackend final : public GpuBackend {
   void copy_d2h(DevicePtr src, std::span<std::byte> dst) override;
   void copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) override;
   KernelHandle kernel(std::string_view module, std::string_view entry) override;
-  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) override;
+
   void synchronize(Stream stream) override;
   std::string name() const override { return "emu"; }
   std::string kernel_name(KernelHandle kernel) const override;
@@ -117,6 +117,9 @@ class EmulatorBackend final : public GpuBackend {
 
  protected:
   DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
+  /// Also rejects more dynamic shared memory than an sm_90 block may have (227 KiB).
+  void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
+                 std::uint32_t shared_bytes) override;
 
  private:
   struct Impl;
@@ -126,6 +129,7 @@ class EmulatorBackend final : public GpuBackend {
 /// Register every port of this build (one `register_<module>` per module).
 void register_all_ports(Registry& registry);
 void register_mla_absorbed(Registry& registry);
+void register_mla_fast(Registry& registry);
 void register_mla_decode(Registry& registry);
 
 }  // namespace metrale::emu

@@ -32,13 +32,11 @@ class CudaBackend final : public GpuBackend {
   void copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) override;
   /// Errors: `not_found` naming the module and entry.
   KernelHandle kernel(std::string_view module, std::string_view entry) override;
-  /// Checks the argument count and each argument's size against the kernel
-  /// image (cuFuncGetParamInfo) first. Errors: `launch_failed` naming the
-  /// argument; the driver's launch errors.
-  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream) override;
+
   void synchronize(Stream stream) override;
   std::string name() const override { return "cuda"; }
   std::string kernel_name(KernelHandle kernel) const override;
+  std::uint32_t multiprocessor_count() const override;
 
   /// Fill `bytes` bytes at `dst` with `value` (for benchmarks: cache flushes, poisons).
   void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes);
@@ -52,6 +50,12 @@ class CudaBackend final : public GpuBackend {
 
  protected:
   DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
+  /// Checks the argument count and each argument's size against the kernel
+  /// image (cuFuncGetParamInfo) first, and raises the kernel's dynamic shared
+  /// memory limit when a launch asks for more than 48 KiB. Errors:
+  /// `launch_failed` naming the argument; the driver's launch errors.
+  void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
+                 std::uint32_t shared_bytes) override;
 
  private:
   struct Impl;

@@ -1,0 +1,108 @@
+// The fast paths of the DeepSeek decode, module `mla_fast` (issue 6): the head-grouped split-KV
+// paged decode (FP8 and NVFP4) with its log-sum-exp combine, and the wide batched GEMV; plus
+// dispatchers that take the fast path when it applies and the seed kernel of `mla_absorbed`
+// otherwise. Same case semantics as SPEC §3.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "metrale/backend.hpp"
+#include "metrale/buffer.hpp"
+#include "metrale/mla_absorbed.hpp"
+
+namespace metrale {
+
+inline constexpr const char* kMlaFastModule = "mla_fast";
+
+struct MlaFastKernels {
+  KernelHandle split_fp8, split_nvfp4, combine, gemv_wide;
+  /// Errors: `not_found` naming the module and the missing entry.
+  static MlaFastKernels resolve(GpuBackend& gpu);
+};
+
+/// How a split decode divides its work: G = 16·R heads per block over `head_groups` groups,
+/// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block.
+struct SplitPlan {
+  std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
+  std::uint32_t shared_bytes = 0;
+  std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
+  std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
+};
+
+/// Plan a split decode for `a` (its table capacity bounds the keys: max_blocks_per_seq ·
+/// block_size + comp_block_count) on a device of `multiprocessors` SMs: about two blocks per SM,
+/// at least 256 keys per split.
+SplitPlan plan_split_decode(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors);
+
+/// Why the split path cannot take these arguments (one KV head; q_head_dim a multiple of 32;
+/// kv_cache_dim a multiple of 64, at most 576; 16-byte aligned rows), or nothing when it can.
+std::optional<std::string> split_unsupported(const PagedDecodeFp8Args& a);
+std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a);
+
+/// A device buffer reused across decode steps, grown when a step needs more.
+class DecodeWorkspace {
+ public:
+  /// At least `bytes` of device memory. Errors: the backend's alloc.
+  DevicePtr get(GpuBackend& gpu, std::uint64_t bytes);
+
+ private:
+  DeviceBuffer buffer_;
+};
+
+/// The raw kernels' arguments.
+struct SplitDecodeArgs {
+  DevicePtr q, k_cache, v_cache, o_partial, ml_partial, block_tables, seq_lens;
+  std::uint32_t max_blocks_per_seq = 0, num_q_heads = 0, q_head_dim = 0, kv_cache_dim = 0, block_size = 0;
+  float logit_scale = 0;  // inv_sqrt_d · k_scale
+  std::uint32_t keys_per_split = 0, num_seqs = 0, num_splits = 0, rows_per_block = 0;
+};
+struct SplitDecodeFp8Args : SplitDecodeArgs {
+  std::uint64_t cache_stride = 0;
+  std::uint32_t sliding_window = 0;
+  DevicePtr comp_pool;
+  std::uint32_t comp_block_count = 0;
+};
+struct SplitDecodeNvfp4Args : SplitDecodeArgs {
+  std::uint64_t block_stride_bytes = 0, data_section_bytes = 0;
+};
+/// Grid [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block 8·rows_per_block, the
+/// shared memory split_shared_bytes(rows_per_block, kv_cache_dim). Errors (`invalid_argument`):
+/// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
+/// keys_per_split not a multiple of 32; the split path's dimension and alignment rules.
+void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
+void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
+                                  Stream stream = 0);
+/// Bytes of dynamic shared memory a split block needs.
+std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_cache_dim);
+
+struct CombineArgs {
+  DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null
+  std::uint32_t num_q_heads = 0, kv_cache_dim = 0, num_splits = 0;
+  float v_scale = 1.0f;
+  std::uint32_t num_seqs = 0;
+};
+/// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): a null pointer other
+/// than sinks; a zero count; v_scale not finite or ≤ 0.
+void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
+
+/// Grid [⌈n_out/64⌉, num_heads], block 256. Errors (`invalid_argument`): those of
+/// mla_batched_gemv, plus k or input_stride not a multiple of 8 (16-byte loads).
+void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
+
+/// Which kernels a dispatcher ran.
+enum class DecodePath { seed, split };
+
+/// Paged decode: the split path (split + combine, its workspace from `ws`) when
+/// split_unsupported is empty, else the seed kernel. Errors: the launchers'.
+DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
+                            const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
+DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
+                              const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream = 0);
+/// Batched GEMV: the wide kernel when k and input_stride are multiples of 8 and the pointers
+/// 16-byte aligned, else the seed kernel. Returns whether the wide kernel ran.
+bool batched_gemv(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast, const BatchedGemvArgs& a,
+                  Stream stream = 0);
+
+}  // namespace metrale

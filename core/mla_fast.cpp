@@ -1,0 +1,279 @@
+// Launchers, plan and dispatchers of module `mla_fast`.
+#include "metrale/mla_fast.hpp"
+
+#include <algorithm>
+
+#include "metrale/launch.hpp"
+#include "validate.hpp"
+
+namespace metrale {
+
+using detail::Validator;
+
+namespace {
+
+constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
+
+// Why the split kernels cannot take these dimensions and addresses, or nothing.
+std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::uint32_t q_head_dim,
+                                               std::uint32_t kv_cache_dim,
+                                               std::initializer_list<std::pair<const char*, std::uint64_t>> aligned) {
+  if (num_kv_heads != 1) return fmt::format("num_kv_heads {} (the split path serves one KV head)", num_kv_heads);
+  if (q_head_dim == 0 || q_head_dim % 32 != 0) return fmt::format("q_head_dim {} is not a multiple of 32", q_head_dim);
+  if (kv_cache_dim % 64 != 0 || kv_cache_dim > kMaxDim)
+    return fmt::format("kv_cache_dim {} is not a multiple of 64 up to {}", kv_cache_dim, kMaxDim);
+  if (q_head_dim > kv_cache_dim) return fmt::format("q_head_dim {} > kv_cache_dim {}", q_head_dim, kv_cache_dim);
+  for (const auto& [name, value] : aligned)
+    if (value % 16 != 0) return fmt::format("{} {:#x} is not 16-byte aligned", name, value);
+  return std::nullopt;
+}
+
+void validate_split(const Validator& v, const SplitDecodeArgs& a) {
+  v.non_null({{"q", a.q},
+              {"k_cache", a.k_cache},
+              {"v_cache", a.v_cache},
+              {"o_partial", a.o_partial},
+              {"ml_partial", a.ml_partial},
+              {"block_tables", a.block_tables},
+              {"seq_lens", a.seq_lens}});
+  v.positive({{"num_seqs", a.num_seqs},
+              {"num_q_heads", a.num_q_heads},
+              {"num_splits", a.num_splits},
+              {"block_size", a.block_size},
+              {"max_blocks_per_seq", a.max_blocks_per_seq}});
+  v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
+  v.check(a.rows_per_block % kGroupRows == 0 && a.rows_per_block >= 16 && a.rows_per_block <= 64,
+          "rows_per_block {} is not 16, 32, 48 or 64", a.rows_per_block);
+  v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,
+          "keys_per_split {} is not a positive multiple of 32", a.keys_per_split);
+  v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
+}
+
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a) {
+  return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
+      .block({8 * a.rows_per_block, 1, 1})
+      .shared_bytes(split_shared_bytes(a.rows_per_block, a.kv_cache_dim))
+      .arg_ptr(a.q)
+      .arg_ptr(a.k_cache)
+      .arg_ptr(a.v_cache)
+      .arg_ptr(a.o_partial)
+      .arg_ptr(a.ml_partial)
+      .arg_ptr(a.block_tables)
+      .arg_ptr(a.seq_lens)
+      .arg_u32(a.max_blocks_per_seq)
+      .arg_u32(a.num_q_heads)
+      .arg_u32(a.q_head_dim)
+      .arg_u32(a.kv_cache_dim)
+      .arg_u32(a.block_size)
+      .arg_f32(a.logit_scale);
+}
+
+SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, DevicePtr ws, float logit_scale) {
+  return {a.q,
+          a.k_cache,
+          a.v_cache,
+          ws,
+          ws + p.ml_offset,
+          a.block_tables,
+          a.seq_lens,
+          a.max_blocks_per_seq,
+          a.num_q_heads,
+          a.q_head_dim,
+          a.kv_cache_dim,
+          a.block_size,
+          logit_scale,
+          p.keys_per_split,
+          a.num_seqs,
+          p.num_splits,
+          p.rows_per_block};
+}
+
+}  // namespace
+
+MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
+  auto k = [&](const char* entry) { return gpu.kernel(kMlaFastModule, entry); };
+  return {k("mla_paged_decode_split_fp8"), k("mla_paged_decode_split_nvfp4"), k("mla_paged_decode_combine"),
+          k("mla_batched_gemv_wide")};
+}
+
+std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim) {
+  const std::uint32_t pitch = dim + kPad;
+  return (rows * pitch + 2 * kTileKeys * pitch + rows * (kTileKeys + kPad)) * 2  // q, k, v, p (bf16)
+         + 2 * rows * 4 * 4                                                      // red_max, red_sum
+         + kTileKeys * 4 * 8;                                                    // row pointers
+}
+
+SplitPlan plan_split_decode(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
+  SplitPlan p;
+  const std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
+  p.rows_per_block = kGroupRows * R;
+  p.threads = 8 * p.rows_per_block;
+  p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
+  const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
+  const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
+  const std::uint64_t want = (2 * std::uint64_t{multiprocessors} + base - 1) / base;  // about two waves
+  const std::uint64_t splits = std::clamp<std::uint64_t>(want, 1, std::max<std::uint64_t>(1, (max_keys + 255) / 256));
+  const std::uint64_t per = std::max<std::uint64_t>(kTileKeys, ((max_keys + splits - 1) / splits + 31) / 32 * 32);
+  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFE0));
+  p.num_splits = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + per - 1) / per));
+  p.shared_bytes = split_shared_bytes(p.rows_per_block, a.kv_cache_dim);
+  const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
+  p.ml_offset = slots * a.kv_cache_dim * 4;
+  p.workspace_bytes = p.ml_offset + slots * 2 * 4;
+  return p;
+}
+
+std::optional<std::string> split_unsupported(const PagedDecodeFp8Args& a) {
+  return split_shape_problem(a.num_kv_heads, a.q_head_dim, a.kv_cache_dim,
+                             {{"k_cache", a.k_cache.addr},
+                              {"v_cache", a.v_cache.addr},
+                              {"comp_pool", a.comp_pool.addr},
+                              {"cache_stride", a.cache_stride},
+                              {"q", a.q.addr}});
+}
+
+std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
+  return split_shape_problem(a.num_kv_heads, a.q_head_dim, a.kv_cache_dim,
+                             {{"k_cache", a.k_cache.addr},
+                              {"v_cache", a.v_cache.addr},
+                              {"block_stride_bytes", a.block_stride_bytes},
+                              {"data_section_bytes", a.data_section_bytes},
+                              {"q", a.q.addr}});
+}
+
+DevicePtr DecodeWorkspace::get(GpuBackend& gpu, std::uint64_t bytes) {
+  if (buffer_.bytes() < bytes) {
+    buffer_.reset();
+    buffer_ = DeviceBuffer(gpu, bytes);
+  }
+  return buffer_.ptr();
+}
+
+void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream) {
+  const Validator v{"mla_paged_decode_split_fp8"};
+  validate_split(v, a);
+  if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
+                                     {{"k_cache", a.k_cache.addr},
+                                      {"v_cache", a.v_cache.addr},
+                                      {"comp_pool", a.comp_pool.addr},
+                                      {"cache_stride", a.cache_stride}}))
+    v.check(false, "{}", *why);
+  KernelLaunch l(gpu, kernel);
+  split_args(l, a)
+      .arg_u64(a.cache_stride)
+      .arg_u32(a.sliding_window)
+      .arg_ptr(a.comp_pool)
+      .arg_u32(a.comp_block_count)
+      .arg_u32(a.keys_per_split)
+      .launch(stream);
+}
+
+void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream) {
+  const Validator v{"mla_paged_decode_split_nvfp4"};
+  validate_split(v, a);
+  if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
+                                     {{"k_cache", a.k_cache.addr},
+                                      {"v_cache", a.v_cache.addr},
+                                      {"block_stride_bytes", a.block_stride_bytes},
+                                      {"data_section_bytes", a.data_section_bytes}}))
+    v.check(false, "{}", *why);
+  v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
+              a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
+                  std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
+          "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
+          a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
+  KernelLaunch l(gpu, kernel);
+  split_args(l, a).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).arg_u32(a.keys_per_split).launch(stream);
+}
+
+void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
+  const Validator v{"mla_paged_decode_combine"};
+  v.non_null({{"o_partial", a.o_partial}, {"ml_partial", a.ml_partial}, {"o", a.o}});
+  v.positive({{"num_q_heads", a.num_q_heads},
+              {"kv_cache_dim", a.kv_cache_dim},
+              {"num_splits", a.num_splits},
+              {"num_seqs", a.num_seqs}});
+  v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
+  v.at_most("num_q_heads", a.num_q_heads, detail::kMaxGridX);
+  v.positive_finite("v_scale", a.v_scale);
+  KernelLaunch(gpu, kernel)
+      .grid({a.num_q_heads, a.num_seqs, 1})
+      .block({256, 1, 1})
+      .arg_ptr(a.o_partial)
+      .arg_ptr(a.ml_partial)
+      .arg_ptr(a.sinks)
+      .arg_ptr(a.o)
+      .arg_u32(a.num_q_heads)
+      .arg_u32(a.kv_cache_dim)
+      .arg_u32(a.num_splits)
+      .arg_f32(a.v_scale)
+      .launch(stream);
+}
+
+void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
+  const Validator v{"mla_batched_gemv_wide"};
+  v.non_null({{"input", a.input}, {"weight", a.weight}, {"output", a.output}});
+  v.positive({{"n_out", a.n_out}, {"k", a.k}, {"num_heads", a.num_heads}});
+  v.at_most("num_heads", a.num_heads, detail::kMaxGridYZ);
+  v.check(a.output_stride >= a.n_out, "output_stride {} < n_out {} (heads would overlap)", a.output_stride, a.n_out);
+  v.check(a.k % 8 == 0 && a.input_stride % 8 == 0, "k {} and input_stride {} must be multiples of 8 (16-byte loads)",
+          a.k, a.input_stride);
+  KernelLaunch(gpu, kernel)
+      .grid({div_ceil(a.n_out, 64u), a.num_heads, 1})
+      .block({256, 1, 1})
+      .arg_ptr(a.input)
+      .arg_ptr(a.weight)
+      .arg_ptr(a.output)
+      .arg_u32(a.n_out)
+      .arg_u32(a.k)
+      .arg_u32(a.input_stride)
+      .arg_u32(a.output_stride)
+      .launch(stream);
+}
+
+DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
+                            const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream) {
+  if (split_unsupported(a)) {
+    mla_paged_decode_fp8(gpu, seed.paged_decode_fp8, a, stream);
+    return DecodePath::seed;
+  }
+  const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
+  const SplitPlan p = plan_split_decode(a, comp, gpu.multiprocessor_count());
+  const DevicePtr w = ws.get(gpu, p.workspace_bytes);
+  SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
+                       a.comp_block_count};
+  mla_paged_decode_split_fp8(gpu, fast.split_fp8, s, stream);
+  mla_paged_decode_combine(
+      gpu, fast.combine,
+      {w, w + p.ml_offset, a.sinks, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, a.v_scale, a.num_seqs}, stream);
+  return DecodePath::split;
+}
+
+DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
+                              const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream) {
+  if (split_unsupported(a)) {
+    mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
+    return DecodePath::seed;
+  }
+  const SplitPlan p = plan_split_decode(a, 0, gpu.multiprocessor_count());
+  const DevicePtr w = ws.get(gpu, p.workspace_bytes);
+  mla_paged_decode_split_nvfp4(gpu, fast.split_nvfp4,
+                               {split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes}, stream);
+  mla_paged_decode_combine(gpu, fast.combine,
+                           {w, w + p.ml_offset, {}, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, 1.0f, a.num_seqs},
+                           stream);
+  return DecodePath::split;
+}
+
+bool batched_gemv(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast, const BatchedGemvArgs& a,
+                  Stream stream) {
+  const bool wide = a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
+  if (wide) {
+    mla_batched_gemv_wide(gpu, fast.gemv_wide, a, stream);
+  } else {
+    mla_batched_gemv(gpu, seed.batched_gemv, a, stream);
+  }
+  return wide;
+}
+
+}  // namespace metrale

@@ -1,0 +1,270 @@
+// Ports of module mla_fast (kernels/mla_fast.cu). They follow the kernels' phases and rounding
+// points — K and V dequantised to BF16, P rounded to BF16 for P·V, FP32 accumulation — but not
+// the MMA fragment layouts, which only change the order of FP32 additions.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "metrale/emu/emulator.hpp"
+#include "metrale/formats.hpp"
+
+namespace metrale::emu {
+namespace {
+
+constexpr std::uint32_t kWarp = 32;
+constexpr std::uint32_t kTileKeys = 32;
+constexpr std::uint32_t kGroupRows = 16;
+
+struct KeySet {
+  std::uint32_t comp = 0, start = 0, count = 0;
+};
+
+KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, std::uint32_t block_size,
+               std::uint32_t sliding_window, std::uint32_t comp) {
+  const std::uint64_t cap = std::uint64_t{max_blocks_per_seq} * block_size;
+  const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max(seq_len, 0), cap));
+  const std::uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
+  return {comp, start, comp + (len - start)};
+}
+
+// The split decode over any cache format: `dequant(j, k_row, v_row)` fills key j's rows as the
+// BF16 values the kernel's shared memory holds (exact for both formats).
+template <class Dequant>
+void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Global<float> ml_partial,
+                  std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale,
+                  const KeySet& keys, std::uint32_t keys_per_split, Dequant&& dequant) {
+  const std::uint32_t G = blk.blockDim.x / (4 * kWarp) * kGroupRows;
+  const std::uint32_t z = blk.blockIdx.x, head0 = blk.blockIdx.y * G, s = blk.blockIdx.z, num_splits = blk.gridDim.x;
+  const std::uint32_t begin = z * keys_per_split, end = std::min(keys.count, begin + keys_per_split);
+
+  std::vector<std::vector<float>> q_s(G, std::vector<float>(q_head_dim, 0.0f));  // shared
+  for (std::uint32_t row = 0; row < G; ++row) {
+    if (head0 + row >= num_q_heads) continue;
+    const auto qr = q.read((std::uint64_t{s} * num_q_heads + head0 + row) * q_head_dim, q_head_dim);
+    for (std::uint32_t d = 0; d < q_head_dim; ++d) q_s[row][d] = qr[d].to_float();
+  }
+  std::vector<std::vector<float>> acc(G, std::vector<float>(dim, 0.0f));
+  std::vector<float> m(G, -std::numeric_limits<float>::infinity()), l(G, 0.0f);
+  std::vector<std::vector<float>> k_s(kTileKeys, std::vector<float>(dim)), v_s = k_s;  // shared
+  for (std::uint32_t tile = begin; tile < end; tile += kTileKeys) {
+    // Phase A: dequantise the tile once (zeros past the end).
+    for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+      if (tile + key < end) {
+        dequant(tile + key, k_s[key], v_s[key]);
+      } else {
+        std::fill(k_s[key].begin(), k_s[key].end(), 0.0f);
+        std::fill(v_s[key].begin(), v_s[key].end(), 0.0f);
+      }
+    }
+    for (std::uint32_t row = 0; row < G; ++row) {
+      // Phase B: the row's logits over the tile.
+      std::array<float, kTileKeys> sv{};
+      for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+        float dot = 0.0f;
+        for (std::uint32_t d = 0; d < q_head_dim; ++d) dot += q_s[row][d] * k_s[key][d];
+        sv[key] = tile + key < end ? dot * logit_scale : -std::numeric_limits<float>::infinity();
+      }
+      // Phase C: online softmax; P is rounded to BF16 for P·V, the sum keeps FP32.
+      const float m_new = std::max(m[row], *std::max_element(sv.begin(), sv.end()));
+      const float alpha = std::exp(m[row] - m_new);
+      std::array<float, kTileKeys> p{};
+      float tile_sum = 0.0f;
+      for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+        p[key] = std::exp(sv[key] - m_new);
+        tile_sum += p[key];
+      }
+      l[row] = l[row] * alpha + tile_sum;
+      m[row] = m_new;
+      // Phase D: O = O·alpha + P·V.
+      for (std::uint32_t d = 0; d < dim; ++d) {
+        float a = acc[row][d] * alpha;
+        for (std::uint32_t key = 0; key < kTileKeys; ++key) a += bf16_round(p[key]) * v_s[key][d];
+        acc[row][d] = a;
+      }
+    }
+  }
+  for (std::uint32_t row = 0; row < G; ++row) {
+    const std::uint32_t h = head0 + row;
+    if (h >= num_q_heads) continue;
+    const std::uint64_t slot = (std::uint64_t{s} * num_q_heads + h) * num_splits + z;
+    const auto out = o_partial.write(slot * dim, dim);
+    std::copy(acc[row].begin(), acc[row].end(), out.begin());
+    ml_partial[2 * slot] = m[row];
+    ml_partial[2 * slot + 1] = l[row];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_split_fp8: head-grouped split-KV paged decode over an E4M3 cache (one KV head).
+// Grid: [num_splits, ⌈num_q_heads/G⌉, num_seqs], G = 16·R. Block: 128·R (R = 1..4).
+//   q            [num_seqs, num_q_heads, q_head_dim]                        bf16
+//   k_cache      row of slot at slot·cache_stride                           e4m3 [kv_cache_dim]
+//   v_cache      as k_cache
+//   o_partial    [num_seqs, num_q_heads, num_splits, kv_cache_dim]          f32, unnormalised
+//   ml_partial   [num_seqs, num_q_heads, num_splits, 2] (running max, sum)  f32
+//   block_tables [num_seqs, max_blocks_per_seq] int32; seq_lens [num_seqs] int32
+//   comp_pool    [num_seqs, comp_block_count, 2, cache_stride] e4m3 or null
+void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
+                                Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
+                                std::uint32_t max_blocks_per_seq, std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+                                std::uint64_t cache_stride, std::uint32_t sliding_window,
+                                Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
+                                std::uint32_t keys_per_split) {
+  const std::uint32_t s = blk.blockIdx.z;
+  const std::uint32_t comp = comp_pool && comp_block_count > 0 ? comp_block_count : 0;
+  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp);
+  auto dequant = [&](std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) {
+    std::int64_t k_off = 0, v_off = 0;
+    Global<const std::uint8_t> k_pool = k_cache, v_pool = v_cache;
+    if (j < keys.comp) {
+      k_pool = v_pool = comp_pool;
+      k_off = (std::int64_t{s} * comp_block_count + j) * 2 * static_cast<std::int64_t>(cache_stride);
+      v_off = k_off + static_cast<std::int64_t>(cache_stride);
+    } else {
+      const std::uint32_t t = keys.start + (j - keys.comp);
+      const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+      k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
+    }
+    const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
+    for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
+      k_row[d] = e4m3_decode(kb[d]);
+      v_row[d] = e4m3_decode(vb[d]);
+    }
+  };
+  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
+               dequant);
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
+// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d.
+void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                  Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
+                                  Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
+                                  std::uint32_t max_blocks_per_seq, std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                  std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+                                  std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes,
+                                  std::uint32_t keys_per_split) {
+  const std::uint32_t s = blk.blockIdx.z;
+  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
+  const std::uint64_t width = kv_cache_dim;
+  auto dequant = [&](std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) {
+    const std::uint32_t t = keys.start + j;
+    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+    const std::int64_t base = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
+    const std::uint64_t slot = t % block_size;
+    for (auto [pool, row] : {std::pair{k_cache, &k_row}, std::pair{v_cache, &v_row}}) {
+      const auto data = (pool + base).read(slot * width / 2, width / 2);
+      const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);
+      for (std::uint64_t e = 0; e < width; ++e) {
+        const std::uint8_t byte = data[e / 2];
+        (*row)[e] = e2m1_decode(e % 2 == 0 ? byte & 0xF : byte >> 4) * e4m3_decode(scales[e / 16]);
+      }
+    }
+  };
+  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
+               dequant);
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
+// M = max(max_z m_z, sink); the sink counts once; no keys and no sink writes zeros.
+// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims.
+//   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
+void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<const float> ml_partial,
+                              Global<const float> sinks, Global<Bf16> o, std::uint32_t num_q_heads,
+                              std::uint32_t kv_cache_dim, std::uint32_t num_splits, float v_scale) {
+  const std::uint32_t h = blk.blockIdx.x, s = blk.blockIdx.y;
+  const std::uint64_t base = (std::uint64_t{s} * num_q_heads + h) * num_splits;
+  const bool has_sink = static_cast<bool>(sinks);
+  const auto ml = ml_partial.read(2 * base, 2 * std::uint64_t{num_splits});
+  float big = has_sink ? sinks[h] : -std::numeric_limits<float>::infinity();
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] > 0.0f) big = std::max(big, ml[2 * z]);
+  float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] > 0.0f) denom += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
+  const float inv = denom > 0.0f ? v_scale / denom : 0.0f;
+  blk.threads([&](std::uint32_t tid) {
+    for (std::uint32_t d = tid; d < kv_cache_dim; d += blk.blockDim.x) {
+      float num = 0.0f;
+      for (std::uint32_t z = 0; z < num_splits; ++z)
+        if (ml[2 * z + 1] > 0.0f) num += std::exp(ml[2 * z] - big) * o_partial[(base + z) * kv_cache_dim + d];
+      o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = Bf16::from_float(num * inv);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// mla_batched_gemv_wide: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
+// Grid: [⌈n_out/64⌉, num_heads]. Block: 256 (warp w: rows blockIdx.x·64 + 8w .. +8; lane l sums the
+// 8-element chunks l, l+32, ... of each row, then a butterfly sum per row).
+//   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
+void mla_batched_gemv_wide(Block& blk, Global<const Bf16> input, Global<const Bf16> weight, Global<Bf16> output,
+                           std::uint32_t n_out, std::uint32_t k, std::uint32_t input_stride,
+                           std::uint32_t output_stride) {
+  constexpr std::uint32_t kRows = 8;
+  const std::uint32_t h = blk.blockIdx.y;
+  const auto x = input.read(std::uint64_t{h} * input_stride, k);
+  for (std::uint32_t warp = 0; warp < blk.blockDim.x / kWarp; ++warp) {
+    const std::uint32_t n0 = blk.blockIdx.x * 64 + warp * kRows;
+    for (std::uint32_t r = 0; r < kRows && n0 + r < n_out; ++r) {
+      const auto w = weight.read((std::uint64_t{h} * n_out + n0 + r) * k, k);
+      std::array<float, kWarp> lanes{};
+      for (std::uint32_t lane = 0; lane < kWarp; ++lane)
+        for (std::uint32_t ch = lane; ch < k / 8; ch += kWarp)
+          for (std::uint32_t e = 0; e < 8; ++e) lanes[lane] += w[ch * 8 + e].to_float() * x[ch * 8 + e].to_float();
+      for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {  // the kernel's butterfly
+        std::array<float, kWarp> next{};
+        for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = lanes[lane] + lanes[lane ^ off];
+        lanes = next;
+      }
+      output[std::uint64_t{h} * output_stride + n0 + r] = Bf16::from_float(lanes[0]);
+    }
+  }
+}
+
+BlockRule split_block() {
+  return [](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {
+    if (block.y == 1 && block.z == 1 && block.x % 128 == 0 && block.x >= 128 && block.x <= 512) return std::nullopt;
+    return fmt::format("block ({},{},{}) but the split decode needs 128·R threads, R = 1..4", block.x, block.y,
+                       block.z);
+  };
+}
+
+}  // namespace
+
+void register_mla_fast(Registry& r) {
+  const char* m = "mla_fast";
+  r.add<&mla_paged_decode_split_fp8>(
+      m, "mla_paged_decode_split_fp8",
+      {"q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
+       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "cache_stride", "sliding_window",
+       "comp_pool", "comp_block_count", "keys_per_split"},
+      split_block());
+  r.add<&mla_paged_decode_split_nvfp4>(
+      m, "mla_paged_decode_split_nvfp4",
+      {"q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
+       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes",
+       "data_section_bytes", "keys_per_split"},
+      split_block());
+  r.add<&mla_paged_decode_combine>(
+      m, "mla_paged_decode_combine",
+      {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},
+      block_is({256, 1, 1}));
+  r.add<&mla_batched_gemv_wide>(m, "mla_batched_gemv_wide",
+                                {"input", "weight", "output", "n_out", "k", "input_stride", "output_stride"},
+                                block_is({256, 1, 1}));
+}
+
+}  // namespace metrale::emu

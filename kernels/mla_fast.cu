@@ -1,0 +1,427 @@
+// Module mla_fast: the fast paths of the DeepSeek decode (issue 6), beside the seed kernels of
+// mla_absorbed, which keep the ABI. Each kernel reads like its port in emu/mla_fast.cpp.
+//
+// The head-grouped split-KV paged decode: a block takes G = 16·R query heads of one sequence
+// against one chunk of its keys, dequantises each 32-key K/V tile once into shared memory as
+// BF16 (exact: E4M3 and E2M1·E4M3 values fit BF16) and serves all G heads from it with
+// mma.sync m16n8k16 (BF16 in, FP32 accumulate; sm_80 and later, so it builds for sm_90 and
+// sm_121 alike). Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the output
+// dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online softmax
+// runs across tiles; the block writes its unnormalised partial output with the running max and
+// sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "device_formats.cuh"
+
+namespace {
+
+constexpr uint32_t kWarp = 32;
+constexpr uint32_t kTileKeys = 32;     // keys per shared-memory tile
+constexpr uint32_t kGroupRows = 16;    // heads per MMA row group
+constexpr uint32_t kMaxDim = 576;      // kv_cache_dim the register budget allows
+constexpr uint32_t kMaxDimTiles = kMaxDim / 4 / 8;  // n8 tiles of one warp's quarter of the dims
+constexpr uint32_t kPad = 8;           // BF16 elements of row padding: ldmatrix without bank conflicts
+constexpr uint32_t kPRow = kTileKeys + kPad;
+
+__device__ float warp_sum(float v) {
+  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+  return v;
+}
+
+__device__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a·b for one 16×8 tile: a 16×16 BF16 (row), b 16×8 BF16 (col), d FP32.
+__device__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+struct KeySet {
+  uint32_t comp, start, count;
+};
+
+__device__ KeySet key_set(int32_t seq_len, uint32_t max_blocks_per_seq, uint32_t block_size,
+                          uint32_t sliding_window, uint32_t comp) {
+  const uint64_t cap = uint64_t{max_blocks_per_seq} * block_size;
+  const uint32_t len = static_cast<uint32_t>(min(static_cast<uint64_t>(max(seq_len, 0)), cap));
+  const uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
+  return {comp, start, comp + (len - start)};
+}
+
+// The shared-memory carve-up; the host computes the same total (core/mla_fast.cpp).
+struct Smem {
+  __nv_bfloat16 *q, *k, *v, *p;
+  float *red_max, *red_sum;
+  const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales
+  uint32_t pitch;        // of q, k and v rows, in elements
+};
+
+__device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim) {
+  Smem s;
+  s.pitch = dim + kPad;
+  s.q = reinterpret_cast<__nv_bfloat16*>(base);
+  s.k = s.q + rows_per_block * s.pitch;
+  s.v = s.k + kTileKeys * s.pitch;
+  s.p = s.v + kTileKeys * s.pitch;
+  s.red_max = reinterpret_cast<float*>(s.p + rows_per_block * kPRow);
+  s.red_sum = s.red_max + rows_per_block * 4;
+  s.rows = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
+  return s;
+}
+
+// 16 E4M3 codes at `src` (16-byte aligned) to 16 BF16 values at `dst`.
+__device__ void fp8x16_to_bf16(const uint8_t* src, __nv_bfloat16* dst) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 pair = __half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * h)) & 0xFFFF), __NV_E4M3));
+      const float2 f = __half22float2(pair);
+      out[w * 2 + h] = pack_bf16(f.x, f.y);
+    }
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`.
+__device__ void nvfp4x16_to_bf16(const uint8_t* data, uint8_t scale_code, __nv_bfloat16* dst) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(data);
+  const float scale = metrale::e4m3_decode(scale_code);
+  uint32_t out[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const uint8_t byte = static_cast<uint8_t>(((m < 4 ? raw.x : raw.y) >> (8 * (m % 4))) & 0xFF);
+    out[m] = pack_bf16(metrale::e2m1_decode(byte & 0xF) * scale, metrale::e2m1_decode(byte >> 4) * scale);
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// The split decode over any cache format. `Rows::locate(j, rows)` writes key j's four row
+// pointers; `Rows::dequant(rows, part, dst_k, dst_v)` turns elements [16·part, 16·part+16) of
+// both rows into BF16.
+template <class Rows>
+__device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
+                             uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
+                             uint32_t keys_per_split, const Rows& layout) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
+  const Smem sm = carve(smem_raw, G, dim);
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, r = warp / 4, c = warp % 4;
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * G, s = blockIdx.z, num_splits = gridDim.x;
+  const uint32_t begin = z * keys_per_split, end = min(keys.count, begin + keys_per_split);
+
+  // Q rows of this head group (rows past num_q_heads are zero).
+  for (uint32_t u = tid; u < G * (q_head_dim / 8); u += blockDim.x) {
+    const uint32_t row = u / (q_head_dim / 8), part = u % (q_head_dim / 8), h = head0 + row;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
+    reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
+  }
+
+  float acc[kMaxDimTiles][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
+  const uint32_t dim_tiles = dim / 4 / 8;
+  for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
+    // Phase A: locate the tile's rows, then dequantise K and V once for all G heads.
+    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, sm.rows + 4 * tid);
+    __syncthreads();
+    for (uint32_t u = tid; u < kTileKeys * (dim / 16); u += blockDim.x) {
+      const uint32_t key = u / (dim / 16), part = u % (dim / 16);
+      __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
+      __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
+      if (tile + key < end) {
+        layout.dequant(sm.rows + 4 * key, part, dk, dv);
+      } else {  // zeros, not garbage: 0 · NaN would poison P·V
+        reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
+        reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    __syncthreads();
+    // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile.
+    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint32_t k0 = 0; k0 < q_head_dim; k0 += 32) {
+      uint32_t b[4], a[4];
+      ldmatrix_x4(b, sm.k + (8 * c + lane % 8) * sm.pitch + k0 + (lane / 8) * 8);
+      ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + (lane / 16) * 8);
+      mma_bf16(sacc, a, b[0], b[1]);
+      ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + 16 + (lane / 16) * 8);
+      mma_bf16(sacc, a, b[2], b[3]);
+    }
+    const uint32_t key0 = 8 * c + 2 * (lane % 4);
+    float sv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sv[e] = tile + key0 + (e % 2) < end ? sacc[e] * logit_scale : -INFINITY;
+    // Phase C: online softmax across the row group's four warps.
+    float mx[2] = {fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3])};
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      for (uint32_t off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], off));
+    const uint32_t row0 = 16 * r + lane / 4;
+    if (lane % 4 == 0) {
+      sm.red_max[(row0)*4 + c] = mx[0];
+      sm.red_max[(row0 + 8) * 4 + c] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2], p[4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float* red = sm.red_max + (row0 + 8 * i) * 4;
+      const float m_new = fmaxf(m[i], fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
+      alpha[i] = expf(m[i] - m_new);
+      p[2 * i] = expf(sv[2 * i] - m_new);
+      p[2 * i + 1] = expf(sv[2 * i + 1] - m_new);
+      m[i] = m_new;
+    }
+    float ps[2] = {p[0] + p[1], p[2] + p[3]};
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      for (uint32_t off = 1; off < 4; off *= 2) ps[i] += __shfl_xor_sync(0xFFFFFFFFu, ps[i], off);
+    if (lane % 4 == 0) {
+      sm.red_sum[row0 * 4 + c] = ps[0];
+      sm.red_sum[(row0 + 8) * 4 + c] = ps[1];
+    }
+    *reinterpret_cast<uint32_t*>(sm.p + row0 * kPRow + key0) = pack_bf16(p[0], p[1]);
+    *reinterpret_cast<uint32_t*>(sm.p + (row0 + 8) * kPRow + key0) = pack_bf16(p[2], p[3]);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float* red = sm.red_sum + (row0 + 8 * i) * 4;
+      l[i] = l[i] * alpha[i] + ((red[0] + red[1]) + (red[2] + red[3]));
+    }
+    // Phase D: O = O·alpha + P·V over this warp's quarter of the dims.
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
+      acc[t][0] *= alpha[0];
+      acc[t][1] *= alpha[0];
+      acc[t][2] *= alpha[1];
+      acc[t][3] *= alpha[1];
+    }
+#pragma unroll
+    for (uint32_t kk = 0; kk < kTileKeys; kk += 16) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sm.p + (16 * r + lane % 16) * kPRow + kk + (lane / 16) * 8);
+#pragma unroll
+      for (uint32_t t = 0; t < kMaxDimTiles; t += 2) {
+        if (t >= dim_tiles) break;
+        uint32_t b[4];
+        const uint32_t n0 = c * (dim / 4) + 8 * t;
+        ldmatrix_x4_trans(b, sm.v + (kk + lane % 8 + ((lane / 8) % 2) * 8) * sm.pitch + n0 + (lane / 16) * 8);
+        mma_bf16(acc[t], a, b[0], b[1]);
+        mma_bf16(acc[t + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the next tile rewrites rows, K, V and P
+  }
+  // The block's partial: unnormalised O with its running max and sum, per head.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t h = head0 + 16 * r + lane / 4 + 8 * i;
+    if (h >= num_q_heads) continue;
+    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
+      if (t >= dim_tiles) break;
+      const uint32_t d = c * (dim / 4) + 8 * t + 2 * (lane % 4);
+      o_partial[slot * dim + d] = acc[t][2 * i];
+      o_partial[slot * dim + d + 1] = acc[t][2 * i + 1];
+    }
+    if (c == 0 && lane % 4 == 0) {
+      ml_partial[2 * slot] = m[i];
+      ml_partial[2 * slot + 1] = l[i];
+    }
+  }
+}
+
+struct Fp8Rows {
+  const uint8_t *k_cache, *v_cache, *comp_pool;
+  const int32_t* table;
+  uint64_t cache_stride;
+  uint32_t block_size, s, comp_block_count;
+  KeySet keys;
+
+  __device__ void locate(uint32_t j, const uint8_t** rows) const {
+    if (j < keys.comp) {
+      const int64_t entry = (int64_t{s} * comp_block_count + j) * 2;
+      rows[0] = comp_pool + entry * static_cast<int64_t>(cache_stride);
+      rows[2] = rows[0] + cache_stride;
+      return;
+    }
+    const uint32_t t = keys.start + (j - keys.comp);
+    const int64_t slot = int64_t{table[t / block_size]} * block_size + t % block_size;
+    rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
+    rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
+  }
+  __device__ void dequant(const uint8_t* const* rows, uint32_t part, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
+    fp8x16_to_bf16(rows[0] + part * 16, dk);
+    fp8x16_to_bf16(rows[2] + part * 16, dv);
+  }
+};
+
+struct Nvfp4Rows {
+  const uint8_t *k_cache, *v_cache;
+  const int32_t* table;
+  uint64_t block_stride_bytes, data_section_bytes, row_width;
+  uint32_t block_size;
+  KeySet keys;
+
+  __device__ void locate(uint32_t j, const uint8_t** rows) const {
+    const uint32_t t = keys.start + j;
+    const int64_t base = int64_t{table[t / block_size]} * static_cast<int64_t>(block_stride_bytes);
+    const uint64_t slot = t % block_size;
+    rows[0] = k_cache + base + slot * row_width / 2;
+    rows[1] = k_cache + base + data_section_bytes + slot * row_width / 16;
+    rows[2] = v_cache + base + slot * row_width / 2;
+    rows[3] = v_cache + base + data_section_bytes + slot * row_width / 16;
+  }
+  __device__ void dequant(const uint8_t* const* rows, uint32_t part, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
+    nvfp4x16_to_bf16(rows[0] + part * 8, rows[1][part], dk);
+    nvfp4x16_to_bf16(rows[2] + part * 8, rows[3][part], dv);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_split_fp8: head-grouped split-KV paged decode over an E4M3 cache (one KV head).
+// Grid: [num_splits, ⌈num_q_heads/G⌉, num_seqs], G = 16·R. Block: 128·R (R = 1..4).
+// Dynamic shared memory: see core/mla_fast.cpp (split_shared_bytes).
+//   q            [num_seqs, num_q_heads, q_head_dim]                        bf16
+//   k_cache      row of slot at slot·cache_stride                           e4m3 [kv_cache_dim]
+//   v_cache      as k_cache
+//   o_partial    [num_seqs, num_q_heads, num_splits, kv_cache_dim]          f32, unnormalised
+//   ml_partial   [num_seqs, num_q_heads, num_splits, 2] (running max, sum)  f32
+//   block_tables [num_seqs, max_blocks_per_seq] int32; seq_lens [num_seqs] int32
+//   comp_pool    [num_seqs, comp_block_count, 2, cache_stride] e4m3 or null
+// Split z takes keys [z·keys_per_split, (z+1)·keys_per_split) of the key set; logit_scale is
+// inv_sqrt_d·k_scale (V's scale is applied by the combine).
+extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_fp8(
+    const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial, float* ml_partial,
+    const int32_t* block_tables, const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t cache_stride,
+    uint32_t sliding_window, const uint8_t* comp_pool, uint32_t comp_block_count, uint32_t keys_per_split) {
+  const uint32_t s = blockIdx.z;
+  const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
+  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp);
+  const Fp8Rows layout{k_cache,    v_cache, comp_pool, block_tables + uint64_t{s} * max_blocks_per_seq,
+                       cache_stride, block_size, s,   comp_block_count,
+                       keys};
+  split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
+               layout);
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
+// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d.
+extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_nvfp4(
+    const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial, float* ml_partial,
+    const int32_t* block_tables, const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t block_stride_bytes,
+    uint64_t data_section_bytes, uint32_t keys_per_split) {
+  const uint32_t s = blockIdx.z;
+  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
+  const Nvfp4Rows layout{k_cache,           v_cache,         block_tables + uint64_t{s} * max_blocks_per_seq,
+                         block_stride_bytes, data_section_bytes, kv_cache_dim,
+                         block_size,        keys};
+  split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
+               layout);
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
+// M = max(max_z m_z, sink); the sink (when sinks is not null) counts once; no keys and no sink
+// writes zeros.
+// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims.
+//   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
+extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks,
+                                                    __nv_bfloat16* o, uint32_t num_q_heads, uint32_t kv_cache_dim,
+                                                    uint32_t num_splits, float v_scale) {
+  const uint32_t h = blockIdx.x, s = blockIdx.y;
+  const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
+  const bool has_sink = sinks != nullptr;
+  float big = has_sink ? sinks[h] : -INFINITY;
+  for (uint32_t z = 0; z < num_splits; ++z)
+    if (ml_partial[2 * (base + z) + 1] > 0.0f) big = fmaxf(big, ml_partial[2 * (base + z)]);
+  float denom = has_sink ? expf(sinks[h] - big) : 0.0f;
+  for (uint32_t z = 0; z < num_splits; ++z) {
+    const float l = ml_partial[2 * (base + z) + 1];
+    if (l > 0.0f) denom += expf(ml_partial[2 * (base + z)] - big) * l;
+  }
+  const float inv = denom > 0.0f ? v_scale / denom : 0.0f;
+  for (uint32_t d = threadIdx.x; d < kv_cache_dim; d += blockDim.x) {
+    float num = 0.0f;
+    for (uint32_t z = 0; z < num_splits; ++z) {
+      const float l = ml_partial[2 * (base + z) + 1];
+      if (l > 0.0f) num += expf(ml_partial[2 * (base + z)] - big) * o_partial[(base + z) * kv_cache_dim + d];
+    }
+    o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(num * inv);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// mla_batched_gemv_wide: the batched GEMV of mla_absorbed with 16-byte loads and eight rows per
+// warp in flight: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
+// Grid: [⌈n_out/64⌉, num_heads]. Block: 256 (warp w: rows blockIdx.x·64 + 8w .. +8; lanes stride
+// over the 8-element chunks of k, then a butterfly sum per row). k and input_stride multiples of 8.
+//   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
+extern "C" __global__ void __launch_bounds__(256) mla_batched_gemv_wide(
+    const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output, uint32_t n_out, uint32_t k,
+    uint32_t input_stride, uint32_t output_stride) {
+  constexpr uint32_t kRows = 8;
+  const uint32_t h = blockIdx.y, lane = threadIdx.x % kWarp;
+  const uint32_t n0 = blockIdx.x * 64 + (threadIdx.x / kWarp) * kRows;
+  const uint4* x = reinterpret_cast<const uint4*>(input + uint64_t{h} * input_stride);
+  float acc[kRows] = {};
+  for (uint32_t ch = lane; ch < k / 8; ch += kWarp) {
+    const uint4 xv = x[ch];
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+    for (uint32_t r = 0; r < kRows; ++r) {
+      if (n0 + r >= n_out) break;
+      const uint4 wv = reinterpret_cast<const uint4*>(weight + (uint64_t{h} * n_out + n0 + r) * k)[ch];
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      float a = acc[r];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 wf = __bfloat1622float2(wp[e]), xf = __bfloat1622float2(xp[e]);
+        a += wf.x * xf.x;
+        a += wf.y * xf.y;
+      }
+      acc[r] = a;
+    }
+  }
+#pragma unroll
+  for (uint32_t r = 0; r < kRows; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && n0 + r < n_out) output[uint64_t{h} * output_stride + n0 + r] = __float2bfloat16_rn(v);
+  }
+}
