@@ -1,13 +1,16 @@
-// metrale bench: time the paged decode (both formats), the batched GEMV and the K3 SDPA on a
-// backend. On CUDA each launch is timed with events (median of many after warm-up) and set
-// against a device-to-device copy measured in the same run; on the emulator, wall clock on
-// small shapes shows the emulator's own speed.
+// metrale bench: time the paged decode (both formats, seed and split paths), the batched GEMV
+// and the K3 SDPA on a backend. On CUDA each launch is timed with events (median after warm-up)
+// and set against a device-to-device copy measured in the same run; `--sweep` times the decode
+// over batch × context × heads against the roofline (docs/performance.md) and, with `--torch`,
+// against the PyTorch baseline of bench/torch_baseline.py. On the emulator, wall clock on small
+// shapes shows the emulator's own speed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -19,6 +22,7 @@
 #include "metrale/formats.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
+#include "metrale/mla_fast.hpp"
 #include "metrale/paged_cache.hpp"
 #ifdef METRALE_WITH_CUDA
 #include "metrale/cuda/cuda_backend.hpp"
@@ -28,6 +32,8 @@ namespace metrale::cli {
 
 namespace {
 
+using nlohmann::ordered_json;
+
 struct Row {
   std::string kernel, shape;
   double us = 0, bytes = 0, flops = 0;
@@ -35,19 +41,21 @@ struct Row {
 
 class Bench {
  public:
-  Bench(GpuBackend& gpu, int iters) : gpu_(gpu), iters_(iters) {
+  explicit Bench(GpuBackend& gpu) : gpu_(gpu) {
 #ifdef METRALE_WITH_CUDA
     cuda_ = dynamic_cast<CudaBackend*>(&gpu);
 #endif
   }
   bool on_device() const { return cuda_ != nullptr; }
 
-  /// Median microseconds of `launch` (which may rotate its inputs) after warm-up.
-  double median_us(const std::function<void()>& launch) {
-    for (int i = 0; i < 3; ++i) launch();
+  /// Median microseconds of `launch` after a warm-up: as many runs as fit in about 0.2 s,
+  /// at least 3 and at most `max_iters`.
+  double median_us(const std::function<void()>& launch, int max_iters = 30) {
+    launch();
     gpu_.synchronize(0);
-    std::vector<double> us;
-    for (int i = 0; i < iters_; ++i) us.push_back(time_one(launch));
+    std::vector<double> us{time_one(launch)};
+    const int iters = std::clamp(static_cast<int>(2e5 / std::max(us[0], 1.0)), 3, max_iters);
+    for (int i = 1; i < iters; ++i) us.push_back(time_one(launch));
     std::nth_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(us.size() / 2), us.end());
     return us[us.size() / 2];
   }
@@ -94,7 +102,6 @@ class Bench {
   }
 
   GpuBackend& gpu_;
-  int iters_;
 #ifdef METRALE_WITH_CUDA
   CudaBackend* cuda_ = nullptr;  // the backend, when it is CUDA: events time it
 #else
@@ -102,76 +109,113 @@ class Bench {
 #endif
 };
 
-// The seed paged decode over B sequences of L tokens, H heads, DeepSeek rows (576 wide).
-Row bench_paged(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std::uint32_t L, std::uint32_t H) {
-  const std::uint32_t dim = 576, bs = 64, blocks_per_seq = (L + bs - 1) / bs, num_blocks = B * blocks_per_seq;
-  const std::uint64_t data_section = std::uint64_t{bs} * dim / 2,
-                      block_stride = data_section + std::uint64_t{bs} * dim / 16;
-  const std::uint64_t pool =
-      f == KvFormat::fp8 ? std::uint64_t{num_blocks} * bs * dim : std::uint64_t{num_blocks} * block_stride;
-  // E4M3 codes with the top exponent bit clear: random, finite, never NaN (also valid NVFP4 scales).
-  const DeviceBuffer k = bench.random_buffer(pool, 2, 0xB7), v = bench.random_buffer(pool, 3, 0xB7);
-  std::vector<std::int32_t> table(num_blocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), std::mt19937_64(4));  // permuted physical blocks
-  const auto tables = DeviceBuffer::from_host<std::int32_t>(gpu, table);
-  const auto lens =
-      DeviceBuffer::from_host<std::int32_t>(gpu, std::vector<std::int32_t>(B, static_cast<std::int32_t>(L)));
-  const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * dim, 5), o(gpu, std::size_t{B} * H * dim * 2);
-  const auto kernels = MlaAbsorbedKernels::resolve(gpu);
-  const PagedDecodeCommon c{q.ptr(),
-                            k.ptr(),
-                            v.ptr(),
-                            o.ptr(),
-                            tables.ptr(),
-                            lens.ptr(),
-                            blocks_per_seq,
-                            H,
-                            1,
-                            dim,
-                            dim,
-                            bs,
-                            1.0f / std::sqrt(192.0f),
-                            B};
-  const double us = bench.median_us([&] {
-    if (f == KvFormat::fp8)
-      mla_paged_decode_fp8(gpu, kernels.paged_decode_fp8, {c, 0.01f, 0.01f, dim, 0, {}, {}, 0});
-    else
-      mla_paged_decode_nvfp4(gpu, kernels.paged_decode_nvfp4, {c, block_stride, data_section});
-  });
-  const double keys = static_cast<double>(B) * L;
-  const double row_bytes = f == KvFormat::fp8 ? dim : dim / 2.0 + dim / 16.0;
-  const double bytes =
-      2.0 * keys * row_bytes + 2.0 * 2 * static_cast<double>(B) * H * dim;  // K and V rows once; q and o
-  const double flops = 2.0 * (dim + dim) * keys * H;
-  return {fmt::format("paged_decode_{} (seed)", to_string(f)), fmt::format("B={} L={} H={}", B, L, H), us, bytes,
-          flops};
+// B sequences of L tokens of DeepSeek rows (576 wide) in a paged pool with permuted blocks.
+class PagedProblem {
+ public:
+  static constexpr std::uint32_t kDim = 576, kBlock = 64;
+
+  PagedProblem(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std::uint32_t L)
+      : gpu_(gpu), f_(f), B_(B), L_(L), blocks_per_seq_((L + kBlock - 1) / kBlock) {
+    const std::uint32_t num_blocks = B * blocks_per_seq_;
+    data_section_ = std::uint64_t{kBlock} * kDim / 2;
+    block_stride_ = data_section_ + std::uint64_t{kBlock} * kDim / 16;
+    const std::uint64_t pool =
+        f == KvFormat::fp8 ? std::uint64_t{num_blocks} * kBlock * kDim : std::uint64_t{num_blocks} * block_stride_;
+    // E4M3 codes with the top exponent bit clear: random, finite, never NaN (also valid NVFP4 scales).
+    k_ = bench.random_buffer(pool, 2, 0xB7);
+    v_ = bench.random_buffer(pool, 3, 0xB7);
+    std::vector<std::int32_t> table(num_blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937_64(4));
+    tables_ = DeviceBuffer::from_host<std::int32_t>(gpu, table);
+    lens_ = DeviceBuffer::from_host<std::int32_t>(gpu, std::vector<std::int32_t>(B, static_cast<std::int32_t>(L)));
+  }
+
+  /// One decode launch over H heads on the seed kernel or the split path.
+  std::function<void()> launch(std::uint32_t H, bool split, DevicePtr q, DevicePtr o) {
+    const PagedDecodeCommon c{q,
+                              k_.ptr(),
+                              v_.ptr(),
+                              o,
+                              tables_.ptr(),
+                              lens_.ptr(),
+                              blocks_per_seq_,
+                              H,
+                              1,
+                              kDim,
+                              kDim,
+                              kBlock,
+                              1.0f / std::sqrt(192.0f),
+                              B_};
+    return [this, c, split] {
+      if (f_ == KvFormat::fp8) {
+        const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};
+        if (!split) return mla_paged_decode_fp8(gpu_, seed_.paged_decode_fp8, a);
+        if (paged_decode_fp8(gpu_, seed_, fast_, a, ws_) != DecodePath::split) fail(Errc::internal, "no split path");
+      } else {
+        const PagedDecodeNvfp4Args a{c, block_stride_, data_section_};
+        if (!split) return mla_paged_decode_nvfp4(gpu_, seed_.paged_decode_nvfp4, a);
+        if (paged_decode_nvfp4(gpu_, seed_, fast_, a, ws_) != DecodePath::split) fail(Errc::internal, "no split path");
+      }
+    };
+  }
+
+  /// What the step must move: q, each attended K and V row once, o.
+  double bytes(std::uint32_t H) const {
+    const double row = f_ == KvFormat::fp8 ? kDim : kDim / 2.0 + kDim / 16.0;
+    return 2.0 * static_cast<double>(B_) * L_ * row + 2.0 * 2 * static_cast<double>(B_) * H * kDim;
+  }
+  /// 2·(q_head_dim + kv_cache_dim)·keys per head.
+  double flops(std::uint32_t H) const { return 2.0 * (kDim + kDim) * static_cast<double>(B_) * L_ * H; }
+
+ private:
+  GpuBackend& gpu_;
+  KvFormat f_;
+  std::uint32_t B_, L_, blocks_per_seq_;
+  std::uint64_t data_section_ = 0, block_stride_ = 0;
+  DeviceBuffer k_, v_, tables_, lens_;
+  MlaAbsorbedKernels seed_ = MlaAbsorbedKernels::resolve(gpu_);
+  MlaFastKernels fast_ = MlaFastKernels::resolve(gpu_);
+  DecodeWorkspace ws_;
+};
+
+Row bench_paged(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std::uint32_t L, std::uint32_t H,
+                bool split) {
+  PagedProblem p(bench, gpu, f, B, L);
+  const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
+  const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
+  const double us = bench.median_us(p.launch(H, split, q.ptr(), o.ptr()));
+  return {fmt::format("paged_decode_{} ({})", to_string(f), split ? "split" : "seed"),
+          fmt::format("B={} L={} H={}", B, L, H), us, p.bytes(H), p.flops(H)};
 }
 
 // All heads' GEMV in one launch, rotating over enough weight copies to defeat the L2.
-Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_out, std::uint32_t k) {
+Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_out, std::uint32_t k, bool wide) {
   const std::size_t w_bytes = std::size_t{H} * n_out * k * 2;
   const std::size_t copies = bench.on_device() ? std::max<std::size_t>(1, (256u << 20) / w_bytes) : 1;
   std::vector<DeviceBuffer> w;
   for (std::size_t i = 0; i < copies; ++i) w.push_back(bench.random_bf16(std::size_t{H} * n_out * k, 10 + i));
   const DeviceBuffer x = bench.random_bf16(std::size_t{H} * k, 6), y(gpu, std::size_t{H} * n_out * 2);
-  const auto kernel = gpu.kernel(kMlaAbsorbedModule, "mla_batched_gemv");
+  const auto seed = MlaAbsorbedKernels::resolve(gpu);
+  const auto fast = MlaFastKernels::resolve(gpu);
   std::size_t next = 0;
   const double us = bench.median_us([&] {
-    mla_batched_gemv(gpu, kernel, {x.ptr(), w[next++ % copies].ptr(), y.ptr(), n_out, k, H, k, n_out});
+    const BatchedGemvArgs a{x.ptr(), w[next++ % copies].ptr(), y.ptr(), n_out, k, H, k, n_out};
+    wide ? mla_batched_gemv_wide(gpu, fast.gemv_wide, a) : mla_batched_gemv(gpu, seed.batched_gemv, a);
   });
   const double bytes = static_cast<double>(w_bytes) + 2.0 * H * (k + n_out);
-  return {"batched_gemv", fmt::format("H={} n_out={} k={}", H, n_out, k), us, bytes, 2.0 * H * n_out * k};
+  return {wide ? "batched_gemv (wide)" : "batched_gemv (seed)", fmt::format("H={} n_out={} k={}", H, n_out, k), us,
+          bytes, 2.0 * H * n_out * k};
 }
 
 // The K3 SDPA with gate over a resident history of `seq` tokens.
 Row bench_k3_sdpa(Bench& bench, GpuBackend& gpu, std::uint32_t heads, std::uint32_t seq, std::uint32_t dq,
                   std::uint32_t dv) {
   const std::size_t kb = std::size_t{seq} * heads * dq * 4, vb = std::size_t{seq} * heads * dv * 4;
-  const DeviceBuffer k = bench.random_buffer(kb, 7, 0x3F), v = bench.random_buffer(vb, 8, 0x3F);  // small finite floats
+  const DeviceBuffer k = bench.random_buffer(kb, 7, 0x3F), v = bench.random_buffer(vb, 8, 0x3F);  // small floats
   const DeviceBuffer q = bench.random_buffer(std::size_t{heads} * dq * 4, 9, 0x3F);
-  const DeviceBuffer g = bench.random_buffer(std::size_t{heads} * dv * 4, 10, 0x3F),
-                     out(gpu, std::size_t{heads} * dv * 4);
+  const DeviceBuffer g = bench.random_buffer(std::size_t{heads} * dv * 4, 10, 0x3F);
+  const DeviceBuffer out(gpu, std::size_t{heads} * dv * 4);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
   const double us = bench.median_us([&] {
     k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, {q.ptr(), k.ptr(), v.ptr(), g.ptr(), out.ptr(), seq, heads, dq, dv, true});
@@ -181,51 +225,113 @@ Row bench_k3_sdpa(Bench& bench, GpuBackend& gpu, std::uint32_t heads, std::uint3
           2.0 * (dq + dv) * static_cast<double>(seq) * heads};
 }
 
+void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
+  fmt::print("{:<26} {:<32} {:>12} {:>10} {:>8} {:>10}\n", "kernel", "shape", "us/launch", "GB/s", "% copy", "TFLOP/s");
+  for (const auto& r : rows) {
+    const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+    fmt::print("{:<26} {:<32} {:>12.1f} {:>10.1f} {:>7.1f}% {:>10.2f}\n", r.kernel, r.shape, r.us, gbps,
+               100.0 * gbps * 1e9 / copy_bw, r.flops / (r.us * 1e-6) / 1e12);
+    j["rows"].push_back({{"kernel", r.kernel},
+                         {"shape", r.shape},
+                         {"us", r.us},
+                         {"bytes", r.bytes},
+                         {"flops", r.flops},
+                         {"gbps", gbps},
+                         {"copy_fraction", gbps * 1e9 / copy_bw}});
+  }
+}
+
+// The issue-6 sweep: split path (and the seed where it finishes in reasonable time) against the
+// roofline max(bytes / copy bandwidth, FLOPs / BF16 matrix rate) and the PyTorch baseline.
+void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& torch, ordered_json& j) {
+  const double mm = torch.contains("matmul_tflops") ? torch["matmul_tflops"].get<double>() * 1e12 : 0.0;
+  auto torch_us = [&](std::uint32_t B, std::uint32_t L, std::uint32_t H) -> std::optional<double> {
+    if (!torch.contains("rows")) return std::nullopt;
+    for (const auto& r : torch["rows"])
+      if (r["B"] == B && r["L"] == L && r["H"] == H && !r["best_us"].is_null()) return r["best_us"].get<double>();
+    return std::nullopt;
+  };
+  fmt::print("{:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n", "cache", "B", "L",
+             "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed", "torch us", "x torch");
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+    for (std::uint32_t B : {1u, 8u, 32u, 128u})
+      for (std::uint32_t L : {1024u, 4096u, 16384u, 65536u}) {
+        PagedProblem p(bench, gpu, f, B, L);
+        for (std::uint32_t H : {16u, 64u, 128u}) {
+          const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
+          const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
+          const double split_us = bench.median_us(p.launch(H, true, q.ptr(), o.ptr()));
+          // The seed kernel: only where it takes well under a second (about 1.4 TFLOP/s at best).
+          const bool seed_ok = p.flops(H) < 2e11;
+          const double seed_us = seed_ok ? bench.median_us(p.launch(H, false, q.ptr(), o.ptr()), 5) : 0.0;
+          const double roof_us = std::max(p.bytes(H) / copy_bw, mm > 0 ? p.flops(H) / mm : 0.0) * 1e6;
+          const auto t_us = torch_us(B, L, H);
+          fmt::print(
+              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7}\n",
+              to_string(f), B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
+              mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
+              seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
+              t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-");
+          j["sweep"].push_back({{"cache", to_string(f)},
+                                {"B", B},
+                                {"L", L},
+                                {"H", H},
+                                {"split_us", split_us},
+                                {"seed_us", seed_ok ? ordered_json(seed_us) : ordered_json()},
+                                {"roofline_us", roof_us},
+                                {"bytes", p.bytes(H)},
+                                {"flops", p.flops(H)},
+                                {"torch_us", t_us ? ordered_json(*t_us) : ordered_json()}});
+        }
+      }
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
   struct Opts {
-    std::string backend, json;
-    int iters = 20;
+    std::string backend, json, torch;
+    bool sweep = false;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
-  cmd->add_option("--iters", opts->iters, "timed launches per row (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
+  cmd->add_flag("--sweep", opts->sweep, "the decode sweep: batch x context x heads, both caches, against the roofline");
+  cmd->add_option("--torch", opts->torch, "ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)");
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
-    Bench bench(*gpu, opts->iters);
+    Bench bench(*gpu);
     const double copy_bw = bench.copy_bandwidth();
-    std::vector<Row> rows;
-    if (bench.on_device()) {
-      for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-        for (std::uint32_t B : {1u, 8u, 32u})
-          for (std::uint32_t L : {1024u, 4096u})
-            for (std::uint32_t H : {16u, 128u}) rows.push_back(bench_paged(bench, *gpu, f, B, L, H));
-      rows.push_back(bench_gemv(bench, *gpu, 128, 512, 128));
-      rows.push_back(bench_gemv(bench, *gpu, 128, 128, 512));
-      for (std::uint32_t seq : {1024u, 4096u, 16384u}) rows.push_back(bench_k3_sdpa(bench, *gpu, 64, seq, 192, 128));
-    } else {  // the emulator: small shapes, its own speed
-      for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) rows.push_back(bench_paged(bench, *gpu, f, 1, 256, 16));
-      rows.push_back(bench_gemv(bench, *gpu, 16, 512, 128));
-      rows.push_back(bench_k3_sdpa(bench, *gpu, 8, 256, 192, 128));
-    }
-    fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write)\n\n", gpu->name(), copy_bw / 1e9);
-    fmt::print("{:<26} {:<32} {:>12} {:>10} {:>8} {:>10}\n", "kernel", "shape", "us/launch", "GB/s", "% copy",
-               "TFLOP/s");
-    nlohmann::ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", nlohmann::json::array()}};
-    for (const auto& r : rows) {
-      const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-      fmt::print("{:<26} {:<32} {:>12.1f} {:>10.1f} {:>7.1f}% {:>10.2f}\n", r.kernel, r.shape, r.us, gbps,
-                 100.0 * gbps * 1e9 / copy_bw, r.flops / (r.us * 1e-6) / 1e12);
-      j["rows"].push_back({{"kernel", r.kernel},
-                           {"shape", r.shape},
-                           {"us", r.us},
-                           {"bytes", r.bytes},
-                           {"flops", r.flops},
-                           {"gbps", gbps},
-                           {"copy_fraction", gbps * 1e9 / copy_bw}});
+    ordered_json torch = ordered_json::object();
+    if (!opts->torch.empty()) std::ifstream(opts->torch) >> torch;
+    fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
+               bench.on_device() ? "" : " — emulator wall clock, small shapes");
+    ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
+    if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
+    if (opts->sweep) {
+      if (!bench.on_device()) fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
+      sweep(bench, *gpu, copy_bw, torch, j);
+    } else {
+      std::vector<Row> rows;
+      if (bench.on_device()) {
+        for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+          for (std::uint32_t B : {1u, 8u, 32u})
+            for (std::uint32_t L : {1024u, 4096u})
+              for (std::uint32_t H : {16u, 128u})
+                for (bool split : {false, true}) rows.push_back(bench_paged(bench, *gpu, f, B, L, H, split));
+        for (bool wide : {false, true}) {
+          rows.push_back(bench_gemv(bench, *gpu, 128, 512, 128, wide));
+          rows.push_back(bench_gemv(bench, *gpu, 128, 128, 512, wide));
+        }
+        for (std::uint32_t seq : {1024u, 4096u, 16384u}) rows.push_back(bench_k3_sdpa(bench, *gpu, 64, seq, 192, 128));
+      } else {
+        for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+          for (bool split : {false, true}) rows.push_back(bench_paged(bench, *gpu, f, 1, 256, 16, split));
+        for (bool wide : {false, true}) rows.push_back(bench_gemv(bench, *gpu, 16, 512, 128, wide));
+        rows.push_back(bench_k3_sdpa(bench, *gpu, 8, 256, 192, 128));
+      }
+      print_rows(rows, copy_bw, j);
     }
     if (!opts->json.empty()) std::ofstream(opts->json) << j.dump(2) << '\n';
   });

@@ -1,10 +1,13 @@
 // metrale case run FILE...: kernel case files (SPEC §5) on a backend, compared with their expectations.
+#include <algorithm>
 #include <filesystem>
+#include <system_error>
 
 #include <fmt/format.h>
 
 #include "backends.hpp"
 #include "commands.hpp"
+#include "metrale/error.hpp"
 #include "metrale/kernel_case.hpp"
 
 namespace metrale::cli {
@@ -23,12 +26,17 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   run->callback([opts, set_exit] {
     std::vector<std::filesystem::path> files;
     for (const auto& f : opts->files) {
-      if (!std::filesystem::is_directory(f)) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(f, ec)) {  // a file, or an error read_kernel_case names
         files.emplace_back(f);
         continue;
       }
-      for (const auto& e : std::filesystem::directory_iterator(f))
-        if (e.path().extension() == ".safetensors") files.push_back(e.path());
+      const std::size_t before = files.size();
+      for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
+        if (it->path().extension() == ".safetensors") files.push_back(it->path());
+      if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
+      // A folder without cases would otherwise pass with nothing run.
+      if (files.size() == before) fail(Errc::not_found, "folder {} holds no .safetensors case files", f);
     }
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);

@@ -1,5 +1,7 @@
 // metrale: the command line of the MLA decode kernels framework.
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include <fmt/format.h>
 #include <spdlog/cfg/env.h>
@@ -29,6 +31,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const metrale::Error& e) {
     fmt::print(stderr, "error ({}): {}\n", metrale::to_string(e.code()), e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error (out_of_memory): the host ran out of memory\n");
+    return 2;
+  } catch (const std::exception& e) {  // a library's own (filesystem, json, ...): still an error, never a crash
+    fmt::print(stderr, "error (internal): {}\n", e.what());
     return 2;
   }
   return exit_code;

@@ -1,0 +1,97 @@
+"""What a user would write in PyTorch for one MLA decode step over a contiguous BF16 latent cache,
+timed on the same sweep as `metrale bench --sweep`, plus the two roofline ceilings measured in the
+same run: device-to-device copy bandwidth and the dense BF16 matrix rate.
+
+    python3 bench/torch_baseline.py OUT.json
+
+Two baselines per (batch B, context L, heads H), the faster is the baseline:
+  sdpa:   F.scaled_dot_product_attention(q [B,H,1,576], k [B,1,L,576], v [B,1,L,512], enable_gqa=True)
+  matmul: heads as rows: softmax(q [B,H,576] @ kv[B,L,576]^T · scale) @ kv[B,L,:512]
+Times are CUDA-event medians after warm-up; a row whose first run takes over 1 s is timed once;
+B=128 × L=64K is left out (about a minute of device time for one row).
+"""
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(fn, target_s=0.3):
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    first = start.elapsed_time(stop)
+    if first > 1000:  # a second is enough to know a row is slow
+        return first
+    iters = max(1, min(30, int(target_s * 1e3 / max(first, 1e-3))))
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ceilings():
+    n = 1 << 30
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    copy_ms = median_ms(lambda: b.copy_(a))
+    m = 8192
+    x = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    y = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    mm_ms = median_ms(lambda: x @ y)
+    del a, b, x, y
+    return 2 * n / (copy_ms * 1e-3) / 1e9, 2 * m**3 / (mm_ms * 1e-3) / 1e12
+
+
+def main(out_path):
+    copy_gbps, matmul_tflops = ceilings()
+    print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s", flush=True)
+    scale = 1 / math.sqrt(192)
+    rows = []
+    for B in (1, 8, 32, 128):
+        for L in (1024, 4096, 16384, 65536):
+            if B * L > 32 * 65536:
+                continue
+            kv = torch.randn(B, L, 576, dtype=torch.bfloat16, device="cuda")
+            for H in (16, 64, 128):
+                q = torch.randn(B, H, 576, dtype=torch.bfloat16, device="cuda")
+
+                def sdpa():
+                    return F.scaled_dot_product_attention(
+                        q.unsqueeze(2), kv.unsqueeze(1), kv[..., :512].unsqueeze(1), scale=scale, enable_gqa=True)
+
+                def matmul():
+                    s = torch.matmul(q, kv.transpose(1, 2)) * scale
+                    return torch.matmul(torch.softmax(s.float(), dim=-1).to(torch.bfloat16), kv[..., :512])
+
+                row = {"B": B, "L": L, "H": H}
+                for name, fn in (("sdpa", sdpa), ("matmul", matmul)):
+                    try:
+                        row[name + "_us"] = median_ms(fn) * 1e3
+                    except torch.OutOfMemoryError:
+                        row[name + "_us"] = None
+                        torch.cuda.empty_cache()
+                times = [t for t in (row["sdpa_us"], row["matmul_us"]) if t is not None]
+                row["best_us"] = min(times) if times else None
+                rows.append(row)
+                print(row, flush=True)
+                del q
+            del kv
+            torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
