@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The decode sweep on the device machine (docs/performance.md): the PyTorch baseline and both
+# roofline ceilings first, then metrale's seed and split paths against them, logs under $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+t0=$SECONDS
+PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py "$OUT/torch.json" > "$OUT/torch.txt" 2>&1
+echo "torch baseline: exit $? in $((SECONDS - t0)) s"; tail -n 2 "$OUT/torch.txt"
+t0=$SECONDS
+.carry/bin/metrale bench --backend cuda --sweep --torch "$OUT/torch.json" --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
+echo "sweep: exit $? in $((SECONDS - t0)) s"
+cat "$OUT/sweep.txt"
