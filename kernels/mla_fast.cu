@@ -92,9 +92,8 @@ __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim) {
   return s;
 }
 
-// 16 E4M3 codes at `src` (16-byte aligned) to 16 BF16 values at `dst`.
-__device__ void fp8x16_to_bf16(const uint8_t* src, __nv_bfloat16* dst) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+// 16 E4M3 codes (loaded as one 16-byte word) to 16 BF16 values at `dst`.
+__device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t out[8];
 #pragma unroll
@@ -112,8 +111,7 @@ __device__ void fp8x16_to_bf16(const uint8_t* src, __nv_bfloat16* dst) {
 }
 
 // 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`.
-__device__ void nvfp4x16_to_bf16(const uint8_t* data, uint8_t scale_code, __nv_bfloat16* dst) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(data);
+__device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloat16* dst) {
   const float scale = metrale::e4m3_decode(scale_code);
   uint32_t out[8];
 #pragma unroll
@@ -126,8 +124,8 @@ __device__ void nvfp4x16_to_bf16(const uint8_t* data, uint8_t scale_code, __nv_b
 }
 
 // The split decode over any cache format. `Rows::locate(j, rows)` writes key j's four row
-// pointers; `Rows::dequant(rows, part, dst_k, dst_v)` turns elements [16·part, 16·part+16) of
-// both rows into BF16.
+// pointers; `Rows::load(rows, part)` fetches elements [16·part, 16·part+16) of both rows as a
+// `Rows::Raw`, and `Rows::convert(raw, dst_k, dst_v)` writes them as BF16.
 template <class Rows>
 __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
@@ -154,15 +152,29 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     // Phase A: locate the tile's rows, then dequantise K and V once for all G heads.
     if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, sm.rows + 4 * tid);
     __syncthreads();
-    for (uint32_t u = tid; u < kTileKeys * (dim / 16); u += blockDim.x) {
-      const uint32_t key = u / (dim / 16), part = u % (dim / 16);
-      __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
-      __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
-      if (tile + key < end) {
-        layout.dequant(sm.rows + 4 * key, part, dk, dv);
-      } else {  // zeros, not garbage: 0 · NaN would poison P·V
-        reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
-        reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+    // kBatch units per thread: all their loads are issued before the first conversion, so a
+    // thread keeps 2·kBatch loads in flight instead of one (the memory-bound shapes need it).
+    constexpr uint32_t kBatch = 2;
+    const uint32_t units = kTileKeys * (dim / 16);
+    for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
+      typename Rows::Raw raw[kBatch];
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        const uint32_t u = u0 + b * blockDim.x, key = u / (dim / 16);
+        if (u < units && tile + key < end) raw[b] = layout.load(sm.rows + 4 * key, u % (dim / 16));
+      }
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        const uint32_t u = u0 + b * blockDim.x, key = u / (dim / 16), part = u % (dim / 16);
+        if (u >= units) break;
+        __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
+        __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
+        if (tile + key < end) {
+          layout.convert(raw[b], dk, dv);
+        } else {  // zeros, not garbage: 0 · NaN would poison P·V
+          reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
+          reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+        }
       }
     }
     __syncthreads();
@@ -280,9 +292,15 @@ struct Fp8Rows {
     rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
     rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
   }
-  __device__ void dequant(const uint8_t* const* rows, uint32_t part, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
-    fp8x16_to_bf16(rows[0] + part * 16, dk);
-    fp8x16_to_bf16(rows[2] + part * 16, dv);
+  struct Raw {
+    uint4 k, v;
+  };
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
+    return {*reinterpret_cast<const uint4*>(rows[0] + part * 16), *reinterpret_cast<const uint4*>(rows[2] + part * 16)};
+  }
+  __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
+    fp8x16_to_bf16(raw.k, dk);
+    fp8x16_to_bf16(raw.v, dv);
   }
 };
 
@@ -302,9 +320,17 @@ struct Nvfp4Rows {
     rows[2] = v_cache + base + slot * row_width / 2;
     rows[3] = v_cache + base + data_section_bytes + slot * row_width / 16;
   }
-  __device__ void dequant(const uint8_t* const* rows, uint32_t part, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
-    nvfp4x16_to_bf16(rows[0] + part * 8, rows[1][part], dk);
-    nvfp4x16_to_bf16(rows[2] + part * 8, rows[3][part], dv);
+  struct Raw {
+    uint2 k, v;
+    uint8_t k_scale, v_scale;
+  };
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
+    return {*reinterpret_cast<const uint2*>(rows[0] + part * 8), *reinterpret_cast<const uint2*>(rows[2] + part * 8),
+            rows[1][part], rows[3][part]};
+  }
+  __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
+    nvfp4x16_to_bf16(raw.k, raw.k_scale, dk);
+    nvfp4x16_to_bf16(raw.v, raw.v_scale, dv);
   }
 };
 
