@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -454,7 +455,9 @@ DevicePtr EmulatorBackend::do_alloc(std::size_t bytes, std::source_location wher
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::alloc);
   if (bytes == 0) fail(Errc::invalid_argument, "alloc of 0 bytes");
-  return impl_->memory.allocate(bytes, site_of(where)).base;
+  const auto& a = impl_->memory.allocate(bytes, site_of(where));
+  spdlog::trace("emu: alloc #{} of {} bytes at {:#x} ({})", a.serial, bytes, a.base.addr, a.site);
+  return a.base;
 }
 
 void EmulatorBackend::free(DevicePtr ptr) {
@@ -525,13 +528,16 @@ void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std:
   }
   if (impl_->recording || impl_->dry_run) impl_->record(e, grid, block, args);
   if (impl_->dry_run) return;
+  const auto t0 = std::chrono::steady_clock::now();
   if (!impl_->recorder) {
     impl_->execute(e, grid, block, args);
-    return;
+  } else {
+    KernelCase recorded = impl_->recorder->before(e, grid, block, args, impl_->memory);
+    impl_->execute(e, grid, block, args);
+    impl_->recorder->after(std::move(recorded), args, e, impl_->memory);
   }
-  KernelCase recorded = impl_->recorder->before(e, grid, block, args, impl_->memory);
-  impl_->execute(e, grid, block, args);
-  impl_->recorder->after(std::move(recorded), args, e, impl_->memory);
+  spdlog::debug("emu: {} grid {} block {} ran in {:.3f} ms", e.full_name(), dims(grid), dims(block),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void EmulatorBackend::synchronize(Stream /*stream*/) {

@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "metrale/error.hpp"
 
@@ -62,6 +63,7 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   }
   c.name = fmt::format("{:04}_{}", count_++, c.entry);
   to_safetensors(c).write(dir_ / (c.name + ".safetensors"));
+  spdlog::debug("recorder: wrote {}", (dir_ / (c.name + ".safetensors")).string());
 }
 
 }  // namespace metrale::emu

@@ -24,7 +24,7 @@ for tool in memcheck racecheck initcheck synccheck; do
   # The backend counts a kernel's parameters by asking cuFuncGetParamInfo for indices until one is
   # refused: one deliberate CUDA_ERROR_INVALID_VALUE per kernel, which is not a memory error.
   step "sanitizer_$tool" env -u METRALE_GOLDEN_DIR compute-sanitizer --tool "$tool" --report-api-errors no \
-    --error-exitcode 9 --print-limit 20 $M conform --backend cuda --golden none
+    --error-exitcode 9 --print-limit 20 $M conform --backend cuda --no-golden
 done
 step bench $M bench --backend cuda --iters 30 --json "$OUT/bench.json"
 grep -B3 -A12 "FAILED" "$OUT/tests.txt" | head -60

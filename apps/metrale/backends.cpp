@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include <spdlog/spdlog.h>
+
 #include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
 #ifdef METRALE_WITH_CUDA
@@ -21,6 +23,7 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
     const char* env = std::getenv("METRALE_BACKEND");
     choice = env != nullptr && *env != '\0' ? env : "auto";
   }
+  spdlog::debug("backend: asked for '{}'{}", choice, g_record_dir.empty() ? "" : ", recording to " + g_record_dir);
   if (!g_record_dir.empty()) {
     if (choice != "emu" && choice != "auto")
       fail(Errc::invalid_argument, "--record {} needs the emulator, not backend {}", g_record_dir, choice);

@@ -49,9 +49,16 @@ Check to_check(const OutputCheck& r, std::string against) {
   return {r.output, std::move(against), r.max_abs, r.max_rel, 0, r.bad, r.count, r.worst, r.pass};
 }
 
-std::vector<fs::path> safetensors_in(const fs::path& dir) {
+// The .safetensors files of `dir`. A folder that does not exist is an error when the user named
+// it, and a warning for the defaults (a run from another working directory).
+std::vector<fs::path> safetensors_in(const fs::path& dir, bool named) {
   std::vector<fs::path> out;
-  if (!fs::is_directory(dir)) return out;
+  if (!fs::is_directory(dir)) {
+    if (named) fail(Errc::not_found, "conform: no folder {}", dir.string());
+    fmt::print(stderr, "warning: conform: no folder {} (relative to {}), skipped\n", dir.string(),
+               fs::current_path().string());
+    return out;
+  }
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") out.push_back(e.path());
   std::sort(out.begin(), out.end());
@@ -175,7 +182,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
   }
   std::ofstream md(dir / "report.md");
   md << "# Conformance report\n\n";
-  for (const auto& [k, v] : device.items()) md << "- " << k << ": " << v << "\n";
+  for (const auto& [k, v] : device.items())
+    md << "- " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
   md << fmt::format("- cases: {} run, {} failed, {:.1f} s\n\n", results.size(), failed, seconds);
   md << "| group | kernel | cases | failed | max abs error vs reference/golden/file | max abs diff vs emulator |\n";
   md << "|---|---|---|---|---|---|\n";
@@ -196,31 +204,38 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
 
 void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
-    std::string backend = "cuda", report;
-    std::vector<std::string> case_dirs{"cases/kernels"}, golden_dirs{"cases/golden"};
+    std::string backend, report;
+    std::vector<std::string> case_dirs, golden_dirs;
     std::uint64_t seed = 1;
+    bool no_golden = false;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("conform", "the conformance set on a backend, against the emulator and the reference");
-  cmd->add_option("--backend", opts->backend, "backend under test (default cuda)");
+  cmd->add_option("--backend", opts->backend,
+                  "backend under test: emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   cmd->add_option("--report", opts->report, "write report.json and report.md into DIR");
   cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)");
   cmd->add_option("--golden", opts->golden_dirs,
                   "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)");
-  cmd->add_option("--seed", opts->seed, "seed of the generated sweep");
+  cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->capture_default_str();
+  cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)");
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
     for (const auto& c : gen::conformance_sweep(opts->seed)) results.push_back(sweep_case(*gpu, emu, c));
-    for (const auto& dir : opts->case_dirs)
-      for (const auto& f : safetensors_in(dir)) results.push_back(file_case(*gpu, f));
-    auto golden_dirs = opts->golden_dirs;
-    if (const char* env = std::getenv("METRALE_GOLDEN_DIR")) golden_dirs.emplace_back(env);
+    const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
+    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
+    auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
+    for (const auto& dir : case_dirs)
+      for (const auto& f : safetensors_in(dir, named_cases)) results.push_back(file_case(*gpu, f));
+    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
+      golden_dirs.emplace_back(env);
     std::vector<std::string> seen;
+    if (opts->no_golden) golden_dirs.clear();
     for (const auto& dir : golden_dirs)
-      for (const auto& f : safetensors_in(dir)) {
+      for (const auto& f : safetensors_in(dir, named_golden)) {
         if (std::find(seen.begin(), seen.end(), f.filename().string()) != seen.end()) continue;
         seen.push_back(f.filename().string());
         auto g = golden_cases(*gpu, f);
@@ -245,7 +260,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         for (const auto& c : r.checks)
           if (!c.pass) fmt::print("  {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
       }
-    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}\n", device.dump(), results.size(), failed, seconds,
+    std::string where = gpu->name();
+    if (device.contains("device"))
+      where +=
+          fmt::format(" ({}, driver {})", device["device"].get<std::string>(), device["driver_version"].get<int>());
+    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}\n", where, results.size(), failed, seconds,
                failed == 0 ? "PASS" : "FAIL");
     if (!opts->report.empty()) write_reports(opts->report, device, results, seconds);
     set_exit(failed == 0 ? 0 : 1);
