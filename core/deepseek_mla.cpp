@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "metrale/error.hpp"
@@ -42,6 +44,16 @@ DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, s
   if (cfg_.heads == 0 || d.kv_lora == 0 || d.nope == 0 || d.v_head == 0)
     fail(Errc::invalid_argument, "deepseek mla: heads {}, kv_lora {}, nope {} and v_head {} must all be > 0",
          cfg_.heads, d.kv_lora, d.nope, d.v_head);
+  // hd() and cache_dim() are u32 sums: a wrapped one would pass the checks below with the wrong width.
+  constexpr std::uint64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
+  if (std::uint64_t{d.kv_lora} + d.rope > kU32Max)
+    fail(Errc::invalid_argument, "deepseek mla: kv_lora {} + rope {} exceeds {}", d.kv_lora, d.rope, kU32Max);
+  if (std::uint64_t{d.nope} + d.rope > kU32Max)
+    fail(Errc::invalid_argument, "deepseek mla: nope {} + rope {} exceeds {}", d.nope, d.rope, kU32Max);
+  if (!std::isfinite(cfg_.softmax_scale) || cfg_.softmax_scale <= 0.0f)
+    fail(Errc::invalid_argument, "deepseek mla: softmax_scale {} is not a finite positive number", cfg_.softmax_scale);
+  if (cfg_.rotate && d.rope > 0 && (!std::isfinite(cfg_.rope_theta) || cfg_.rope_theta <= 0.0f))
+    fail(Errc::invalid_argument, "deepseek mla: rope_theta {} is not a finite positive number", cfg_.rope_theta);
   expect_size("w_uk", w_uk.size(), std::size_t{cfg_.heads} * d.nope * d.kv_lora);
   expect_size("w_uv", w_uv.size(), std::size_t{cfg_.heads} * d.v_head * d.kv_lora);
   const PagedCacheConfig& cc = cache.config();
@@ -144,6 +156,10 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
     fail(Errc::invalid_argument, "deepseek mla: a sequence is listed twice in one decode step");
   expect_size("q_nope", in.q_nope.size(), S * H * d.nope);
   expect_size("q_rope", in.q_rope.size(), S * H * d.rope);
+  // stage_kv checks these too, but the q stages below already index positions.
+  expect_size("kv_latent", in.kv_latent.size(), S * d.kv_lora);
+  expect_size("k_rope", in.k_rope.size(), S * d.rope);
+  expect_size("positions", in.positions.size(), S);
   times_.clear();
   last_mark_ = now_ms();
   if (S == 0) return {};

@@ -4,10 +4,9 @@
 #include <array>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 
 #include "metrale/buffer.hpp"
 #include "metrale/error.hpp"
@@ -251,10 +250,10 @@ const Adapter& adapter(std::string_view module, std::string_view entry) {
 // here is not checked.
 std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view entry, std::string_view param) {
   if (module != kMlaAbsorbedModule && module != kMlaDecodeModule) return std::nullopt;
-  constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, F32 = Dtype::f32;
+  constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, FP32 = Dtype::f32;
   using Params = std::map<std::string_view, Dtype>;
-  const Params paged = {{"q", BF16},     {"k_cache", U8},      {"v_cache", U8}, {"o", BF16},
-                        {"block_tables", I32}, {"seq_lens", I32}, {"sinks", F32},  {"comp_pool", U8}};
+  const Params paged = {{"q", BF16},           {"k_cache", U8},   {"v_cache", U8}, {"o", BF16},
+                        {"block_tables", I32}, {"seq_lens", I32}, {"sinks", FP32}, {"comp_pool", U8}};
   const Params store = {{"k_src", BF16}, {"v_src", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"slot_mapping", I32}};
   static const std::map<std::string_view, Params> table = {
       {"mla_batched_gemv", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
@@ -266,8 +265,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_fp8", paged},
       {"mla_paged_cache_store_fp8", store},
       {"mla_paged_cache_store_nvfp4", store},
-      {"k3_mla_maybe_rope_f32", {{"q", F32}, {"k_new", F32}}},
-      {"k3_mla_sdpa_gate_f32", {{"q", F32}, {"k", F32}, {"v", F32}, {"g", F32}, {"out", F32}}},
+      {"k3_mla_maybe_rope_f32", {{"q", FP32}, {"k_new", FP32}}},
+      {"k3_mla_sdpa_gate_f32", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
   };
   const auto kernel = table.find(entry);
   if (kernel == table.end()) return std::nullopt;
@@ -279,18 +278,17 @@ std::string dims(Dim3 d) { return fmt::format("{},{},{}", d.x, d.y, d.z); }
 
 // "x,y,z", three decimal u32 and nothing else (sscanf would take "-1" and "1,1,1junk").
 Dim3 parse_dims(const std::string& text, const std::string& what) {
+  auto bad = [&] { fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text); };
   Dim3 d;
   const char* p = text.data();
   const char* const e = text.data() + text.size();
   for (std::uint32_t* v : {&d.x, &d.y, &d.z}) {
-    if (v != &d.x && (p == e || *p++ != ','))
-      fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
+    if (v != &d.x && (p == e || *p++ != ',')) bad();
     const auto r = std::from_chars(p, e, *v);
-    if (r.ec != std::errc{})
-      fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
+    if (r.ec != std::errc{}) bad();
     p = r.ptr;
   }
-  if (p != e) fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text);
+  if (p != e) bad();
   return d;
 }
 

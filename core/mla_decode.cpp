@@ -64,6 +64,14 @@ void check_history_len(std::size_t seq_len) {
     fail(Errc::invalid_argument, "k3 mla: history of {} tokens cannot grow past {}", seq_len, kU32Max);
 }
 
+// A host history that the config's rows fit, with room for one more token.
+void check_host_history(const MlaKv& kv, const MlaConfig& cfg) {
+  if (kv.k.size() != kv.seq_len * cfg.k_row() || kv.v.size() != kv.seq_len * cfg.v_row())
+    fail(Errc::invalid_argument, "k3 mla: host KV of {} tokens holds {} K and {} V values, the config needs {} and {}",
+         kv.seq_len, kv.k.size(), kv.v.size(), kv.seq_len * cfg.k_row(), kv.seq_len * cfg.v_row());
+  check_history_len(kv.seq_len);
+}
+
 std::size_t bytes_of(std::size_t rows, std::size_t row, const char* what) {
   if (row != 0 && rows > std::numeric_limits<std::size_t>::max() / kF32 / row)
     fail(Errc::invalid_argument, "k3 mla: {} of {} rows x {} floats exceeds the address space", what, rows, row);
@@ -138,6 +146,10 @@ void MlaKv::append(std::span<const float> k_row, std::span<const float> v_row) {
 void MlaKv::truncate(std::size_t len) {
   if (len > seq_len) fail(Errc::invalid_argument, "k3 mla: cannot truncate a host KV of {} tokens to {}", seq_len, len);
   if (len == seq_len) return;
+  // The fields are public: rows of k.size() / seq_len values only if the sizes divide.
+  if (k.size() % seq_len != 0 || v.size() % seq_len != 0)
+    fail(Errc::invalid_argument, "k3 mla: host KV of {} tokens holds {} K and {} V values, not whole rows", seq_len,
+         k.size(), v.size());
   k.resize(k.size() / seq_len * len);
   v.resize(v.size() / seq_len * len);
   seq_len = len;
@@ -148,7 +160,11 @@ void MlaKv::truncate(std::size_t len) {
 std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std::span<const float> v,
                                     std::span<const float> g, MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos,
                                     float theta) {
+  // The launchers' checks, all before q and k are rotated in place: an error changes nothing.
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
+  check_host_history(kv, cfg);
+  if (!cfg.mla_use_nope && (!std::isfinite(theta) || theta <= 0.0f))
+    fail(Errc::invalid_argument, "k3 mla: theta {} is not a finite positive number", theta);
   rope_reference(q, cfg, pos, theta);
   rope_reference(k, cfg, pos, theta);
   kv.append(k, v);
@@ -306,10 +322,7 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
                                               MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos, float theta,
                                               Stream stream) {
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
-  if (kv.k.size() != kv.seq_len * cfg.k_row() || kv.v.size() != kv.seq_len * cfg.v_row())
-    fail(Errc::invalid_argument, "k3 mla: host KV of {} tokens holds {} K and {} V values, the config needs {} and {}",
-         kv.seq_len, kv.k.size(), kv.v.size(), kv.seq_len * cfg.k_row(), kv.seq_len * cfg.v_row());
-  check_history_len(kv.seq_len);
+  check_host_history(kv, cfg);
   return with_context(fmt::format("k3 mla decode (host KV) at position {}", pos), [&] {
     const auto dq = with_context("upload q", [&] { return DeviceBuffer::from_host<float>(gpu, q); });
     const auto dk = with_context("upload k", [&] { return DeviceBuffer::from_host<float>(gpu, k); });

@@ -191,8 +191,8 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   const std::uint64_t kv_values = std::uint64_t{T} * H * (std::uint64_t{dq} + dv);
   if (kv_values > kMaxKimiReplayKvValues)
     fail(Errc::invalid_argument,
-         "tokens {} x heads {} x (qk_head_dim {} + v_head_dim {}) = {} K/V values exceed the replay's limit of {}", T, H,
-         dq, dv, kv_values, kMaxKimiReplayKvValues);
+         "tokens {} x heads {} x (qk_head_dim {} + v_head_dim {}) = {} K/V values exceed the replay's limit of {}", T,
+         H, dq, dv, kv_values, kMaxKimiReplayKvValues);
   const double scale = file.meta_f64("softmax_scale"), kernel_scale = 1.0 / std::sqrt(static_cast<double>(dq));
   if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,

@@ -27,6 +27,11 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
   if (cfg.num_kv_heads == 0) fail(Errc::invalid_argument, "paged cache: num_kv_heads is 0");
   if (cfg.kv_cache_dim == 0) fail(Errc::invalid_argument, "paged cache: kv_cache_dim is 0");
   if (cfg.max_blocks_per_seq == 0) cfg.max_blocks_per_seq = cfg.num_blocks;
+  // A sequence never holds more blocks than the pool has; a wider table only costs
+  // num_seqs x max_blocks_per_seq int32 on the host and the device at every decode.
+  if (cfg.max_blocks_per_seq > cfg.num_blocks)
+    fail(Errc::invalid_argument, "paged cache: max_blocks_per_seq {} exceeds num_blocks {}", cfg.max_blocks_per_seq,
+         cfg.num_blocks);
   const std::uint64_t row_width = std::uint64_t{cfg.num_kv_heads} * cfg.kv_cache_dim;
   if (std::uint64_t{cfg.num_blocks} * cfg.block_size > std::numeric_limits<std::int32_t>::max())
     fail(Errc::invalid_argument, "paged cache: num_blocks {} x block_size {} slots do not fit the int32 slot mapping",

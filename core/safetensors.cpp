@@ -136,7 +136,8 @@ Json parse_header_json(std::string_view text, std::string_view name) {
   // let two readers see different files, so they are refused in every object.
   std::vector<std::set<std::string>> keys;  // one set per open object, innermost last
   const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxJsonDepth) fail(Errc::invalid_argument, "{}: header json nests deeper than {} levels", name, kMaxJsonDepth);
+    if (depth > kMaxJsonDepth)
+      fail(Errc::invalid_argument, "{}: header json nests deeper than {} levels", name, kMaxJsonDepth);
     if (event == Json::parse_event_t::object_start) keys.emplace_back();
     if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
@@ -312,18 +313,21 @@ std::uint64_t referenced_data_end(const Json& header) {
 // against `total`, and `bytes` holds at least the header and the data its
 // tensors reference, so a file is never read past what it describes.
 SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, std::string_view name) {
-  if (total < 8) fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, total);
+  if (total < 8)
+    fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, total);
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
   const std::uint64_t rest = total - 8;
   if (header_len > rest)
     fail(Errc::invalid_argument, "{}: header length {} is larger than the {} bytes after it", name, header_len, rest);
   if (header_len > kMaxHeaderBytes)
-    fail(Errc::invalid_argument, "{}: header length {} exceeds the limit of {} bytes", name, header_len, kMaxHeaderBytes);
+    fail(Errc::invalid_argument, "{}: header length {} exceeds the limit of {} bytes", name, header_len,
+         kMaxHeaderBytes);
 
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
   const Json header = parse_header_json(text, name);
-  if (!header.is_object()) fail(Errc::invalid_argument, "{}: header is a json {}, not an object", name, header.type_name());
+  if (!header.is_object())
+    fail(Errc::invalid_argument, "{}: header is a json {}, not an object", name, header.type_name());
 
   const std::uint64_t data_size = rest - header_len;
   const auto data = bytes.subspan(8 + header_len);
@@ -353,7 +357,8 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path) {
   if (status.type() == std::filesystem::file_type::not_found)
     fail(Errc::not_found, "safetensors file {} does not exist", path.string());
   if (ec) fail(Errc::invalid_argument, "cannot stat {}: {}", path.string(), ec.message());
-  if (!std::filesystem::is_regular_file(status)) fail(Errc::invalid_argument, "{} is not a regular file", path.string());
+  if (!std::filesystem::is_regular_file(status))
+    fail(Errc::invalid_argument, "{} is not a regular file", path.string());
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Errc::invalid_argument, "cannot open {}", path.string());
   in.seekg(0, std::ios::end);

@@ -45,8 +45,10 @@ class DeepseekMlaDecoder {
   /// `w_uk` [heads, nope, kv_lora] and `w_uv` [heads, v_head, kv_lora], BF16
   /// (rows of HF's kv_b_proj). W_UK is kept transposed per head so absorption
   /// is one batched GEMV. Errors: `invalid_argument` for a weight size, a zero
-  /// dimension, a cache whose kv_cache_dim is not kv_lora + rope or that has
-  /// more than one KV head; the backend's.
+  /// dimension, kv_lora + rope or nope + rope past 2^32 − 1, a softmax_scale (or,
+  /// when rotating, a rope_theta) that is not finite and > 0, a cache whose
+  /// kv_cache_dim is not kv_lora + rope or that has more than one KV head; the
+  /// backend's.
   DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk, std::span<const Bf16> w_uv,
                      PagedKvCache& cache);
 
@@ -73,7 +75,8 @@ class DeepseekMlaDecoder {
   };
   /// One decode step: each sequence's new token enters the cache and attends
   /// over it. On any error the cache is unchanged. Errors: as append_kv, plus
-  /// `invalid_argument` for a sequence listed twice.
+  /// `invalid_argument` for a sequence listed twice; every size is checked
+  /// before the first launch.
   StepOutput step(const StepInput& in);
 
   const StageTimes& stage_times() const { return times_; }

@@ -64,7 +64,8 @@ struct MlaKv {
   /// an empty row; rows whose widths disagree with the history's
   /// (k.size() != seq_len × k_row.size(), likewise for v).
   void append(std::span<const float> k_row, std::span<const float> v_row);
-  /// Keep the first `len` tokens. Errors: `invalid_argument` when len > seq_len.
+  /// Keep the first `len` tokens. Errors (`invalid_argument`, the KV unchanged):
+  /// len > seq_len; k or v not a whole number of seq_len rows.
   void truncate(std::size_t len);
   bool operator==(const MlaKv&) const = default;
 };
@@ -76,7 +77,9 @@ struct MlaKv {
 /// return out [heads, v_head_dim] = softmax over the history of q·k / √qk_head_dim
 /// times V, times sigmoid(g) when cfg.mla_use_output_gate. Float64 arithmetic,
 /// FP32 storage. q, k [heads, qk_head_dim]; v, g [heads, v_head_dim] (g may be
-/// empty without the gate). Errors: as `launch_k3_mla_decode_token`'s checks.
+/// empty without the gate). Errors: as `launch_k3_mla_decode_token`'s checks
+/// (theta not finite or ≤ 0 when rotating included), all made before q and k
+/// are rotated, so on error q, k and `kv` are unchanged.
 std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std::span<const float> v,
                                     std::span<const float> g, MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos,
                                     float theta);

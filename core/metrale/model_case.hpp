@@ -47,9 +47,11 @@ double replay_tolerance(std::string_view metric, KvFormat format);
 /// Replay a DeepSeek golden case: tokens 0..T−2 enter the cache through the
 /// rope/assemble/store kernels, token T−1 runs the decode step; its rope_theta,
 /// softmax_scale and rope ("pairs(2i,2i+1)" or "none") metadata are honoured.
-/// FP8 scales are the case's amax / 448 (a per-tensor calibration). Errors:
-/// `invalid_argument` / `not_found` naming a missing or malformed tensor or
-/// metadata key; `unsupported` for another rope layout; the backend's.
+/// FP8 scales are the case's amax / 448 (a per-tensor calibration). w_uk and
+/// w_uv must be BF16 (the model's weights). Errors: `invalid_argument` /
+/// `not_found` naming a missing or malformed tensor or metadata key (a tensor
+/// of the wrong dtype or size included); the decoder's (a softmax_scale that is
+/// not finite and > 0); `unsupported` for another rope layout; the backend's.
 ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name,
                                   const ReplayOptions& options);
 
@@ -69,8 +71,10 @@ inline constexpr double kKimiReplayTolerance = 1e-4;
 /// lives on the device (MlaDeviceKv), else on the host (MlaKv). The result's
 /// kv_cache/block_size fields do not apply (block_size 0). Errors:
 /// `invalid_argument` / `not_found` naming a missing or malformed tensor or
-/// metadata key; `unsupported` for another rope layout or a softmax_scale that
-/// is not 1/√(qk_nope_head_dim + qk_rope_head_dim) (the kernel's); the decode's.
+/// metadata key, or tokens × heads × (qk_head_dim + v_head_dim) past 2^28 (the
+/// K and V values the replay holds, checked before any tensor is read);
+/// `unsupported` for another rope layout or a softmax_scale that is not
+/// 1/√(qk_nope_head_dim + qk_rope_head_dim) (the kernel's); the decode's.
 ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path);
 
 }  // namespace metrale

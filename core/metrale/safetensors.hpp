@@ -58,9 +58,12 @@ class SafeTensors {
   std::map<std::string, std::string> metadata;
   std::map<std::string, Tensor> tensors;
 
-  /// Read a whole file. Errors: `not_found` (the path), `invalid_argument`
-  /// naming the path and what is malformed (header length, JSON, dtype,
-  /// shape/offset disagreement, overlapping or out-of-file data).
+  /// Read a file: the header, then only the data its tensors reference (the
+  /// file's size bounds nothing; a sparse file is not read whole). Errors:
+  /// `not_found` (the path), `invalid_argument` naming the path and what is
+  /// malformed (header length, JSON, a key twice in one object, dtype,
+  /// shape/offset disagreement, overlapping or out-of-file data),
+  /// `out_of_memory` when the referenced data does not fit in memory.
   static SafeTensors read(const std::filesystem::path& path);
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);

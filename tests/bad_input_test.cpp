@@ -1,0 +1,455 @@
+// Bad input, from files and from the API: each gets a clear error naming the
+// value (never a crash, a hang or a silent wrong answer), and nothing already
+// stored changes. One test per fixed finding of the adversarial review.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "metrale/deepseek_mla.hpp"
+#include "metrale/emu/emulator.hpp"
+#include "metrale/kernel_case.hpp"
+#include "metrale/mla_decode.hpp"
+#include "metrale/model_case.hpp"
+#include "metrale/paged_cache.hpp"
+#include "metrale/safetensors.hpp"
+#include "support.hpp"
+
+using namespace metrale;
+using metrale::test::require_error;
+
+namespace {
+
+// A file under the temp directory, removed at the end of the scope.
+struct TempPath {
+  std::filesystem::path path;
+  explicit TempPath(const std::string& suffix) {
+    std::random_device rd;
+    path = std::filesystem::temp_directory_path() / ("metrale_bad_input_" + std::to_string(rd()) + suffix);
+  }
+  ~TempPath() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+std::vector<std::byte> header_only_file(const std::string& json) {
+  std::vector<std::byte> out(8);
+  const std::uint64_t len = json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((len >> (8 * i)) & 0xFFu);
+  for (const char c : json) out.push_back(static_cast<std::byte>(c));
+  return out;
+}
+
+void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), std::fclose);
+  REQUIRE(f);
+  REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size());
+}
+
+// Run the CLI, stdout and stderr together; returns the exit status.
+int run_cli(const std::string& args, std::string& out) {
+  const std::string cmd = std::string(METRALE_CLI) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  REQUIRE(pipe);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+  const int status = pclose(pipe.release());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+SafeTensors recorded_decode_case() {
+  return SafeTensors::read(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                           "dsv3_h8_t300_fp8_0606_mla_paged_decode_fp8.safetensors");
+}
+
+Tensor f64_tensor(std::vector<double> v) { return Tensor::from<double>({static_cast<std::int64_t>(v.size())}, v); }
+
+// A small DeepSeek decoder over a small FP8 cache.
+struct SmallDeepseek {
+  static constexpr std::uint32_t kHeads = 2;
+  static constexpr MlaDims kDims{16, 4, 8, 8};
+  emu::EmulatorBackend gpu;
+  PagedKvCache cache{gpu, [] {
+                       PagedCacheConfig pc;
+                       pc.num_blocks = 4;
+                       pc.block_size = 2;
+                       pc.kv_cache_dim = kDims.cache_dim();
+                       return pc;
+                     }()};
+  std::vector<Bf16> w_uk = std::vector<Bf16>(kHeads * kDims.nope * kDims.kv_lora, Bf16::from_float(0.1f));
+  std::vector<Bf16> w_uv = std::vector<Bf16>(kHeads * kDims.v_head * kDims.kv_lora, Bf16::from_float(0.1f));
+
+  DeepseekMlaConfig config() const { return {kHeads, kDims, 0.25f, 10000.0f, true}; }
+};
+
+}  // namespace
+
+// ---- safetensors ----------------------------------------------------------------------
+
+TEST_CASE("bad input: a sparse terabyte file behind a small header is read without allocating it",
+          "[bad_input][safetensors]") {
+  // Before: read() allocated the whole file (std::bad_alloc, a crash in the CLI).
+  TempPath tmp(".safetensors");
+  SafeTensors st;
+  st.metadata["heads"] = "2";
+  const std::vector<float> values{1.0f, -2.5f, 3.0f};
+  st.tensors["x"] = Tensor::from<float>({3}, values);
+  st.write(tmp.path);
+  std::error_code ec;
+  std::filesystem::resize_file(tmp.path, std::uint64_t{1} << 40, ec);  // sparse: no disk, no memory
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); test skipped");
+    return;
+  }
+  const SafeTensors back = SafeTensors::read(tmp.path);
+  CHECK(back.metadata == st.metadata);
+  CHECK(back.at("x").values<float>() == values);
+}
+
+TEST_CASE("bad input: a header whose data lies past a sparse file's end is refused before reading data",
+          "[bad_input][safetensors]") {
+  TempPath tmp(".safetensors");
+  const std::uint64_t two_tib = std::uint64_t{1} << 41;
+  write_bytes(tmp.path, header_only_file(
+                            fmt::format(R"({{"t":{{"dtype":"U8","shape":[{0}],"data_offsets":[0,{0}]}}}})", two_tib)));
+  std::error_code ec;
+  std::filesystem::resize_file(tmp.path, std::uint64_t{1} << 40, ec);
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); test skipped");
+    return;
+  }
+  require_error([&] { (void)SafeTensors::read(tmp.path); }, Errc::invalid_argument,
+                {tmp.path.string(), "'t'", fmt::format("[0, {}]", two_tib), "outside the data section"});
+}
+
+TEST_CASE("bad input: a key given twice in a nested header object is refused", "[bad_input][safetensors]") {
+  // Before: only top-level duplicates were refused; the last metadata value or dtype silently won.
+  SECTION("a metadata key") {
+    const auto bytes = header_only_file(R"({"__metadata__":{"heads":"16","heads":"8"}})");
+    require_error([&] { (void)SafeTensors::parse(bytes, "dup.safetensors"); }, Errc::invalid_argument,
+                  {"dup.safetensors", "header has key 'heads' twice"});
+  }
+  SECTION("a field of a tensor entry") {
+    const auto bytes = header_only_file(R"({"t":{"dtype":"F32","dtype":"U8","shape":[0],"data_offsets":[0,0]}})");
+    require_error([&] { (void)SafeTensors::parse(bytes, "dup.safetensors"); }, Errc::invalid_argument,
+                  {"dup.safetensors", "header has key 'dtype' twice"});
+  }
+  SECTION("the same key in two different objects is fine") {
+    const auto bytes = header_only_file(
+        R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})");
+    const SafeTensors st = SafeTensors::parse(bytes, "ok.safetensors");
+    CHECK(st.tensors.size() == 2);
+  }
+}
+
+// ---- model cases ----------------------------------------------------------------------
+
+TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the tensor", "[bad_input][replay]") {
+  // Before: "tensor dtype is F32, expected BF16", naming no tensor.
+  SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
+  emu::EmulatorBackend gpu;
+  SECTION("w_uk as F32") {
+    const Tensor& w = f.at("w_uk");
+    const auto values = w.to_f32();
+    f.tensors["w_uk"] = Tensor::from<float>(w.shape, values);
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor w_uk is F32, expected BF16"});
+  }
+  SECTION("q_nope as I32") {
+    f.tensors["q_nope"].dtype = Dtype::i32;  // same bytes, now integers
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor q_nope", "cannot convert a I32 tensor"});
+  }
+  SECTION("a softmax_scale of 0") {
+    f.metadata["softmax_scale"] = "0";
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"softmax_scale 0 is not a finite positive number"});
+  }
+  CHECK(gpu.live_allocations().empty());
+}
+
+TEST_CASE("bad input: a small K3 case whose metadata asks for terabytes is refused", "[bad_input][replay]") {
+  // Before: std::bad_alloc from the host projection (the CLI aborted).
+  SafeTensors f;
+  f.metadata = {
+      {"heads", "1000000"},      {"tokens", "1000000"}, {"kv_lora_rank", "1"}, {"qk_nope_head_dim", "1"},
+      {"qk_rope_head_dim", "1"}, {"v_head_dim", "1"},   {"rope", "none"},      {"softmax_scale", "0.7071067811865476"},
+      {"rope_theta", "10000"}};
+  emu::EmulatorBackend gpu;
+  for (const bool device : {true, false}) {
+    require_error([&] { (void)replay_kimi_case(gpu, f, "bomb", device); }, Errc::invalid_argument,
+                  {"tokens 1000000 x heads 1000000", "(qk_head_dim 2 + v_head_dim 1) = 3000000000000",
+                   "exceed the replay's limit"});
+  }
+  CHECK(gpu.calls() == 0);
+}
+
+// ---- kernel cases ---------------------------------------------------------------------
+
+TEST_CASE("bad input: a kernel case grid must be exactly three u32", "[bad_input][kernel_case]") {
+  // Before: sscanf took "-1" as 4294967295, overflowed silently and ignored trailing text.
+  SafeTensors f = recorded_decode_case();
+  for (const std::string grid : {"8,-1,1", "8,1,1junk", "8,99999999999,1", "8,1", "8,,1", ""}) {
+    INFO("grid '" << grid << "'");
+    f.metadata["grid"] = grid;
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"grid '" + grid + "' is not x,y,z"});
+  }
+  f.metadata["grid"] = "8,2,1";
+  CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 2);  // num_seqs comes from grid.y
+}
+
+TEST_CASE("bad input: a kernel case without a grid does not default its launch-shape fields",
+          "[bad_input][kernel_case]") {
+  // Before: the default grid {1,1,1} gave num_seqs = 1 silently.
+  SafeTensors f = recorded_decode_case();
+  REQUIRE(f.metadata.count("num_seqs") == 0);
+  f.metadata.erase("grid");
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"no value for num_seqs"});
+  f.metadata["num_seqs"] = "1";
+  CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 1);
+}
+
+TEST_CASE("bad input: kernel case tolerances are F64, non-negative, whole ulps", "[bad_input][kernel_case]") {
+  // Before: an F32 tolerance gave an error naming no tensor, and ulps of -1, NaN or 1e20
+  // were cast to u32 (undefined behaviour).
+  SafeTensors f = recorded_decode_case();
+  SECTION("F32") {
+    const std::vector<float> v{0, 0, 1};
+    f.tensors["tolerance.o"] = Tensor::from<float>({3}, v);
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"tolerance.o is F32, expected F64"});
+  }
+  SECTION("ulps") {
+    for (const double ulps : {-1.0, std::nan(""), 1e20, 1.5, 4294967296.0}) {
+      INFO("ulps " << ulps);
+      f.tensors["tolerance.o"] = f64_tensor({0, 0, ulps});
+      require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                    {"tolerance.o ulps", "is not a whole number in [0, 4294967295]"});
+    }
+    f.tensors["backend_tolerance.o"] = f64_tensor({0, 0, -5});
+    f.tensors["tolerance.o"] = f64_tensor({0, 0, 1});
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"backend_tolerance.o ulps -5"});
+  }
+  SECTION("abs and rel") {
+    f.tensors["tolerance.o"] = f64_tensor({std::nan(""), 0, 0});
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"tolerance.o abs nan and rel 0 must be non-negative"});
+    f.tensors["tolerance.o"] = f64_tensor({0, -1e-3, 0});
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"rel -0.001"});
+  }
+  SECTION("valid ones are kept") {
+    f.tensors["tolerance.o"] = f64_tensor({1e-3, std::numeric_limits<double>::infinity(), 4294967295.0});
+    const Tolerance t = kernel_case_from(f, "c").tolerance.at("o");
+    CHECK(t.abs == 1e-3);
+    CHECK(std::isinf(t.rel));
+    CHECK(t.ulps == 4294967295u);
+  }
+}
+
+TEST_CASE("bad input: a kernel case tensor of another dtype than its parameter is refused",
+          "[bad_input][kernel_case]") {
+  // Before: the bytes were uploaded as they were and reinterpreted (q as F32 ran as BF16).
+  SafeTensors f = recorded_decode_case();
+  SECTION("q as F32") {
+    const auto q = f.at("q").to_f32();
+    f.tensors["q"] = Tensor::from<float>({static_cast<std::int64_t>(q.size())}, q);
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"tensor q is F32, but parameter q of mla_paged_decode_fp8 is BF16"});
+  }
+  SECTION("block_tables as U8 bytes") {
+    f.tensors["block_tables"].dtype = Dtype::u8;
+    f.tensors["block_tables"].shape = {static_cast<std::int64_t>(f.at("block_tables").data.size())};
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"tensor block_tables is U8", "is I32"});
+  }
+  SECTION("an expectation check_output cannot compare") {
+    Tensor& want = f.tensors["expected.o"];
+    want.dtype = Dtype::i16;  // same bytes as BF16
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"expected.o is I16", "F64, F32, BF16, F16, I32 or U8"});
+  }
+  SECTION("the recorded dtypes pass and run") {
+    emu::EmulatorBackend gpu;
+    const KernelCase c = kernel_case_from(f, "c");
+    const auto out = run_kernel_case(gpu, c);
+    CHECK(check_output("o", out.at("o"), c.expected.at("o"), c.tolerance.at("o")).pass);
+  }
+}
+
+// ---- paged cache ----------------------------------------------------------------------
+
+TEST_CASE("bad input: a block table wider than the pool is refused", "[bad_input][paged_cache]") {
+  // Before: max_blocks_per_seq 2^32 - 1 made every upload_tables build a 16 GiB table.
+  emu::EmulatorBackend gpu;
+  PagedCacheConfig cfg;
+  cfg.num_blocks = 4;
+  cfg.block_size = 2;
+  cfg.kv_cache_dim = 16;
+  for (const std::uint32_t width : {5u, 0xFFFF'FFFFu}) {
+    cfg.max_blocks_per_seq = width;
+    require_error([&] { PagedKvCache c(gpu, cfg); }, Errc::invalid_argument,
+                  {fmt::format("max_blocks_per_seq {} exceeds num_blocks 4", width)});
+  }
+  CHECK(gpu.calls() == 0);
+  cfg.max_blocks_per_seq = 4;
+  PagedKvCache c(gpu, cfg);
+  CHECK(c.max_blocks_per_seq() == 4);
+}
+
+// ---- DeepSeek decoder -----------------------------------------------------------------
+
+TEST_CASE("bad input: a DeepSeek step checks every size before its first launch", "[bad_input][deepseek]") {
+  // Before: positions was indexed by the q rope stage first: an empty span was a null dereference.
+  SmallDeepseek t;
+  DeepseekMlaDecoder dec(t.gpu, t.config(), t.w_uk, t.w_uv, t.cache);
+  const SeqId s = t.cache.add_sequence();
+  const MlaDims d = SmallDeepseek::kDims;
+  const std::vector<float> q_nope(SmallDeepseek::kHeads * d.nope, 0.5f), q_rope(SmallDeepseek::kHeads * d.rope, 0.5f);
+  const std::vector<float> latent(d.kv_lora, 0.3f), k_rope(d.rope, 0.2f);
+  const std::uint32_t pos = 0;
+  dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, std::span(&pos, 1)});  // one token in
+
+  const auto table = std::vector<std::int32_t>(t.cache.block_table(s).begin(), t.cache.block_table(s).end());
+  const auto free_blocks = t.cache.free_blocks();
+  const auto live = t.gpu.live_allocations().size();
+  const auto calls = t.gpu.calls();
+  const std::uint32_t p1 = 1;
+  SECTION("no positions") {
+    require_error(
+        [&] {
+          dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, {}});
+        },
+        Errc::invalid_argument, {"deepseek mla: positions has 0 values, expected 1"});
+  }
+  SECTION("a short kv_latent") {
+    require_error(
+        [&] {
+          dec.step({std::span(&s, 1), q_nope, q_rope, std::span(latent).first(3), k_rope, std::span(&p1, 1)});
+        },
+        Errc::invalid_argument, {"kv_latent has 3 values, expected 16"});
+  }
+  SECTION("no k_rope") {
+    require_error(
+        [&] {
+          dec.step({std::span(&s, 1), q_nope, q_rope, latent, {}, std::span(&p1, 1)});
+        },
+        Errc::invalid_argument, {"k_rope has 0 values, expected 4"});
+  }
+  CHECK(t.gpu.calls() == calls);  // refused before any backend call
+  CHECK(t.cache.seq_len(s) == 1);
+  CHECK(std::vector<std::int32_t>(t.cache.block_table(s).begin(), t.cache.block_table(s).end()) == table);
+  CHECK(t.cache.free_blocks() == free_blocks);
+  CHECK(t.gpu.live_allocations().size() == live);
+}
+
+TEST_CASE("bad input: a DeepSeek decoder config is checked when the decoder is built", "[bad_input][deepseek]") {
+  SmallDeepseek t;
+  SECTION("softmax_scale") {
+    for (const float scale : {0.0f, -0.25f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      DeepseekMlaConfig cfg = t.config();
+      cfg.softmax_scale = scale;
+      require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
+                    {fmt::format("softmax_scale {} is not a finite positive number", scale)});
+    }
+  }
+  SECTION("rope_theta, when rotating") {
+    DeepseekMlaConfig cfg = t.config();
+    cfg.rope_theta = -1.0f;
+    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
+                  {"rope_theta -1 is not a finite positive number"});
+    cfg.rotate = false;  // unused then
+    DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache);
+  }
+  SECTION("dimension sums past 32 bits") {
+    // kv_lora + rope would wrap to 20 = the cache's kv_cache_dim and pass the cache check.
+    DeepseekMlaConfig cfg = t.config();
+    cfg.dims = MlaDims{0xFFFF'FFFFu, 21, 8, 8};
+    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, {}, {}, t.cache); }, Errc::invalid_argument,
+                  {"kv_lora 4294967295 + rope 21 exceeds 4294967295"});
+    cfg.dims = MlaDims{16, 4, 0xFFFF'FFFFu, 8};
+    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, {}, {}, t.cache); }, Errc::invalid_argument,
+                  {"nope 4294967295 + rope 4 exceeds 4294967295"});
+  }
+}
+
+// ---- Kimi K3 host reference and history -------------------------------------------------
+
+TEST_CASE("bad input: the K3 CPU reference checks theta and the history before rotating", "[bad_input][k3]") {
+  // Before: theta 0 returned NaN without an error, and a bad history was found only after q
+  // and k had been rotated in place.
+  const MlaConfig cfg{2, 4, 4, 4, false, true};
+  std::vector<float> q(16, 1.0f), k(16, 1.0f);
+  const std::vector<float> v(8, 1.0f), g(8, 0.0f);
+  SECTION("theta") {
+    MlaKv kv;
+    for (const float theta : {0.0f, -10000.0f, std::nanf("")}) {
+      require_error([&] { (void)mla_decode_token(q, k, v, g, kv, cfg, 3, theta); }, Errc::invalid_argument,
+                    {fmt::format("theta {} is not a finite positive number", theta)});
+    }
+    CHECK(kv == MlaKv{});
+    MlaConfig nope = cfg;
+    nope.mla_use_nope = true;  // theta unused
+    CHECK(std::isfinite(mla_decode_token(q, k, v, g, kv, nope, 3, 0.0f)[0]));
+  }
+  SECTION("a history the config's rows do not fit") {
+    MlaKv kv;
+    kv.seq_len = 1;
+    kv.k.assign(5, 0.0f);
+    kv.v.assign(8, 0.0f);
+    const MlaKv before = kv;
+    require_error([&] { (void)mla_decode_token(q, k, v, g, kv, cfg, 3, 10000.0f); }, Errc::invalid_argument,
+                  {"host KV of 1 tokens holds 5 K and 8 V values, the config needs 16 and 8"});
+    CHECK(kv == before);
+  }
+  CHECK(q == std::vector<float>(16, 1.0f));  // not rotated
+  CHECK(k == std::vector<float>(16, 1.0f));
+}
+
+TEST_CASE("bad input: truncating a host KV that is not whole rows is refused", "[bad_input][k3]") {
+  // Before: k.size() / seq_len * len silently cut a mis-sized history at a wrong offset.
+  MlaKv kv;
+  kv.seq_len = 3;
+  kv.k.assign(5, 1.0f);
+  kv.v.assign(6, 1.0f);
+  const MlaKv before = kv;
+  require_error([&] { kv.truncate(1); }, Errc::invalid_argument,
+                {"host KV of 3 tokens holds 5 K and 6 V values, not whole rows"});
+  CHECK(kv == before);
+  kv.k.assign(6, 1.0f);
+  kv.truncate(1);
+  CHECK(kv.seq_len == 1);
+  CHECK(kv.k.size() == 2);
+  CHECK(kv.v.size() == 2);
+}
+
+// ---- the CLI ----------------------------------------------------------------------------
+
+TEST_CASE("bad input: metrale case run reports path errors and empty folders", "[bad_input][cli]") {
+  SECTION("a name too long for the file system") {
+    // Before: std::filesystem::filesystem_error escaped main (std::terminate, exit 134).
+    std::string out;
+    const int code = run_cli("case run --backend emu " + std::string(5000, 'a'), out);
+    CHECK(code == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument)"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("terminate"));
+  }
+  SECTION("a folder without case files") {
+    // Before: "0 files on emu: PASS", exit 0.
+    TempPath dir("_dir");
+    std::filesystem::create_directories(dir.path);
+    std::string out;
+    CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("error (not_found): folder " + dir.path.string() +
+                                              " holds no .safetensors case files"));
+  }
+}
