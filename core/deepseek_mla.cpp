@@ -40,6 +40,9 @@ void expect_size(const char* what, std::size_t got, std::size_t want) {
 DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk,
                                        std::span<const Bf16> w_uv, PagedKvCache& cache)
     : gpu_(gpu), cfg_(cfg), cache_(cache), k_(MlaAbsorbedKernels::resolve(gpu)) {
+  if (&cache.backend() != &gpu)  // its pool addresses mean nothing (or something else) on this backend
+    fail(Errc::invalid_argument, "deepseek mla: the paged cache lives on another backend ({}) than the decoder ({})",
+         cache.backend().name(), gpu.name());
   const MlaDims& d = cfg_.dims;
   if (cfg_.heads == 0 || d.kv_lora == 0 || d.nope == 0 || d.v_head == 0)
     fail(Errc::invalid_argument, "deepseek mla: heads {}, kv_lora {}, nope {} and v_head {} must all be > 0",

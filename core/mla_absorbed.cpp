@@ -13,6 +13,7 @@ using detail::Validator;
 namespace {
 
 constexpr Dim3 kBlock256{256, 1, 1};
+constexpr std::uint64_t kMaxKeys = 0x7FFF'FFFF;  // keys per sequence, compressed entries included
 
 void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
   v.non_null({{"q", a.q},
@@ -36,11 +37,25 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
     fail(Errc::unsupported, "{}: kv_cache_dim {} exceeds the kernel's limit {}", v.kernel, a.kv_cache_dim,
          kMaxKvCacheDim);
   v.check(std::isfinite(a.inv_sqrt_d), "inv_sqrt_d {} is not finite", a.inv_sqrt_d);
+  // Key indices are 32-bit in the kernels: the table's capacity must leave room for them.
+  v.check(std::uint64_t{a.max_blocks_per_seq} * a.block_size <= kMaxKeys,
+          "max_blocks_per_seq {} x block_size {} keys exceed {}", a.max_blocks_per_seq, a.block_size, kMaxKeys);
+}
+
+// A row's byte offset is slot x pitch with |slot| < 2^31 x block_size (any int32 in the table):
+// block_size x pitch < 2^32 keeps it inside int64, so a garbage table entry faults instead of
+// wrapping around to a valid row.
+void validate_row_offsets(const Validator& v, std::uint32_t block_size, std::uint64_t pitch, const char* pitch_name) {
+  v.check(pitch < (std::uint64_t{1} << 32) / block_size, "block_size {} x {} {} reaches 2^32 (row offsets would wrap)",
+          block_size, pitch_name, pitch);
 }
 
 // NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
 void validate_nvfp4_layout(const Validator& v, std::uint64_t row_width, std::uint32_t block_size,
                            std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes) {
+  // A block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
+  v.check(block_stride_bytes < (std::uint64_t{1} << 32),
+          "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", block_stride_bytes);
   // Compared by division (block_size > 0, row_width % 16 == 0 make it exact) so that neither
   // block_size x row width nor data_section_bytes + scales can wrap around 2^64.
   v.check(row_width % 16 == 0, "row width {} is not a multiple of 16", row_width);
@@ -187,16 +202,20 @@ void rope_pairs_bf16(GpuBackend& gpu, KernelHandle kernel, const RopePairsArgs& 
       .launch(stream);
 }
 
-void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream) {
+void validate(const PagedDecodeNvfp4Args& a) {
   const Validator v{"mla_paged_decode_nvfp4"};
   validate_paged_decode(v, a);
   validate_nvfp4_layout(v, std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.block_size, a.block_stride_bytes,
                         a.data_section_bytes);
+}
+
+void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream) {
+  validate(a);
   KernelLaunch l(gpu, kernel);
   paged_decode_args(l, a).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).launch(stream);
 }
 
-void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {
+void validate(const PagedDecodeFp8Args& a) {
   const Validator v{"mla_paged_decode_fp8"};
   validate_paged_decode(v, a);
   v.positive_finite("k_scale", a.k_scale);
@@ -204,6 +223,21 @@ void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecod
   v.check(a.cache_stride >= std::uint64_t{a.num_kv_heads} * a.kv_cache_dim,
           "cache_stride {} < row width {} (num_kv_heads {} x kv_cache_dim {})", a.cache_stride,
           std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.num_kv_heads, a.kv_cache_dim);
+  validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
+  if (a.comp_pool) {
+    // Entries are 32-bit key indices after the table's, and entry offsets (s·C + c)·2·cache_stride stay in int64.
+    v.check(std::uint64_t{a.max_blocks_per_seq} * a.block_size + a.comp_block_count <= kMaxKeys,
+            "comp_block_count {} with max_blocks_per_seq {} x block_size {} exceeds {} keys", a.comp_block_count,
+            a.max_blocks_per_seq, a.block_size, kMaxKeys);
+    v.check(a.comp_block_count == 0 ||
+                a.cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{a.num_seqs} * a.comp_block_count),
+            "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)",
+            a.num_seqs, a.comp_block_count, a.cache_stride);
+  }
+}
+
+void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {
+  validate(a);
   KernelLaunch l(gpu, kernel);
   paged_decode_args(l, a)
       .arg_f32(a.k_scale)
@@ -220,6 +254,7 @@ void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const Cache
   const Validator v{"mla_paged_cache_store_fp8"};
   validate_cache_store(v, a);
   v.check(a.cache_stride >= a.row_width, "cache_stride {} < row_width {}", a.cache_stride, a.row_width);
+  validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   v.positive_finite("k_scale", a.k_scale);
   v.positive_finite("v_scale", a.v_scale);
   KernelLaunch(gpu, kernel)

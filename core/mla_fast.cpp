@@ -233,6 +233,7 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
 
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream) {
+  validate(a);  // the seed launcher's rules hold for both paths
   if (split_unsupported(a)) {
     mla_paged_decode_fp8(gpu, seed.paged_decode_fp8, a, stream);
     return DecodePath::seed;
@@ -251,6 +252,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
 
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                               const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream) {
+  validate(a);  // the seed launcher's rules hold for both paths
   if (split_unsupported(a)) {
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;

@@ -214,7 +214,8 @@ void paged_attention(Block& blk, Global<const Bf16> q, Global<Bf16> o, std::uint
     for (auto& a : acc)
       for (float& x : a) x *= alpha;
   }
-  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // an empty key set writes zeros, never NaN
+  // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.
+  const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
   blk.threads([&](std::uint32_t tid) {
     for (std::uint32_t r = 0; r < kMaxDimsPerThread; ++r) {
       const std::uint32_t d = tid + r * kTile;

@@ -42,7 +42,10 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
                   const KeySet& keys, std::uint32_t keys_per_split, Dequant&& dequant) {
   const std::uint32_t G = blk.blockDim.x / (4 * kWarp) * kGroupRows;
   const std::uint32_t z = blk.blockIdx.x, head0 = blk.blockIdx.y * G, s = blk.blockIdx.z, num_splits = blk.gridDim.x;
-  const std::uint32_t begin = z * keys_per_split, end = std::min(keys.count, begin + keys_per_split);
+  const std::uint32_t begin =
+      static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{z} * keys_per_split, keys.count));
+  const std::uint32_t end =
+      static_cast<std::uint32_t>(std::min<std::uint64_t>(keys.count, std::uint64_t{begin} + keys_per_split));
 
   std::vector<std::vector<float>> q_s(G, std::vector<float>(q_head_dim, 0.0f));  // shared
   for (std::uint32_t row = 0; row < G; ++row) {
@@ -194,7 +197,7 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] > 0.0f) denom += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
-  const float inv = denom > 0.0f ? v_scale / denom : 0.0f;
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   blk.threads([&](std::uint32_t tid) {
     for (std::uint32_t d = tid; d < kv_cache_dim; d += blk.blockDim.x) {
       float num = 0.0f;

@@ -202,7 +202,8 @@ __device__ void paged_attention(const __nv_bfloat16* q, __nv_bfloat16* o, uint32
     l = l * alpha + expf(sink - m_final);
     for (float& a : acc) a *= alpha;
   }
-  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // an empty key set writes zeros, never NaN
+  // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.
+  const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
   for (uint32_t r = 0; r < kMaxDimsPerThread; ++r) {
     const uint32_t d = tid + r * kTile;
     if (d >= kv_cache_dim) break;

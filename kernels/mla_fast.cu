@@ -135,7 +135,8 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   const Smem sm = carve(smem_raw, G, dim);
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, r = warp / 4, c = warp % 4;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * G, s = blockIdx.z, num_splits = gridDim.x;
-  const uint32_t begin = z * keys_per_split, end = min(keys.count, begin + keys_per_split);
+  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
+  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
 
   // Q rows of this head group (rows past num_q_heads are zero).
   for (uint32_t u = tid; u < G * (q_head_dim / 8); u += blockDim.x) {
@@ -402,7 +403,7 @@ extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, cons
     const float l = ml_partial[2 * (base + z) + 1];
     if (l > 0.0f) denom += expf(ml_partial[2 * (base + z)] - big) * l;
   }
-  const float inv = denom > 0.0f ? v_scale / denom : 0.0f;
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   for (uint32_t d = threadIdx.x; d < kv_cache_dim; d += blockDim.x) {
     float num = 0.0f;
     for (uint32_t z = 0; z < num_splits; ++z) {

@@ -102,12 +102,18 @@ struct GemvCase : Emu {
   static constexpr std::uint32_t n_out = 12, k = 40, heads = 3, in_stride = 48, out_stride = 12;
   DeviceBuffer input = zeros(gpu, std::size_t{heads} * in_stride * kBf16);
   DeviceBuffer weight = zeros(gpu, std::size_t{heads} * n_out * k * kBf16);
-  DeviceBuffer output{gpu, std::size_t{heads} * out_stride * kBf16};
+  DeviceBuffer output{gpu, std::size_t{heads} * out_stride* kBf16};
 
   BatchedGemvArgs valid() const {
     // output_stride == n_out: the boundary of the overlap rule is in the control.
-    return {.input = input.ptr(), .weight = weight.ptr(), .output = output.ptr(), .n_out = n_out, .k = k,
-            .num_heads = heads, .input_stride = in_stride, .output_stride = out_stride};
+    return {.input = input.ptr(),
+            .weight = weight.ptr(),
+            .output = output.ptr(),
+            .n_out = n_out,
+            .k = k,
+            .num_heads = heads,
+            .input_stride = in_stride,
+            .output_stride = out_stride};
   }
   void launch(const BatchedGemvArgs& a) { mla_batched_gemv(gpu, kernels.batched_gemv, a); }
 };
@@ -122,12 +128,30 @@ TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
   };
   const Errc bad = Errc::invalid_argument;
 
-  SECTION("input null") { a.input = {}; reject(bad, {"mla_batched_gemv", "input is null"}); }
-  SECTION("weight null") { a.weight = {}; reject(bad, {"mla_batched_gemv", "weight is null"}); }
-  SECTION("output null") { a.output = {}; reject(bad, {"mla_batched_gemv", "output is null"}); }
-  SECTION("n_out 0") { a.n_out = 0; reject(bad, {"mla_batched_gemv", "n_out is 0"}); }
-  SECTION("k 0") { a.k = 0; reject(bad, {"mla_batched_gemv", "k is 0"}); }
-  SECTION("num_heads 0") { a.num_heads = 0; reject(bad, {"mla_batched_gemv", "num_heads is 0"}); }
+  SECTION("input null") {
+    a.input = {};
+    reject(bad, {"mla_batched_gemv", "input is null"});
+  }
+  SECTION("weight null") {
+    a.weight = {};
+    reject(bad, {"mla_batched_gemv", "weight is null"});
+  }
+  SECTION("output null") {
+    a.output = {};
+    reject(bad, {"mla_batched_gemv", "output is null"});
+  }
+  SECTION("n_out 0") {
+    a.n_out = 0;
+    reject(bad, {"mla_batched_gemv", "n_out is 0"});
+  }
+  SECTION("k 0") {
+    a.k = 0;
+    reject(bad, {"mla_batched_gemv", "k is 0"});
+  }
+  SECTION("num_heads 0") {
+    a.num_heads = 0;
+    reject(bad, {"mla_batched_gemv", "num_heads is 0"});
+  }
   SECTION("num_heads past the grid's y limit") {
     a.num_heads = 65536;
     reject(bad, {"mla_batched_gemv", "num_heads", "65536", "65535"});
@@ -147,12 +171,19 @@ struct ScatterCase : Emu {
   // nope + rope == hd and kv_lora + rope == mla_cache_dim: both boundaries are in the control.
   static constexpr std::uint32_t nq = 3, hd = 20, nope = 12, rope = 8, kv_lora = 16, cache_dim = 24;
   DeviceBuffer q_full = zeros(gpu, std::size_t{nq} * hd * kBf16);
-  DeviceBuffer q_absorbed{gpu, std::size_t{nq} * cache_dim * kBf16};
-  DeviceBuffer q_rope{gpu, std::size_t{nq} * rope * kBf16};
+  DeviceBuffer q_absorbed{gpu, std::size_t{nq} * cache_dim* kBf16};
+  DeviceBuffer q_rope{gpu, std::size_t{nq} * rope* kBf16};
 
   QRopeScatterArgs valid() const {
-    return {.q_full = q_full.ptr(), .q_absorbed_buf = q_absorbed.ptr(), .q_rope_contiguous = q_rope.ptr(),
-            .nq = nq, .hd = hd, .nope = nope, .rope = rope, .kv_lora = kv_lora, .mla_cache_dim = cache_dim};
+    return {.q_full = q_full.ptr(),
+            .q_absorbed_buf = q_absorbed.ptr(),
+            .q_rope_contiguous = q_rope.ptr(),
+            .nq = nq,
+            .hd = hd,
+            .nope = nope,
+            .rope = rope,
+            .kv_lora = kv_lora,
+            .mla_cache_dim = cache_dim};
   }
   void launch(const QRopeScatterArgs& a) { mla_q_rope_scatter(gpu, kernels.q_rope_scatter, a); }
 };
@@ -167,11 +198,26 @@ TEST_CASE("mla_q_rope_scatter: every validation rule", "[validation]") {
   const Errc bad = Errc::invalid_argument;
   const char* kn = "mla_q_rope_scatter";
 
-  SECTION("q_full null") { a.q_full = {}; reject(bad, {kn, "q_full is null"}); }
-  SECTION("q_absorbed_buf null") { a.q_absorbed_buf = {}; reject(bad, {kn, "q_absorbed_buf is null"}); }
-  SECTION("q_rope_contiguous null") { a.q_rope_contiguous = {}; reject(bad, {kn, "q_rope_contiguous is null"}); }
-  SECTION("nq 0") { a.nq = 0; reject(bad, {kn, "nq is 0"}); }
-  SECTION("rope 0") { a.rope = 0; reject(bad, {kn, "rope is 0"}); }
+  SECTION("q_full null") {
+    a.q_full = {};
+    reject(bad, {kn, "q_full is null"});
+  }
+  SECTION("q_absorbed_buf null") {
+    a.q_absorbed_buf = {};
+    reject(bad, {kn, "q_absorbed_buf is null"});
+  }
+  SECTION("q_rope_contiguous null") {
+    a.q_rope_contiguous = {};
+    reject(bad, {kn, "q_rope_contiguous is null"});
+  }
+  SECTION("nq 0") {
+    a.nq = 0;
+    reject(bad, {kn, "nq is 0"});
+  }
+  SECTION("rope 0") {
+    a.rope = 0;
+    reject(bad, {kn, "rope is 0"});
+  }
   SECTION("nope + rope > hd") {
     a.nope = 13;
     reject(bad, {kn, "nope 13", "rope 8", "hd 20"});
@@ -192,11 +238,15 @@ TEST_CASE("mla_q_rope_scatter: every validation rule", "[validation]") {
 struct WritebackCase : Emu {
   static constexpr std::uint32_t nq = 3, rope = 8, kv_lora = 16, cache_dim = 24;
   DeviceBuffer q_rope = zeros(gpu, std::size_t{nq} * rope * kBf16);
-  DeviceBuffer q_absorbed{gpu, std::size_t{nq} * cache_dim * kBf16};
+  DeviceBuffer q_absorbed{gpu, std::size_t{nq} * cache_dim* kBf16};
 
   QRopeWritebackArgs valid() const {
-    return {.q_rope_direct = q_rope.ptr(), .q_absorbed_buf = q_absorbed.ptr(), .nq = nq, .rope = rope,
-            .kv_lora = kv_lora, .mla_cache_dim = cache_dim};
+    return {.q_rope_direct = q_rope.ptr(),
+            .q_absorbed_buf = q_absorbed.ptr(),
+            .nq = nq,
+            .rope = rope,
+            .kv_lora = kv_lora,
+            .mla_cache_dim = cache_dim};
   }
   void launch(const QRopeWritebackArgs& a) { mla_q_rope_writeback(gpu, kernels.q_rope_writeback, a); }
 };
@@ -211,10 +261,22 @@ TEST_CASE("mla_q_rope_writeback: every validation rule", "[validation]") {
   const Errc bad = Errc::invalid_argument;
   const char* kn = "mla_q_rope_writeback";
 
-  SECTION("q_rope_direct null") { a.q_rope_direct = {}; reject(bad, {kn, "q_rope_direct is null"}); }
-  SECTION("q_absorbed_buf null") { a.q_absorbed_buf = {}; reject(bad, {kn, "q_absorbed_buf is null"}); }
-  SECTION("nq 0") { a.nq = 0; reject(bad, {kn, "nq is 0"}); }
-  SECTION("rope 0") { a.rope = 0; reject(bad, {kn, "rope is 0"}); }
+  SECTION("q_rope_direct null") {
+    a.q_rope_direct = {};
+    reject(bad, {kn, "q_rope_direct is null"});
+  }
+  SECTION("q_absorbed_buf null") {
+    a.q_absorbed_buf = {};
+    reject(bad, {kn, "q_absorbed_buf is null"});
+  }
+  SECTION("nq 0") {
+    a.nq = 0;
+    reject(bad, {kn, "nq is 0"});
+  }
+  SECTION("rope 0") {
+    a.rope = 0;
+    reject(bad, {kn, "rope is 0"});
+  }
   SECTION("kv_lora + rope > mla_cache_dim") {
     a.kv_lora = 17;
     reject(bad, {kn, "kv_lora 17", "rope 8", "mla_cache_dim 24"});
@@ -227,14 +289,19 @@ TEST_CASE("mla_q_rope_writeback: every validation rule", "[validation]") {
 
 struct AssembleCase : Emu {
   static constexpr std::uint32_t kv_lora = 16, rope = 8, cache_dim = 24;
-  DeviceBuffer kv_latent = zeros(gpu, kv_lora * kBf16);
-  DeviceBuffer k_rope = zeros(gpu, rope * kBf16);
-  DeviceBuffer k_cache{gpu, cache_dim * kBf16};
-  DeviceBuffer v_cache{gpu, cache_dim * kBf16};
+  DeviceBuffer kv_latent = zeros(gpu, kv_lora* kBf16);
+  DeviceBuffer k_rope = zeros(gpu, rope* kBf16);
+  DeviceBuffer k_cache{gpu, cache_dim* kBf16};
+  DeviceBuffer v_cache{gpu, cache_dim* kBf16};
 
   CacheAssembleArgs valid() const {
-    return {.kv_latent = kv_latent.ptr(), .k_rope = k_rope.ptr(), .k_cache = k_cache.ptr(), .v_cache = v_cache.ptr(),
-            .kv_lora = kv_lora, .rope = rope, .mla_cache_dim = cache_dim};
+    return {.kv_latent = kv_latent.ptr(),
+            .k_rope = k_rope.ptr(),
+            .k_cache = k_cache.ptr(),
+            .v_cache = v_cache.ptr(),
+            .kv_lora = kv_lora,
+            .rope = rope,
+            .mla_cache_dim = cache_dim};
   }
   void launch(const CacheAssembleArgs& a) { mla_cache_assemble(gpu, kernels.cache_assemble, a); }
 };
@@ -249,11 +316,26 @@ TEST_CASE("mla_cache_assemble: every validation rule", "[validation]") {
   const Errc bad = Errc::invalid_argument;
   const char* kn = "mla_cache_assemble";
 
-  SECTION("kv_latent null") { a.kv_latent = {}; reject(bad, {kn, "kv_latent is null"}); }
-  SECTION("k_rope null") { a.k_rope = {}; reject(bad, {kn, "k_rope is null"}); }
-  SECTION("k_cache null") { a.k_cache = {}; reject(bad, {kn, "k_cache is null"}); }
-  SECTION("v_cache null") { a.v_cache = {}; reject(bad, {kn, "v_cache is null"}); }
-  SECTION("kv_lora 0") { a.kv_lora = 0; reject(bad, {kn, "kv_lora is 0"}); }
+  SECTION("kv_latent null") {
+    a.kv_latent = {};
+    reject(bad, {kn, "kv_latent is null"});
+  }
+  SECTION("k_rope null") {
+    a.k_rope = {};
+    reject(bad, {kn, "k_rope is null"});
+  }
+  SECTION("k_cache null") {
+    a.k_cache = {};
+    reject(bad, {kn, "k_cache is null"});
+  }
+  SECTION("v_cache null") {
+    a.v_cache = {};
+    reject(bad, {kn, "v_cache is null"});
+  }
+  SECTION("kv_lora 0") {
+    a.kv_lora = 0;
+    reject(bad, {kn, "kv_lora is 0"});
+  }
   SECTION("kv_lora + rope > mla_cache_dim") {
     a.kv_lora = 17;
     reject(bad, {kn, "kv_lora 17", "rope 8", "mla_cache_dim 24"});
@@ -289,10 +371,22 @@ TEST_CASE("rope_pairs_bf16: every validation rule", "[validation]") {
   const Errc bad = Errc::invalid_argument;
   const char* kn = "rope_pairs_bf16";
 
-  SECTION("x null") { a.x = {}; reject(bad, {kn, "x is null"}); }
-  SECTION("rows 0") { a.rows = 0; reject(bad, {kn, "rows is 0"}); }
-  SECTION("rope 0") { a.rope = 0; reject(bad, {kn, "rope is 0"}); }
-  SECTION("odd rope") { a.rope = 7; reject(bad, {kn, "rope 7", "odd"}); }
+  SECTION("x null") {
+    a.x = {};
+    reject(bad, {kn, "x is null"});
+  }
+  SECTION("rows 0") {
+    a.rows = 0;
+    reject(bad, {kn, "rows is 0"});
+  }
+  SECTION("rope 0") {
+    a.rope = 0;
+    reject(bad, {kn, "rope is 0"});
+  }
+  SECTION("odd rope") {
+    a.rope = 7;
+    reject(bad, {kn, "rope 7", "odd"});
+  }
   SECTION("theta not finite or not positive") {
     for (const auto& [theta, text] : std::vector<std::pair<float, std::string>>{
              {0.0f, "theta 0"}, {-2.0f, "theta -2"}, {kInf, "theta inf"}, {-kInf, "theta -inf"}, {kNaN, "theta nan"}}) {
@@ -317,8 +411,8 @@ TEST_CASE("rope_pairs_bf16: every validation rule", "[validation]") {
 // Two sequences of 4 query heads over 2 KV heads of 32 values, blocks of 4 tokens, 3 table
 // columns, 6 physical blocks; every buffer zero (a zero cache decodes to zeros in both formats).
 struct DecodeShape {
-  static constexpr std::uint32_t num_seqs = 2, q_heads = 4, kv_heads = 2, q_head_dim = 24, kv_dim = 32,
-                                 block_size = 4, width = 3, phys_blocks = 6;
+  static constexpr std::uint32_t num_seqs = 2, q_heads = 4, kv_heads = 2, q_head_dim = 24, kv_dim = 32, block_size = 4,
+                                 width = 3, phys_blocks = 6;
   static constexpr std::uint64_t row_width = std::uint64_t{kv_heads} * kv_dim;  // 64
 };
 
@@ -343,7 +437,7 @@ void fill_common(Args& a, DevicePtr q, DevicePtr k, DevicePtr v, DevicePtr o, De
 
 struct DecodeBuffers : Emu, DecodeShape {
   DeviceBuffer q = zeros(gpu, std::size_t{num_seqs} * q_heads * q_head_dim * kBf16);
-  DeviceBuffer o{gpu, std::size_t{num_seqs} * q_heads * kv_dim * kBf16};
+  DeviceBuffer o{gpu, std::size_t{num_seqs} * q_heads* kv_dim* kBf16};
   DeviceBuffer tables = int32s(gpu, {0, 1, 2, 3, 4, 5});
   DeviceBuffer lens = int32s(gpu, {5, 12});
 };
@@ -351,8 +445,8 @@ struct DecodeBuffers : Emu, DecodeShape {
 struct Nvfp4DecodeCase : DecodeBuffers {
   // Exactly the minimum sections: block_size * 64 / 2 = 128 data bytes, + 4 * 64 / 16 = 16 scales.
   static constexpr std::uint64_t data_bytes = 128, stride = 144;
-  DeviceBuffer k_cache = zeros(gpu, phys_blocks * stride);
-  DeviceBuffer v_cache = zeros(gpu, phys_blocks * stride);
+  DeviceBuffer k_cache = zeros(gpu, phys_blocks* stride);
+  DeviceBuffer v_cache = zeros(gpu, phys_blocks* stride);
 
   PagedDecodeNvfp4Args valid() const {
     PagedDecodeNvfp4Args a;
@@ -395,18 +489,54 @@ void common_decode_rules(Case& c, Args& a, const char* kn) {
   };
   const Errc bad = Errc::invalid_argument;
 
-  SECTION("q null") { a.q = {}; reject(bad, {kn, "q is null"}); }
-  SECTION("k_cache null") { a.k_cache = {}; reject(bad, {kn, "k_cache is null"}); }
-  SECTION("v_cache null") { a.v_cache = {}; reject(bad, {kn, "v_cache is null"}); }
-  SECTION("o null") { a.o = {}; reject(bad, {kn, "o is null"}); }
-  SECTION("block_tables null") { a.block_tables = {}; reject(bad, {kn, "block_tables is null"}); }
-  SECTION("seq_lens null") { a.seq_lens = {}; reject(bad, {kn, "seq_lens is null"}); }
-  SECTION("num_seqs 0") { a.num_seqs = 0; reject(bad, {kn, "num_seqs is 0"}); }
-  SECTION("num_q_heads 0") { a.num_q_heads = 0; reject(bad, {kn, "num_q_heads is 0"}); }
-  SECTION("num_kv_heads 0") { a.num_kv_heads = 0; reject(bad, {kn, "num_kv_heads is 0"}); }
-  SECTION("q_head_dim 0") { a.q_head_dim = 0; reject(bad, {kn, "q_head_dim is 0"}); }
-  SECTION("block_size 0") { a.block_size = 0; reject(bad, {kn, "block_size is 0"}); }
-  SECTION("max_blocks_per_seq 0") { a.max_blocks_per_seq = 0; reject(bad, {kn, "max_blocks_per_seq is 0"}); }
+  SECTION("q null") {
+    a.q = {};
+    reject(bad, {kn, "q is null"});
+  }
+  SECTION("k_cache null") {
+    a.k_cache = {};
+    reject(bad, {kn, "k_cache is null"});
+  }
+  SECTION("v_cache null") {
+    a.v_cache = {};
+    reject(bad, {kn, "v_cache is null"});
+  }
+  SECTION("o null") {
+    a.o = {};
+    reject(bad, {kn, "o is null"});
+  }
+  SECTION("block_tables null") {
+    a.block_tables = {};
+    reject(bad, {kn, "block_tables is null"});
+  }
+  SECTION("seq_lens null") {
+    a.seq_lens = {};
+    reject(bad, {kn, "seq_lens is null"});
+  }
+  SECTION("num_seqs 0") {
+    a.num_seqs = 0;
+    reject(bad, {kn, "num_seqs is 0"});
+  }
+  SECTION("num_q_heads 0") {
+    a.num_q_heads = 0;
+    reject(bad, {kn, "num_q_heads is 0"});
+  }
+  SECTION("num_kv_heads 0") {
+    a.num_kv_heads = 0;
+    reject(bad, {kn, "num_kv_heads is 0"});
+  }
+  SECTION("q_head_dim 0") {
+    a.q_head_dim = 0;
+    reject(bad, {kn, "q_head_dim is 0"});
+  }
+  SECTION("block_size 0") {
+    a.block_size = 0;
+    reject(bad, {kn, "block_size is 0"});
+  }
+  SECTION("max_blocks_per_seq 0") {
+    a.max_blocks_per_seq = 0;
+    reject(bad, {kn, "max_blocks_per_seq is 0"});
+  }
   SECTION("num_seqs past the grid's y limit") {
     a.num_seqs = 65536;
     reject(bad, {kn, "num_seqs 65536", "65535"});
@@ -543,8 +673,8 @@ struct StoreBuffers : Emu, StoreShape {
 
 struct Fp8StoreCase : StoreBuffers {
   static constexpr std::uint64_t stride = row_width;
-  DeviceBuffer k_cache{gpu, std::size_t{phys_blocks} * block_size * stride};
-  DeviceBuffer v_cache{gpu, std::size_t{phys_blocks} * block_size * stride};
+  DeviceBuffer k_cache{gpu, std::size_t{phys_blocks} * block_size* stride};
+  DeviceBuffer v_cache{gpu, std::size_t{phys_blocks} * block_size* stride};
 
   CacheStoreFp8Args valid() const {
     CacheStoreFp8Args a;
@@ -559,8 +689,8 @@ struct Fp8StoreCase : StoreBuffers {
 
 struct Nvfp4StoreCase : StoreBuffers {
   static constexpr std::uint64_t data_bytes = 64, stride = 72;  // 4 * 32 / 2, + 4 * 32 / 16
-  DeviceBuffer k_cache{gpu, phys_blocks * stride};
-  DeviceBuffer v_cache{gpu, phys_blocks * stride};
+  DeviceBuffer k_cache{gpu, phys_blocks* stride};
+  DeviceBuffer v_cache{gpu, phys_blocks* stride};
 
   CacheStoreNvfp4Args valid() const {
     CacheStoreNvfp4Args a;
@@ -569,9 +699,7 @@ struct Nvfp4StoreCase : StoreBuffers {
     a.data_section_bytes = data_bytes;
     return a;
   }
-  void launch(const CacheStoreNvfp4Args& a) {
-    mla_paged_cache_store_nvfp4(gpu, kernels.paged_cache_store_nvfp4, a);
-  }
+  void launch(const CacheStoreNvfp4Args& a) { mla_paged_cache_store_nvfp4(gpu, kernels.paged_cache_store_nvfp4, a); }
 };
 
 template <class Case, class Args>
@@ -581,14 +709,38 @@ void common_store_rules(Case& c, Args& a, const char* kn) {
   };
   const Errc bad = Errc::invalid_argument;
 
-  SECTION("k_src null") { a.k_src = {}; reject(bad, {kn, "k_src is null"}); }
-  SECTION("v_src null") { a.v_src = {}; reject(bad, {kn, "v_src is null"}); }
-  SECTION("k_cache null") { a.k_cache = {}; reject(bad, {kn, "k_cache is null"}); }
-  SECTION("v_cache null") { a.v_cache = {}; reject(bad, {kn, "v_cache is null"}); }
-  SECTION("slot_mapping null") { a.slot_mapping = {}; reject(bad, {kn, "slot_mapping is null"}); }
-  SECTION("num_tokens 0") { a.num_tokens = 0; reject(bad, {kn, "num_tokens is 0"}); }
-  SECTION("row_width 0") { a.row_width = 0; reject(bad, {kn, "row_width is 0"}); }
-  SECTION("block_size 0") { a.block_size = 0; reject(bad, {kn, "block_size is 0"}); }
+  SECTION("k_src null") {
+    a.k_src = {};
+    reject(bad, {kn, "k_src is null"});
+  }
+  SECTION("v_src null") {
+    a.v_src = {};
+    reject(bad, {kn, "v_src is null"});
+  }
+  SECTION("k_cache null") {
+    a.k_cache = {};
+    reject(bad, {kn, "k_cache is null"});
+  }
+  SECTION("v_cache null") {
+    a.v_cache = {};
+    reject(bad, {kn, "v_cache is null"});
+  }
+  SECTION("slot_mapping null") {
+    a.slot_mapping = {};
+    reject(bad, {kn, "slot_mapping is null"});
+  }
+  SECTION("num_tokens 0") {
+    a.num_tokens = 0;
+    reject(bad, {kn, "num_tokens is 0"});
+  }
+  SECTION("row_width 0") {
+    a.row_width = 0;
+    reject(bad, {kn, "row_width is 0"});
+  }
+  SECTION("block_size 0") {
+    a.block_size = 0;
+    reject(bad, {kn, "block_size is 0"});
+  }
   SECTION("num_tokens past the grid's x limit") {
     a.num_tokens = 0x8000'0000u;
     reject(bad, {kn, "num_tokens 2147483648", "2147483647"});
@@ -689,46 +841,88 @@ TEST_CASE("every launcher's arguments reach the declared parameters of the same 
   auto p = [](std::uint64_t i) { return A::ptr(sentinel(i)); };
 
   SECTION("mla_batched_gemv") {
-    BatchedGemvArgs a{.input = sentinel(1), .weight = sentinel(2), .output = sentinel(3), .n_out = 8001, .k = 8002,
-                      .num_heads = 8003, .input_stride = 8004, .output_stride = 8005};
+    BatchedGemvArgs a{.input = sentinel(1),
+                      .weight = sentinel(2),
+                      .output = sentinel(3),
+                      .n_out = 8001,
+                      .k = 8002,
+                      .num_heads = 8003,
+                      .input_stride = 8004,
+                      .output_stride = 8005};
     mla_batched_gemv(c.gpu, c.kernels.batched_gemv, a);
     // num_heads is the grid's y, not a parameter; ⌈8001 / 8⌉ = 1001.
     check_record(c.gpu, "mla_batched_gemv", {1001, 8003, 1}, {256, 1, 1},
-                 {{"input", p(1)}, {"weight", p(2)}, {"output", p(3)}, {"n_out", A::u32(8001)}, {"k", A::u32(8002)},
-                  {"input_stride", A::u32(8004)}, {"output_stride", A::u32(8005)}});
+                 {{"input", p(1)},
+                  {"weight", p(2)},
+                  {"output", p(3)},
+                  {"n_out", A::u32(8001)},
+                  {"k", A::u32(8002)},
+                  {"input_stride", A::u32(8004)},
+                  {"output_stride", A::u32(8005)}});
   }
   SECTION("mla_q_rope_scatter") {
-    QRopeScatterArgs a{.q_full = sentinel(1), .q_absorbed_buf = sentinel(2), .q_rope_contiguous = sentinel(3),
-                       .nq = 8001, .hd = 8002, .nope = 3001, .rope = 4001, .kv_lora = 2001, .mla_cache_dim = 8003};
+    QRopeScatterArgs a{.q_full = sentinel(1),
+                       .q_absorbed_buf = sentinel(2),
+                       .q_rope_contiguous = sentinel(3),
+                       .nq = 8001,
+                       .hd = 8002,
+                       .nope = 3001,
+                       .rope = 4001,
+                       .kv_lora = 2001,
+                       .mla_cache_dim = 8003};
     mla_q_rope_scatter(c.gpu, c.kernels.q_rope_scatter, a);
     check_record(c.gpu, "mla_q_rope_scatter", {1, 1, 1}, {256, 1, 1},
-                 {{"q_full", p(1)}, {"q_absorbed_buf", p(2)}, {"q_rope_contiguous", p(3)}, {"nq", A::u32(8001)},
-                  {"hd", A::u32(8002)}, {"nope", A::u32(3001)}, {"rope", A::u32(4001)}, {"kv_lora", A::u32(2001)},
+                 {{"q_full", p(1)},
+                  {"q_absorbed_buf", p(2)},
+                  {"q_rope_contiguous", p(3)},
+                  {"nq", A::u32(8001)},
+                  {"hd", A::u32(8002)},
+                  {"nope", A::u32(3001)},
+                  {"rope", A::u32(4001)},
+                  {"kv_lora", A::u32(2001)},
                   {"mla_cache_dim", A::u32(8003)}});
   }
   SECTION("mla_q_rope_writeback") {
-    QRopeWritebackArgs a{.q_rope_direct = sentinel(1), .q_absorbed_buf = sentinel(2), .nq = 8011, .rope = 4011,
-                         .kv_lora = 2011, .mla_cache_dim = 8013};
+    QRopeWritebackArgs a{.q_rope_direct = sentinel(1),
+                         .q_absorbed_buf = sentinel(2),
+                         .nq = 8011,
+                         .rope = 4011,
+                         .kv_lora = 2011,
+                         .mla_cache_dim = 8013};
     mla_q_rope_writeback(c.gpu, c.kernels.q_rope_writeback, a);
     check_record(c.gpu, "mla_q_rope_writeback", {1, 1, 1}, {256, 1, 1},
-                 {{"q_rope_direct", p(1)}, {"q_absorbed_buf", p(2)}, {"nq", A::u32(8011)}, {"rope", A::u32(4011)},
-                  {"kv_lora", A::u32(2011)}, {"mla_cache_dim", A::u32(8013)}});
+                 {{"q_rope_direct", p(1)},
+                  {"q_absorbed_buf", p(2)},
+                  {"nq", A::u32(8011)},
+                  {"rope", A::u32(4011)},
+                  {"kv_lora", A::u32(2011)},
+                  {"mla_cache_dim", A::u32(8013)}});
   }
   SECTION("mla_cache_assemble") {
-    CacheAssembleArgs a{.kv_latent = sentinel(1), .k_rope = sentinel(2), .k_cache = sentinel(3),
-                        .v_cache = sentinel(4), .kv_lora = 311, .rope = 211, .mla_cache_dim = 1001};
+    CacheAssembleArgs a{.kv_latent = sentinel(1),
+                        .k_rope = sentinel(2),
+                        .k_cache = sentinel(3),
+                        .v_cache = sentinel(4),
+                        .kv_lora = 311,
+                        .rope = 211,
+                        .mla_cache_dim = 1001};
     mla_cache_assemble(c.gpu, c.kernels.cache_assemble, a);
     check_record(c.gpu, "mla_cache_assemble", {1, 1, 1}, {1001, 1, 1},
-                 {{"kv_latent", p(1)}, {"k_rope", p(2)}, {"k_cache", p(3)}, {"v_cache", p(4)},
-                  {"kv_lora", A::u32(311)}, {"rope", A::u32(211)}, {"mla_cache_dim", A::u32(1001)}});
+                 {{"kv_latent", p(1)},
+                  {"k_rope", p(2)},
+                  {"k_cache", p(3)},
+                  {"v_cache", p(4)},
+                  {"kv_lora", A::u32(311)},
+                  {"rope", A::u32(211)},
+                  {"mla_cache_dim", A::u32(1001)}});
   }
   SECTION("rope_pairs_bf16") {
     RopePairsArgs a{.x = sentinel(1), .rows = 8021, .rope = 64, .pos = 8023, .theta = 1.5f};
     rope_pairs_bf16(c.gpu, c.kernels.rope_pairs_bf16, a);
     // 8021 rows x 32 pairs = 256672 threads: ⌈256672 / 256⌉ = 1003 blocks.
-    check_record(c.gpu, "rope_pairs_bf16", {1003, 1, 1}, {256, 1, 1},
-                 {{"x", p(1)}, {"rows", A::u32(8021)}, {"rope", A::u32(64)}, {"pos", A::u32(8023)},
-                  {"theta", A::f32(1.5f)}});
+    check_record(
+        c.gpu, "rope_pairs_bf16", {1003, 1, 1}, {256, 1, 1},
+        {{"x", p(1)}, {"rows", A::u32(8021)}, {"rope", A::u32(64)}, {"pos", A::u32(8023)}, {"theta", A::f32(1.5f)}});
   }
 
   // Shared decode sentinels: kv_cache_dim 1008 ≤ 1024, 8 KV heads: row width 8064 (a multiple
@@ -765,8 +959,8 @@ TEST_CASE("every launcher's arguments reach the declared parameters of the same 
   SECTION("mla_paged_decode_nvfp4") {
     PagedDecodeNvfp4Args a;
     decode_common(a);
-    a.data_section_bytes = 900001;    // ≥ 37 x 8064 / 2 = 149184
-    a.block_stride_bytes = 1900001;   // ≥ 900001 + 37 x 8064 / 16
+    a.data_section_bytes = 900001;   // ≥ 37 x 8064 / 2 = 149184
+    a.block_stride_bytes = 1900001;  // ≥ 900001 + 37 x 8064 / 16
     mla_paged_decode_nvfp4(c.gpu, c.kernels.paged_decode_nvfp4, a);
     Expected e = decode_expected;
     e.emplace_back("block_stride_bytes", A::u64(1900001));
@@ -804,14 +998,22 @@ TEST_CASE("every launcher's arguments reach the declared parameters of the same 
     a.num_tokens = 8061;
     a.row_width = 8062;
     a.block_size = 8063;
-    a.cache_stride = 9000001;
+    a.cache_stride = 90001;
     a.k_scale = 5.5f;
     a.v_scale = 6.5f;
     mla_paged_cache_store_fp8(c.gpu, c.kernels.paged_cache_store_fp8, a);
     check_record(c.gpu, "mla_paged_cache_store_fp8", {8061, 1, 1}, {256, 1, 1},
-                 {{"k_src", p(1)}, {"v_src", p(2)}, {"k_cache", p(3)}, {"v_cache", p(4)}, {"slot_mapping", p(5)},
-                  {"num_tokens", A::u32(8061)}, {"row_width", A::u32(8062)}, {"block_size", A::u32(8063)},
-                  {"cache_stride", A::u64(9000001)}, {"k_scale", A::f32(5.5f)}, {"v_scale", A::f32(6.5f)}});
+                 {{"k_src", p(1)},
+                  {"v_src", p(2)},
+                  {"k_cache", p(3)},
+                  {"v_cache", p(4)},
+                  {"slot_mapping", p(5)},
+                  {"num_tokens", A::u32(8061)},
+                  {"row_width", A::u32(8062)},
+                  {"block_size", A::u32(8063)},
+                  {"cache_stride", A::u64(90001)},
+                  {"k_scale", A::f32(5.5f)},
+                  {"v_scale", A::f32(6.5f)}});
   }
   SECTION("mla_paged_cache_store_nvfp4") {
     CacheStoreNvfp4Args a;
@@ -827,10 +1029,44 @@ TEST_CASE("every launcher's arguments reach the declared parameters of the same 
     a.block_stride_bytes = 50000001;  // ≥ 40000001 + 8073 x 8064 / 16
     mla_paged_cache_store_nvfp4(c.gpu, c.kernels.paged_cache_store_nvfp4, a);
     check_record(c.gpu, "mla_paged_cache_store_nvfp4", {8071, 1, 1}, {256, 1, 1},
-                 {{"k_src", p(1)}, {"v_src", p(2)}, {"k_cache", p(3)}, {"v_cache", p(4)}, {"slot_mapping", p(5)},
-                  {"num_tokens", A::u32(8071)}, {"row_width", A::u32(8064)}, {"block_size", A::u32(8073)},
-                  {"block_stride_bytes", A::u64(50000001)}, {"data_section_bytes", A::u64(40000001)}});
+                 {{"k_src", p(1)},
+                  {"v_src", p(2)},
+                  {"k_cache", p(3)},
+                  {"v_cache", p(4)},
+                  {"slot_mapping", p(5)},
+                  {"num_tokens", A::u32(8071)},
+                  {"row_width", A::u32(8064)},
+                  {"block_size", A::u32(8073)},
+                  {"block_stride_bytes", A::u64(50000001)},
+                  {"data_section_bytes", A::u64(40000001)}});
   }
 }
 
 }  // namespace
+
+TEST_CASE("paged decode offsets and key counts that would wrap are refused", "[validation][wrap]") {
+  emu::EmulatorBackend gpu;
+  const auto k = MlaAbsorbedKernels::resolve(gpu);
+  const DevicePtr p{0x10000};  // validation rejects before anything is read
+  PagedDecodeFp8Args a;
+  a.q = a.k_cache = a.v_cache = a.o = a.block_tables = a.seq_lens = p;
+  a.max_blocks_per_seq = 4, a.num_q_heads = 1, a.num_kv_heads = 1, a.q_head_dim = 8, a.kv_cache_dim = 8;
+  a.block_size = 65536, a.inv_sqrt_d = 0.1f, a.cache_stride = std::uint64_t{1} << 32, a.num_seqs = 1;
+  // Block 65536 x block_size 65536 x 2^32 would wrap around to row 0 of the pool.
+  test::require_error([&] { mla_paged_decode_fp8(gpu, k.paged_decode_fp8, a); }, Errc::invalid_argument,
+                      {"mla_paged_decode_fp8", "block_size 65536", "cache_stride 4294967296", "wrap"});
+  a.cache_stride = 8, a.block_size = 4;
+  a.comp_pool = p, a.comp_block_count = 0xFFFF'FFF0u;  // the key count would wrap to 0
+  test::require_error([&] { mla_paged_decode_fp8(gpu, k.paged_decode_fp8, a); }, Errc::invalid_argument,
+                      {"comp_block_count 4294967280", "keys"});
+  a.comp_block_count = 2, a.max_blocks_per_seq = 0x4000'0000u;  // 2^30 blocks x 4 tokens
+  test::require_error([&] { mla_paged_decode_fp8(gpu, k.paged_decode_fp8, a); }, Errc::invalid_argument,
+                      {"max_blocks_per_seq 1073741824", "block_size 4"});
+  PagedDecodeNvfp4Args n;
+  static_cast<PagedDecodeCommon&>(n) = a;
+  n.max_blocks_per_seq = 4, n.kv_cache_dim = n.q_head_dim = 16;
+  n.data_section_bytes = 32, n.block_stride_bytes = std::uint64_t{1} << 32;
+  test::require_error([&] { mla_paged_decode_nvfp4(gpu, k.paged_decode_nvfp4, n); }, Errc::invalid_argument,
+                      {"mla_paged_decode_nvfp4", "block_stride_bytes 4294967296"});
+  CHECK(gpu.calls(emu::Op::launch) == 0);
+}

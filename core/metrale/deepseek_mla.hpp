@@ -47,8 +47,8 @@ class DeepseekMlaDecoder {
   /// is one batched GEMV. Errors: `invalid_argument` for a weight size, a zero
   /// dimension, kv_lora + rope or nope + rope past 2^32 − 1, a softmax_scale (or,
   /// when rotating, a rope_theta) that is not finite and > 0, a cache whose
-  /// kv_cache_dim is not kv_lora + rope or that has more than one KV head; the
-  /// backend's.
+  /// kv_cache_dim is not kv_lora + rope, that has more than one KV head or that
+  /// lives on another backend; the backend's.
   DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk, std::span<const Bf16> w_uv,
                      PagedKvCache& cache);
 

@@ -109,10 +109,13 @@ struct PagedDecodeNvfp4Args : PagedDecodeCommon {
 /// > 2^31 − 1; num_q_heads not
 /// a multiple of num_kv_heads; q_head_dim > kv_cache_dim; num_seqs > 65535;
 /// inv_sqrt_d not finite; row width (num_kv_heads·kv_cache_dim) not a multiple
-/// of 16; data_section_bytes < block_size·row_width/2; block_stride_bytes <
+/// of 16; max_blocks_per_seq·block_size > 2^31 − 1; block_stride_bytes ≥ 2^32;
+/// data_section_bytes < block_size·row_width/2; block_stride_bytes <
 /// data_section_bytes + block_size·row_width/16. `unsupported`: kv_cache_dim >
 /// kMaxKvCacheDim.
 void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream = 0);
+/// The launcher's rules alone (also the fast path's, which shares the case semantics).
+void validate(const PagedDecodeNvfp4Args& a);
 
 struct PagedDecodeFp8Args : PagedDecodeCommon {
   float k_scale = 1.0f, v_scale = 1.0f;  // dequantised = code · scale
@@ -123,9 +126,13 @@ struct PagedDecodeFp8Args : PagedDecodeCommon {
   std::uint32_t comp_block_count = 0;
 };
 /// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): as for
-/// NVFP4, plus k_scale or v_scale not finite or ≤ 0; cache_stride < row width.
+/// NVFP4, plus k_scale or v_scale not finite or ≤ 0; cache_stride < row width;
+/// block_size x cache_stride ≥ 2^32 (row offsets would wrap); with comp_pool,
+/// more than 2^31 − 1 keys or entry offsets past 2^62.
 /// `unsupported`: kv_cache_dim > kMaxKvCacheDim.
 void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream = 0);
+/// The launcher's rules alone (also the fast path's, which shares the case semantics).
+void validate(const PagedDecodeFp8Args& a);
 
 /// Store BF16 K/V rows into paged cache slots: token t goes to slot
 /// slot_mapping[t] = block·block_size + offset (int32; −1 = skip).

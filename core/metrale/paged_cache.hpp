@@ -88,6 +88,8 @@ class PagedKvCache {
   /// Bytes of each of the K and V pools.
   std::uint64_t pool_bytes() const { return k_pool_.bytes(); }
   DevicePtr k_pool() const { return k_pool_.ptr(); }
+  /// The backend the pools live on.
+  GpuBackend& backend() const { return gpu_; }
   DevicePtr v_pool() const { return v_pool_.ptr(); }
   std::uint32_t max_blocks_per_seq() const { return cfg_.max_blocks_per_seq; }
 

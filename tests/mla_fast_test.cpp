@@ -1,0 +1,105 @@
+// Module mla_fast: the split path and the wide GEMV against the float64 reference and against
+// their ports on every available backend, the plan, the dispatchers' choice, and the edges
+// where the two decode paths must agree with the seed kernel (NaN sinks, empty sequences).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "metrale/case_gen.hpp"
+#include "metrale/mla_fast.hpp"
+#include "support.hpp"
+
+using namespace metrale;
+
+TEST_CASE("the split path matches the float64 reference", "[mla_fast][split]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);  // Catch2 2: generators before sections
+  p.q_head_dim = 64, p.kv_cache_dim = 128, p.block_size = 4, p.max_blocks_per_seq = 20, p.num_blocks = 80;
+  SECTION("model rows, 16 heads, 300 keys over permuted blocks") {
+    p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.num_seqs = 2;
+    p.seq_lens = {300, 17}, p.inv_sqrt_d = 1.0f / std::sqrt(192.0f), p.k_scale = 0.013f, p.v_scale = 0.021f;
+  }
+  SECTION("odd head count, empty and block-edge sequences, garbage columns") {
+    p.num_q_heads = 19, p.num_seqs = 5, p.seq_lens = {0, 1, 4, 5, 33},
+    p.fill = std::numeric_limits<std::int32_t>::max();
+  }
+  SECTION("128 heads: two groups of 64") { p.num_q_heads = 128, p.seq_lens = {70}; }
+  SECTION("window, sinks and compressed entries") {
+    p.num_q_heads = 4, p.num_seqs = 3, p.seq_lens = {60, 5, 0}, p.sliding_window = 9, p.sinks = true;
+    p.comp_pool = true, p.comp_block_count = 3;
+  }
+  if (p.format == KvFormat::nvfp4) p.sliding_window = 0, p.sinks = false, p.comp_pool = false;
+  test::check_case(gen::split_path_case(p));
+}
+
+TEST_CASE("the wide GEMV matches the float64 reference", "[mla_fast][gemv]") {
+  for (auto [n, k, h, ip, op] :
+       {std::array<std::uint32_t, 5>{1, 8, 1, 0, 0}, {7, 24, 3, 8, 5}, {65, 736, 2, 8, 1}, {512, 128, 16, 64, 64}}) {
+    KernelCase c = gen::gemv_case(n, k, h, ip, op, 3);
+    c.module = "mla_fast", c.entry = "mla_batched_gemv_wide";
+    test::check_case(c);
+  }
+}
+
+TEST_CASE("the split plan covers every key with whole tiles and sizes its workspace", "[mla_fast][plan]") {
+  PagedDecodeCommon a;
+  a.num_seqs = GENERATE(1u, 3u, 128u), a.num_q_heads = GENERATE(1u, 16u, 17u, 128u);
+  a.max_blocks_per_seq = GENERATE(1u, 7u, 1024u), a.block_size = 16, a.kv_cache_dim = 576;
+  const std::uint32_t comp = GENERATE(0u, 5u);
+  const SplitPlan p = plan_split_decode(a, comp, 132);
+  INFO("num_seqs " << a.num_seqs << " heads " << a.num_q_heads << " blocks " << a.max_blocks_per_seq);
+  CHECK(p.keys_per_split % 32 == 0);
+  CHECK(std::uint64_t{p.keys_per_split} * p.num_splits >= std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp);
+  CHECK(std::uint64_t{p.keys_per_split} * (p.num_splits - 1) <
+        std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp + 32);
+  CHECK(p.rows_per_block * p.head_groups >= a.num_q_heads);
+  CHECK(p.threads == 8 * p.rows_per_block);
+  CHECK(p.shared_bytes <= 227u * 1024);
+  const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
+  CHECK(p.workspace_bytes == slots * a.kv_cache_dim * 4 + slots * 8);
+}
+
+TEST_CASE("the dispatcher takes the seed kernel where the split path does not apply", "[mla_fast][dispatch]") {
+  emu::EmulatorBackend gpu;
+  const auto seed = MlaAbsorbedKernels::resolve(gpu);
+  const auto fast = MlaFastKernels::resolve(gpu);
+  gen::PagedSpec p;
+  p.kv_cache_dim = 40, p.q_head_dim = 32, p.seq_lens = {9};  // 40 is not a multiple of 64
+  const KernelCase c = gen::paged_decode_case(p);
+  std::map<std::string, DeviceBuffer> bufs;
+  for (const auto& [name, t] : c.inputs) bufs.emplace(name, DeviceBuffer::from_host<std::byte>(gpu, t.data));
+  PagedDecodeFp8Args a;
+  a.q = bufs.at("q").ptr(), a.k_cache = bufs.at("k_cache").ptr(), a.v_cache = bufs.at("v_cache").ptr();
+  a.o = bufs.at("o").ptr(), a.block_tables = bufs.at("block_tables").ptr(), a.seq_lens = bufs.at("seq_lens").ptr();
+  a.max_blocks_per_seq = p.max_blocks_per_seq, a.num_q_heads = 1, a.q_head_dim = 32, a.kv_cache_dim = 40;
+  a.block_size = p.block_size, a.inv_sqrt_d = p.inv_sqrt_d, a.num_seqs = 1, a.k_scale = p.k_scale;
+  a.v_scale = p.v_scale, a.cache_stride = 40;
+  REQUIRE(split_unsupported(a).has_value());
+  CHECK_THAT(*split_unsupported(a), Catch::Matchers::Contains("kv_cache_dim 40"));
+  DecodeWorkspace ws;
+  CHECK(paged_decode_fp8(gpu, seed, fast, a, ws) == DecodePath::seed);
+  const auto o = download<Bf16>(gpu, a.o, 40);
+  const auto& want = c.expected.at("o");
+  CHECK(check_output("o",
+                     Tensor{Dtype::bf16,
+                            {1, 1, 40},
+                            std::vector<std::byte>(reinterpret_cast<const std::byte*>(o.data()),
+                                                   reinterpret_cast<const std::byte*>(o.data() + o.size()))},
+                     want, c.tolerance.at("o"))
+            .pass);
+}
+
+TEST_CASE("a NaN sink gives NaN on both decode paths, never zeros", "[mla_fast][nan]") {
+  gen::PagedSpec p;
+  p.q_head_dim = 64, p.kv_cache_dim = 64, p.seq_lens = {5}, p.sinks = true, p.num_blocks = 4;
+  KernelCase split = gen::split_path_case(p), seed = gen::paged_decode_case(p);
+  const std::vector<float> nan_sink{std::numeric_limits<float>::quiet_NaN()};
+  for (KernelCase* c : {&split, &seed}) {
+    c->inputs["sinks"] = Tensor::from<float>({1}, nan_sink);
+    emu::EmulatorBackend gpu;
+    const auto out = run_kernel_case(gpu, *c).at("o").to_f32();
+    INFO(c->entry);
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
+  }
+}
