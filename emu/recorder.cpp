@@ -30,6 +30,17 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
+  // Numbering continues after the cases already there, so a second run never overwrites the first.
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    if (e.path().extension() == ".safetensors") ++count_;
+  first_ = count_;
+  if (count_ > 0)
+    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", dir_.string(), count_,
+                 count_);
+}
+
+CaseRecorder::~CaseRecorder() {
+  if (count_ > first_) spdlog::info("recorder: wrote {} kernel cases to {}", count_ - first_, dir_.string());
 }
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,

@@ -17,6 +17,10 @@ class CaseRecorder {
  public:
   /// Errors: `invalid_argument` when `dir` cannot be created (names it).
   explicit CaseRecorder(std::filesystem::path dir);
+  /// Says how many cases it wrote, and where.
+  ~CaseRecorder();
+  CaseRecorder(const CaseRecorder&) = delete;
+  CaseRecorder& operator=(const CaseRecorder&) = delete;
 
   /// Snapshot a launch before it runs. A pointer argument records the bytes
   /// from its address to the end of its allocation, typed by the port's
@@ -33,6 +37,7 @@ class CaseRecorder {
  private:
   std::filesystem::path dir_;
   std::uint64_t count_ = 0;
+  std::uint64_t first_ = 0;  // cases already in the folder
 };
 
 }  // namespace metrale::emu

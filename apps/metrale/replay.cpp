@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "backends.hpp"
@@ -30,11 +31,12 @@ void print_table(const ReplayResult& r, const KvDescription& kv) {
   if (kv.kv_path.empty()) {
     fmt::print("kv cache    {}, block size {}\n\n", kv.kv_cache, kv.block_size);
   } else {
-    fmt::print("kv cache    {}, {} KV (K3_CUDA_MLA=0 selects the host path)\n\n", kv.kv_cache, kv.kv_path);
+    fmt::print("kv cache    {}, {} KV ({})\n\n", kv.kv_cache, kv.kv_path,
+               kv.kv_path == "device" ? "K3_CUDA_MLA=0 selects the host path" : "K3_CUDA_MLA=0");
   }
-  fmt::print("{:<12} {:>11} {:>11} {:>11}  {}\n", "tensor", "rel_l2", "max_abs", "tolerance", "result");
+  fmt::print("{:<12} {:>11} {:>11} {:>16}  {}\n", "tensor", "rel_l2", "max_abs", "rel_l2 tolerance", "result");
   for (const auto& m : r.metrics)
-    fmt::print("{:<12} {:>11.3e} {:>11.3e} {:>11.1e}  {}\n", m.name, m.rel_l2, m.max_abs, m.tolerance,
+    fmt::print("{:<12} {:>11.3e} {:>11.3e} {:>16.1e}  {}\n", m.name, m.rel_l2, m.max_abs, m.tolerance,
                m.pass ? "ok" : "FAIL");
   fmt::print("\n{:<48} {:>10}\n", "stage", "ms");
   for (const auto& [stage, ms] : r.stages) fmt::print("{:<48} {:>10.2f}\n", stage, ms);
@@ -73,18 +75,28 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_option("--model", opts->model,
                   "decode chain: deepseek (paged absorbed MLA) or kimi-k3 (per-head MLA; device KV unless "
                   "K3_CUDA_MLA=0)")
-      ->check(CLI::IsMember({"deepseek", "kimi-k3"}));
+      ->check(CLI::IsMember({"deepseek", "kimi-k3"}))
+      ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   auto* kv_opt = cmd->add_option("--kv-cache", opts->kv_cache, "paged cache format (deepseek)")
-                     ->check(CLI::IsMember({"fp8", "nvfp4"}));
+                     ->check(CLI::IsMember({"fp8", "nvfp4"}))
+                     ->capture_default_str();
   auto* bs_opt = cmd->add_option("--block-size", opts->block_size, "tokens per cache block (deepseek)")
-                     ->check(CLI::Range(1u, 1u << 20));
+                     ->check(CLI::Range(1u, 1u << 20))
+                     ->capture_default_str();
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, set_exit, kv_opt, bs_opt] {
     const bool kimi = opts->model == "kimi-k3";
     if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0))
       fail(Errc::invalid_argument, "--kv-cache and --block-size apply to --model deepseek, not {}", opts->model);
     const SafeTensors file = SafeTensors::read(opts->file);
+    if (!file.has("q_nope") || file.metadata.count("heads") == 0)
+      fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
+           file.metadata.count("kind") != 0 && file.meta("kind") == "kernel"
+               ? ": run kernel cases with metrale case run"
+               : "");
+    if (!kimi && file.has("gate"))
+      spdlog::warn("{} has an output gate: --model deepseek ignores it (--model kimi-k3 applies it)", opts->file);
     auto gpu = make_backend(opts->backend);
     const std::string name =
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string();
