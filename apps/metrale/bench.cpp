@@ -291,7 +291,7 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
 
 void add_bench(CLI::App& app) {
   struct Opts {
-    std::string backend, json, torch;
+    std::string backend, json, torch, only;
     bool sweep = false;
   };
   auto opts = std::make_shared<Opts>();
@@ -299,6 +299,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
   cmd->add_flag("--sweep", opts->sweep, "the decode sweep: batch x context x heads, both caches, against the roofline");
+  cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
   cmd->add_option("--torch", opts->torch, "ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)");
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
@@ -314,24 +315,39 @@ void add_bench(CLI::App& app) {
       if (!bench.on_device()) fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
       sweep(bench, *gpu, copy_bw, torch, j);
     } else {
-      std::vector<Row> rows;
+      // Each row is named before it runs, so --only can pick one (for a profiler, say).
+      std::vector<std::pair<std::string, std::function<Row()>>> plan;
+      auto paged = [&](KvFormat f, std::uint32_t B, std::uint32_t L, std::uint32_t H, bool split) {
+        plan.emplace_back(
+            fmt::format("paged_decode_{} ({}) B={} L={} H={}", to_string(f), split ? "split" : "seed", B, L, H),
+            [&bench, &gpu, f, B, L, H, split] { return bench_paged(bench, *gpu, f, B, L, H, split); });
+      };
+      auto gemv = [&](std::uint32_t H, std::uint32_t n, std::uint32_t k, bool wide) {
+        plan.emplace_back(fmt::format("batched_gemv ({}) H={} n_out={} k={}", wide ? "wide" : "seed", H, n, k),
+                          [&bench, &gpu, H, n, k, wide] { return bench_gemv(bench, *gpu, H, n, k, wide); });
+      };
+      auto sdpa = [&](std::uint32_t heads, std::uint32_t seq) {
+        plan.emplace_back(fmt::format("k3_sdpa_gate heads={} seq={}", heads, seq),
+                          [&bench, &gpu, heads, seq] { return bench_k3_sdpa(bench, *gpu, heads, seq, 192, 128); });
+      };
       if (bench.on_device()) {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
           for (std::uint32_t B : {1u, 8u, 32u})
             for (std::uint32_t L : {1024u, 4096u})
               for (std::uint32_t H : {16u, 128u})
-                for (bool split : {false, true}) rows.push_back(bench_paged(bench, *gpu, f, B, L, H, split));
-        for (bool wide : {false, true}) {
-          rows.push_back(bench_gemv(bench, *gpu, 128, 512, 128, wide));
-          rows.push_back(bench_gemv(bench, *gpu, 128, 128, 512, wide));
-        }
-        for (std::uint32_t seq : {1024u, 4096u, 16384u}) rows.push_back(bench_k3_sdpa(bench, *gpu, 64, seq, 192, 128));
+                for (bool split : {false, true}) paged(f, B, L, H, split);
+        for (bool wide : {false, true}) gemv(128, 512, 128, wide), gemv(128, 128, 512, wide);
+        for (std::uint32_t seq : {1024u, 4096u, 16384u}) sdpa(64, seq);
       } else {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-          for (bool split : {false, true}) rows.push_back(bench_paged(bench, *gpu, f, 1, 256, 16, split));
-        for (bool wide : {false, true}) rows.push_back(bench_gemv(bench, *gpu, 16, 512, 128, wide));
-        rows.push_back(bench_k3_sdpa(bench, *gpu, 8, 256, 192, 128));
+          for (bool split : {false, true}) paged(f, 1, 256, 16, split);
+        for (bool wide : {false, true}) gemv(16, 512, 128, wide);
+        sdpa(8, 256);
       }
+      std::vector<Row> rows;
+      for (const auto& [label, run] : plan)
+        if (opts->only.empty() || label.find(opts->only) != std::string::npos) rows.push_back(run());
+      if (rows.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
       print_rows(rows, copy_bw, j);
     }
     if (!opts->json.empty()) std::ofstream(opts->json) << j.dump(2) << '\n';
