@@ -14,22 +14,10 @@
 
 #include "metrale/emu/emulator.hpp"
 #include "metrale/formats.hpp"
+#include "port_common.hpp"
 
 namespace metrale::emu {
 namespace {
-
-constexpr std::uint32_t kWarp = 32;
-
-// The warp's butterfly reduction (__shfl_xor_sync with offsets 16..1), in the
-// same order as the kernel so the FP32 sums agree.
-float warp_sum(std::array<float, kWarp> v) {
-  for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {
-    std::array<float, kWarp> next{};
-    for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = v[lane] + v[lane ^ off];
-    v = next;
-  }
-  return v[0];
-}
 
 // ---------------------------------------------------------------------------
 // mla_batched_gemv: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j]
@@ -136,22 +124,6 @@ void rope_pairs_bf16(Block& blk, Global<Bf16> x, std::uint32_t rows, std::uint32
 
 constexpr std::uint32_t kTile = 256;
 constexpr std::uint32_t kMaxDimsPerThread = 4;  // kMaxKvCacheDim / 256
-
-struct KeySet {
-  std::uint32_t comp = 0;   // compressed entries first
-  std::uint32_t start = 0;  // first token of the window
-  std::uint32_t count = 0;  // comp + window tokens
-};
-
-// L = seq_lens[s] clamped to [0, max_blocks_per_seq·block_size]; the window [L−W, L) when
-// 0 < W < L; plus `comp` compressed entries.
-KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, std::uint32_t block_size,
-               std::uint32_t sliding_window, std::uint32_t comp) {
-  const std::uint64_t cap = std::uint64_t{max_blocks_per_seq} * block_size;
-  const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max(seq_len, 0), cap));
-  const std::uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
-  return {comp, start, comp + (len - start)};
-}
 
 // The decode loop over any cache format. `Rows` gives, for key j of the key set, a function
 // dim -> K value and a function dim -> V value (dequantised, FP32), with their bytes checked.

@@ -8,22 +8,10 @@
 #include <limits>
 
 #include "metrale/emu/emulator.hpp"
+#include "port_common.hpp"
 
 namespace metrale::emu {
 namespace {
-
-constexpr std::uint32_t kWarp = 32;
-
-// The warp's butterfly reduction (__shfl_xor_sync with offsets 16..1), in the
-// kernel's order so that the FP32 sums agree bit for bit.
-float warp_sum(std::array<float, kWarp> v) {
-  for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {
-    std::array<float, kWarp> next{};
-    for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = v[lane] + v[lane ^ off];
-    v = next;
-  }
-  return v[0];
-}
 
 // ---------------------------------------------------------------------------
 // k3_mla_maybe_rope_f32: unless use_nope, rotate dims [nope, nope+rope) of each head's q and k_new

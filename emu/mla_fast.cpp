@@ -14,25 +14,13 @@
 
 #include "metrale/emu/emulator.hpp"
 #include "metrale/formats.hpp"
+#include "port_common.hpp"
 
 namespace metrale::emu {
 namespace {
 
-constexpr std::uint32_t kWarp = 32;
 constexpr std::uint32_t kTileKeys = 32;
 constexpr std::uint32_t kGroupRows = 16;
-
-struct KeySet {
-  std::uint32_t comp = 0, start = 0, count = 0;
-};
-
-KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, std::uint32_t block_size,
-               std::uint32_t sliding_window, std::uint32_t comp) {
-  const std::uint64_t cap = std::uint64_t{max_blocks_per_seq} * block_size;
-  const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max(seq_len, 0), cap));
-  const std::uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
-  return {comp, start, comp + (len - start)};
-}
 
 // The split decode over any cache format: `dequant(j, k_row, v_row)` fills key j's rows as the
 // BF16 values the kernel's shared memory holds (exact for both formats).
@@ -227,12 +215,7 @@ void mla_batched_gemv_wide(Block& blk, Global<const Bf16> input, Global<const Bf
       for (std::uint32_t lane = 0; lane < kWarp; ++lane)
         for (std::uint32_t ch = lane; ch < k / 8; ch += kWarp)
           for (std::uint32_t e = 0; e < 8; ++e) lanes[lane] += w[ch * 8 + e].to_float() * x[ch * 8 + e].to_float();
-      for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {  // the kernel's butterfly
-        std::array<float, kWarp> next{};
-        for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = lanes[lane] + lanes[lane ^ off];
-        lanes = next;
-      }
-      output[std::uint64_t{h} * output_stride + n0 + r] = Bf16::from_float(lanes[0]);
+      output[std::uint64_t{h} * output_stride + n0 + r] = Bf16::from_float(warp_sum(lanes));
     }
   }
 }

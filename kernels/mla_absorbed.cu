@@ -6,24 +6,14 @@
 
 #include <cstdint>
 
+#include "device_common.cuh"
 #include "device_formats.cuh"
 
-namespace {
-
-constexpr uint32_t kWarp = 32;
-
-// The butterfly sum the port reproduces lane for lane.
-__device__ float warp_sum(float v) {
-  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  return v;
-}
-
-__device__ float warp_max(float v) {
-  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-  return v;
-}
-
-}  // namespace
+using metrale::key_set;
+using metrale::KeySet;
+using metrale::kWarp;
+using metrale::warp_max;
+using metrale::warp_sum;
 
 // ---------------------------------------------------------------------------
 // mla_batched_gemv: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j]
@@ -123,17 +113,6 @@ constexpr uint32_t kTile = 256;
 constexpr uint32_t kMaxDimsPerThread = 4;  // kMaxKvCacheDim / 256
 constexpr uint32_t kMaxQHeadDim = 1024;
 
-struct KeySet {
-  uint32_t comp, start, count;
-};
-
-__device__ KeySet key_set(int32_t seq_len, uint32_t max_blocks_per_seq, uint32_t block_size,
-                          uint32_t sliding_window, uint32_t comp) {
-  const uint64_t cap = uint64_t{max_blocks_per_seq} * block_size;
-  const uint32_t len = static_cast<uint32_t>(min(static_cast<uint64_t>(max(seq_len, 0)), cap));
-  const uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
-  return {comp, start, comp + (len - start)};
-}
 
 // Block-wide reductions over one value per thread (256 threads).
 template <bool kMax>

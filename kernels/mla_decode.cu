@@ -2,17 +2,10 @@
 // reads like its port in emu/mla_decode.cpp: same parameters, same order, same phases.
 #include <cstdint>
 
-namespace {
+#include "device_common.cuh"
 
-constexpr uint32_t kWarp = 32;
-
-// The butterfly sum the port reproduces lane for lane; every lane ends with the total.
-__device__ float warp_sum(float v) {
-  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  return v;
-}
-
-}  // namespace
+using metrale::kWarp;
+using metrale::warp_sum;
 
 // ---------------------------------------------------------------------------
 // k3_mla_maybe_rope_f32: unless use_nope, rotate dims [nope, nope+rope) of each head's q and k_new

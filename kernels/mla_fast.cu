@@ -14,11 +14,16 @@
 
 #include <cstdint>
 
+#include "device_common.cuh"
 #include "device_formats.cuh"
+
+using metrale::key_set;
+using metrale::KeySet;
+using metrale::kWarp;
+using metrale::warp_sum;
 
 namespace {
 
-constexpr uint32_t kWarp = 32;
 constexpr uint32_t kTileKeys = 32;     // keys per shared-memory tile
 constexpr uint32_t kGroupRows = 16;    // heads per MMA row group
 constexpr uint32_t kMaxDim = 576;      // kv_cache_dim the register budget allows
@@ -26,10 +31,6 @@ constexpr uint32_t kMaxDimTiles = kMaxDim / 4 / 8;  // n8 tiles of one warp's qu
 constexpr uint32_t kPad = 8;           // BF16 elements of row padding: ldmatrix without bank conflicts
 constexpr uint32_t kPRow = kTileKeys + kPad;
 
-__device__ float warp_sum(float v) {
-  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  return v;
-}
 
 __device__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -59,17 +60,6 @@ __device__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-struct KeySet {
-  uint32_t comp, start, count;
-};
-
-__device__ KeySet key_set(int32_t seq_len, uint32_t max_blocks_per_seq, uint32_t block_size,
-                          uint32_t sliding_window, uint32_t comp) {
-  const uint64_t cap = uint64_t{max_blocks_per_seq} * block_size;
-  const uint32_t len = static_cast<uint32_t>(min(static_cast<uint64_t>(max(seq_len, 0)), cap));
-  const uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
-  return {comp, start, comp + (len - start)};
-}
 
 // The shared-memory carve-up; the host computes the same total (core/mla_fast.cpp).
 struct Smem {

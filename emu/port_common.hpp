@@ -1,0 +1,38 @@
+// Pieces several ports share, each the host twin of kernels/device_common.cuh.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+namespace metrale::emu {
+
+inline constexpr std::uint32_t kWarp = 32;
+
+/// The warp's butterfly sum (__shfl_xor_sync with offsets 16..1), lane for lane in the kernels'
+/// order, so that the FP32 sums agree.
+inline float warp_sum(std::array<float, kWarp> v) {
+  for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {
+    std::array<float, kWarp> next{};
+    for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = v[lane] + v[lane ^ off];
+    v = next;
+  }
+  return v[0];
+}
+
+/// The keys a paged decode attends for one sequence (SPEC §3): `comp` compressed entries first,
+/// then the window [start, L) of the sequence, L = seq_len clamped to [0, max_blocks·block_size],
+/// start = L − W when 0 < W < L.
+struct KeySet {
+  std::uint32_t comp = 0, start = 0, count = 0;
+};
+
+inline KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, std::uint32_t block_size,
+                      std::uint32_t sliding_window, std::uint32_t comp) {
+  const std::uint64_t cap = std::uint64_t{max_blocks_per_seq} * block_size;
+  const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max(seq_len, 0), cap));
+  const std::uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
+  return {comp, start, comp + (len - start)};
+}
+
+}  // namespace metrale::emu

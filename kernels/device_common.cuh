@@ -1,0 +1,36 @@
+// Pieces several kernels share, each the device twin of emu/port_common.hpp.
+#pragma once
+
+#include <cstdint>
+
+namespace metrale {
+
+constexpr uint32_t kWarp = 32;
+
+// The butterfly sum the ports reproduce lane for lane; every lane ends with the total.
+__device__ inline float warp_sum(float v) {
+  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (uint32_t off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  return v;
+}
+
+// The keys a paged decode attends for one sequence (SPEC §3): `comp` compressed entries first,
+// then the window [start, L), L = seq_len clamped to [0, max_blocks·block_size], start = L − W
+// when 0 < W < L.
+struct KeySet {
+  uint32_t comp, start, count;
+};
+
+__device__ inline KeySet key_set(int32_t seq_len, uint32_t max_blocks_per_seq, uint32_t block_size,
+                                 uint32_t sliding_window, uint32_t comp) {
+  const uint64_t cap = uint64_t{max_blocks_per_seq} * block_size;
+  const uint32_t len = static_cast<uint32_t>(min(static_cast<uint64_t>(max(seq_len, 0)), cap));
+  const uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
+  return {comp, start, comp + (len - start)};
+}
+
+}  // namespace metrale
