@@ -120,8 +120,9 @@ void DeepseekMlaDecoder::append_kv(std::span<const SeqId> seqs, std::span<const 
                                    std::span<const float> k_rope, std::span<const std::uint32_t> positions) {
   times_.clear();
   last_mark_ = now_ms();
-  stage_kv(seqs, kv_latent, k_rope, positions).commit();
-  mark("kv append (rope, assemble, store)");
+  SlotReservation slots = stage_kv(seqs, kv_latent, k_rope, positions);
+  mark("kv append (rope, assemble, store)");  // its synchronize can fail too: commit after it
+  slots.commit();
 }
 
 void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<const SeqId> seqs) {

@@ -1,0 +1,221 @@
+#include "driver.hpp"
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "metrale/error.hpp"
+#include "metrale/kernel_case.hpp"
+#include "props/props.hpp"
+
+namespace metrale::fuzz {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  double seconds = 0;
+  std::uint64_t cases = 0;
+  std::uint64_t seed = 0;
+  int batch = 25;
+  int max_size = 100;
+  std::string property;
+  fs::path out = "fuzz-failures";
+  bool list = false;
+};
+
+// "x" -> "x", anything else a shell would split or expand -> '...'.
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// A file name from a property name: its words joined by '-', at most 40 characters.
+std::string slug(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    const bool word = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z');
+    if (word) out += c;
+    else if (!out.empty() && out.back() != '-') out += '-';
+    if (out.size() >= 40) break;
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out;
+}
+
+// rapidcheck's default listener prints progress as configured by RC_PARAMS; the driver reports.
+struct Quiet : rc::detail::TestListener {
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+// One batch of one property: the result, and the last input that failed (the shrunk one: after
+// the last accepted shrink every further candidate passed).
+struct Batch {
+  rc::detail::TestResult result;
+  props::Input failing;
+};
+
+Batch run_batch(const props::Property& p, const rc::detail::TestParams& params) {
+  props::Input failing;
+  auto body = [&] {
+    try {
+      p.check();
+    } catch (const rc::detail::CaseResult& r) {
+      if (r.type == rc::detail::CaseResult::Type::Failure) failing = props::current_input();
+      throw;
+    } catch (...) {
+      failing = props::current_input();
+      throw;
+    }
+  };
+  rc::detail::TestMetadata meta;
+  meta.id = p.name;
+  meta.description = p.name;
+  Quiet quiet;
+  auto result = rc::detail::checkProperty(rc::detail::toProperty(body), meta, params, quiet, {});
+  return {std::move(result), std::move(failing)};
+}
+
+// Write the failing input under `dir`: a report, its kernel cases, and (for scenario
+// properties) every launch of a once-more run of the shrunk case, recorded by the emulator.
+std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::TestParams& params,
+                                    const rc::detail::FailureResult& f, const props::Input& failing,
+                                    const fs::path& dir, const std::string& report) {
+  std::vector<fs::path> written;
+  fs::create_directories(dir);
+  {
+    std::ofstream txt(dir / "report.txt");
+    txt << report << "\ninput: " << failing.description << "\n";
+    written.push_back(dir / "report.txt");
+  }
+  for (std::size_t i = 0; i < failing.cases.size(); ++i) {
+    const auto path = dir / fmt::format("{:02}_{}.safetensors", i, failing.cases[i].entry);
+    to_safetensors(failing.cases[i]).write(path);
+    written.push_back(path);
+  }
+  if (failing.cases.empty() && p.record) {
+    props::set_record_dir(dir / "launches");
+    rc::detail::TestMetadata meta;
+    meta.id = p.name;
+    rc::detail::TestParams once = params;
+    once.maxSuccess = 1;
+    Quiet quiet;
+    rc::detail::checkProperty(rc::detail::toProperty(p.check), meta, once, quiet, {{p.name, f.reproduce}});
+    props::set_record_dir({});
+    if (fs::exists(dir / "launches"))
+      for (const auto& e : fs::recursive_directory_iterator(dir / "launches"))
+        if (e.is_regular_file()) written.push_back(e.path());
+  }
+  std::sort(written.begin() + 1, written.end());
+  return written;
+}
+
+int fuzz(const Options& o, const std::string& family, const char* argv0) {
+  std::vector<props::Property> properties;
+  for (auto& p : props::family(family))
+    if (o.property.empty() || p.name == o.property) properties.push_back(std::move(p));
+  if (properties.empty()) fail(Errc::not_found, "family {} has no property '{}'", family, o.property);
+  if (o.list) {
+    for (const auto& p : properties) std::cout << p.name << "\n";
+    return 0;
+  }
+  const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
+  std::cout << fmt::format("fuzz_{}: {} properties, seed {}, batches of {}, budget {}\n", family, properties.size(),
+                           o.seed, o.batch,
+                           o.cases != 0 ? fmt::format("{} cases", o.cases) : fmt::format("{} s", seconds))
+            << std::flush;
+  const auto start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::uint64_t cases = 0, batches = 0;
+  for (std::uint64_t round = 0;; ++round) {
+    for (const auto& p : properties) {
+      rc::detail::TestParams params;
+      params.seed = o.seed + round;
+      params.maxSuccess = o.batch;
+      params.maxSize = o.max_size;
+      const Batch b = run_batch(p, params);
+      ++batches;
+      if (b.result.is<rc::detail::SuccessResult>()) {
+        cases += static_cast<std::uint64_t>(b.result.get<rc::detail::SuccessResult>().numSuccess);
+      } else if (b.result.is<rc::detail::FailureResult>()) {
+        const auto& f = b.result.get<rc::detail::FailureResult>();
+        cases += static_cast<std::uint64_t>(f.numSuccess) + 1;
+        std::ostringstream msg;
+        rc::detail::printResultMessage(b.result, msg);
+        const std::string report = fmt::format(
+            "fuzz_{}: property \"{}\" FAILED at batch seed {} (batch {}, max_size {}) after {} cases in {:.1f} s\n{}\n"
+            "reproduce: {} --property {} --seed {} --cases {} --batch {}\n"
+            "       or: RC_PARAMS=\"seed={} max_success={}\" metrale_tests {}\n",
+            family, p.name, params.seed, o.batch, o.max_size, cases, elapsed(), msg.str(), argv0, quoted(p.name),
+            params.seed, o.batch, o.batch, params.seed, o.batch, quoted(p.name));
+        std::cout << report;
+        const fs::path dir = o.out / fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
+        const auto written = write_failure(p, params, f, b.failing, dir, report);
+        std::cout << fmt::format("wrote {} files to {}:\n", written.size(), dir.string());
+        for (std::size_t i = 0; i < written.size() && i < 12; ++i)
+          std::cout << "  " << fs::relative(written[i], dir).string() << "\n";
+        if (written.size() > 12) std::cout << fmt::format("  ... and {} more\n", written.size() - 12);
+        return 1;
+      } else {
+        std::ostringstream msg;
+        rc::detail::printResultMessage(b.result, msg);
+        std::cout << fmt::format("fuzz_{}: property \"{}\" at batch seed {}: {}\n", family, p.name, params.seed,
+                                 msg.str());
+        return 2;
+      }
+      if ((o.cases != 0 && cases >= o.cases) || (o.cases == 0 && elapsed() >= seconds)) {
+        std::cout << fmt::format("fuzz_{}: {} cases in {} batches, {:.1f} s, seeds {}..{}: no failure\n", family,
+                                 cases, batches, elapsed(), o.seed, o.seed + round);
+        return 0;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int run(int argc, char** argv, const std::string& family) {
+  spdlog::set_level(spdlog::level::warn);  // the recorder's notes would drown the report
+  Options o;
+  o.seed = std::random_device{}();
+  o.seed = o.seed << 32 | std::random_device{}();
+  CLI::App app{fmt::format("fuzz_{}: the {} property family (tests/props/) for a budget from a seed", family, family)};
+  auto* secs = app.add_option("--seconds", o.seconds, "time budget")->check(CLI::PositiveNumber);
+  app.add_option("--cases", o.cases, "case budget")->check(CLI::PositiveNumber)->excludes(secs);
+  app.add_option("--seed", o.seed, "first batch seed (default: random)");
+  app.add_option("--batch", o.batch, "cases per property per batch")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-size", o.max_size, "rapidcheck's largest size")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--property", o.property, "only this property");
+  app.add_option("--out", o.out, "where a failing input is written");
+  app.add_flag("--list", o.list, "print the properties and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return fuzz(o, family, argv[0]);
+  } catch (const std::exception& e) {
+    std::cerr << "fuzz_" << family << ": error: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+}  // namespace metrale::fuzz

@@ -1,0 +1,244 @@
+// Argument ordering (issue 5): sentinel values through every launcher and dispatcher, read back
+// from the emulator's launch record by name. The record names each argument by the kernel's
+// declared parameter list (the port's signature, itself checked against the PTX and the .cu
+// sources by ptx_signature_test), so a launcher that pushes two arguments in the wrong order, or
+// a port whose names disagree with the kernel's, fails here.
+#include <rapidcheck.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "launcher_defs.hpp"
+#include "launchers.hpp"
+#include "metrale/launch.hpp"
+#include "metrale/mla_absorbed.hpp"
+#include "metrale/mla_fast.hpp"
+#include "props.hpp"
+
+namespace metrale::props {
+
+namespace {
+
+using defs::coin;
+using defs::u;
+
+std::string dims(Dim3 d) { return fmt::format("({},{},{})", d.x, d.y, d.z); }
+
+std::string show(const KernelArg& a) {
+  return a.kind == ArgKind::f32 ? fmt::format("f32 {}", a.as_f32())
+                                : fmt::format("{} {:#x}", to_string(a.kind), a.bits);
+}
+
+// The record must be `e`: same kernel and launch shape, the declared parameters in the expected
+// order, each holding the value of the field of its name.
+void check_record(const emu::LaunchRecord& r, const ExpectedLaunch& e) {
+  if (r.module != e.module || r.entry != e.entry)
+    RC_FAIL(fmt::format("launched {}.{}, expected {}.{}", r.module, r.entry, e.module, e.entry));
+  if (!(r.grid == e.grid) || !(r.block == e.block))
+    RC_FAIL(fmt::format("{}: grid {} block {}, expected grid {} block {}", e.entry, dims(r.grid), dims(r.block),
+                        dims(e.grid), dims(e.block)));
+  if (r.args.size() != e.args.size())
+    RC_FAIL(fmt::format("{}: {} arguments recorded, {} expected", e.entry, r.args.size(), e.args.size()));
+  for (std::size_t i = 0; i < e.args.size(); ++i) {
+    const auto& [name, want] = e.args[i];
+    if (r.args[i].name != name)
+      RC_FAIL(fmt::format("{}: parameter {} is declared as {}, expected {}", e.entry, i, r.args[i].name, name));
+    if (!(r.args[i].value == want))
+      RC_FAIL(fmt::format("{}: parameter {} ({}) received {}, the launcher's field {} holds {}", e.entry, i, name,
+                          show(r.args[i].value), name, show(want)));
+  }
+}
+
+struct DryRun {
+  emu::EmulatorBackend gpu{emulator_options()};
+  DryRun() {
+    gpu.set_dry_run(true);
+    gpu.record_launches(true);
+  }
+};
+
+void every_launcher() {
+  DryRun rig;
+  std::string inputs;
+  for (const auto& l : launchers()) {
+    const auto args = l.arb();
+    const ExpectedLaunch e = args->expected();
+    inputs += describe(e) + "\n";
+    note_input(inputs);
+    const KernelHandle k = rig.gpu.kernel(l.module, l.entry);
+    rig.gpu.clear_launch_log();
+    args->launch(rig.gpu, k);
+    RC_ASSERT(rig.gpu.launch_log().size() == 1u);
+    check_record(rig.gpu.launch_log().back(), e);
+  }
+}
+
+// Split-path arguments the seed launcher's rules accept (one KV head, q_head_dim a multiple of
+// 32, kv_cache_dim of 64..576 by 64, 16-byte pitches), or with `seed_only` shapes it must refuse.
+template <class A>
+void arb_dispatch(A& a, bool seed_only) {
+  defs::Sentinels s;
+  a.q = s.next(), a.k_cache = s.next(), a.v_cache = s.next(), a.o = s.next();
+  a.block_tables = s.next(), a.seq_lens = s.next();
+  a.num_kv_heads = 1;
+  a.num_q_heads = u(1, 200);
+  a.kv_cache_dim = 64 * u(1, 9);
+  a.q_head_dim = 32 * u(1, a.kv_cache_dim / 32);
+  if (seed_only) a.q_head_dim -= u(1, 31);  // not a multiple of 32: the seed kernel
+  a.block_size = u(1, 512);
+  a.max_blocks_per_seq = u(1, 512);
+  a.inv_sqrt_d = defs::positive_float();
+  a.num_seqs = u(1, 16);
+}
+
+std::vector<std::pair<std::string, KernelArg>> split_common(const PagedDecodeCommon& a, const SplitPlan& p,
+                                                            DevicePtr ws, float logit_scale) {
+  using defs::P, defs::U, defs::F;
+  return {{"q", P(a.q)},
+          {"k_cache", P(a.k_cache)},
+          {"v_cache", P(a.v_cache)},
+          {"o_partial", P(ws)},
+          {"ml_partial", P(ws + p.ml_offset)},
+          {"block_tables", P(a.block_tables)},
+          {"seq_lens", P(a.seq_lens)},
+          {"max_blocks_per_seq", U(a.max_blocks_per_seq)},
+          {"num_q_heads", U(a.num_q_heads)},
+          {"q_head_dim", U(a.q_head_dim)},
+          {"kv_cache_dim", U(a.kv_cache_dim)},
+          {"block_size", U(a.block_size)},
+          {"logit_scale", F(logit_scale)}};
+}
+
+ExpectedLaunch combine_launch(const PagedDecodeCommon& a, const SplitPlan& p, DevicePtr ws, DevicePtr sinks,
+                              float v_scale) {
+  using defs::P, defs::U, defs::F;
+  return {"mla_fast",
+          "mla_paged_decode_combine",
+          {a.num_q_heads, a.num_seqs, 1},
+          {256, 1, 1},
+          {{"o_partial", P(ws)},
+           {"ml_partial", P(ws + p.ml_offset)},
+           {"sinks", P(sinks)},
+           {"o", P(a.o)},
+           {"num_q_heads", U(a.num_q_heads)},
+           {"kv_cache_dim", U(a.kv_cache_dim)},
+           {"num_splits", U(p.num_splits)},
+           {"v_scale", F(v_scale)}}};
+}
+
+void paged_dispatchers() {
+  DryRun rig;
+  const auto seed = MlaAbsorbedKernels::resolve(rig.gpu);
+  const auto fast = MlaFastKernels::resolve(rig.gpu);
+  const bool seed_only = *rc::gen::arbitrary<bool>();
+  DecodeWorkspace ws;
+  using defs::P, defs::U, defs::F, defs::Q;
+  if (coin()) {
+    PagedDecodeFp8Args a;
+    arb_dispatch(a, seed_only);
+    a.k_scale = defs::positive_float(), a.v_scale = defs::positive_float();
+    a.cache_stride = 16 * u(a.kv_cache_dim / 16, 4096);
+    a.sliding_window = u(0, defs::kU32Max);
+    defs::Sentinels s(0x80);
+    a.sinks = coin() ? s.next() : DevicePtr{};
+    a.comp_pool = coin() ? s.next() : DevicePtr{};
+    a.comp_block_count = u(0, 64);
+    const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
+    note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {}", a.num_q_heads,
+                           a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count));
+    const auto& log = rig.gpu.launch_log();
+    RC_ASSERT((path == DecodePath::seed) == seed_only);
+    if (path == DecodePath::seed) {
+      RC_ASSERT(log.size() == 1u);
+      RC_ASSERT(log[0].entry == std::string("mla_paged_decode_fp8"));
+      return;
+    }
+    RC_ASSERT(log.size() == 2u);
+    const SplitPlan p = plan_split_decode(a, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count());
+    const DevicePtr w = ws.get(rig.gpu, 0);
+    ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_fp8",
+                         {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},
+                         split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
+    split.args.insert(split.args.end(), {{"cache_stride", Q(a.cache_stride)},
+                                         {"sliding_window", U(a.sliding_window)},
+                                         {"comp_pool", P(a.comp_pool)},
+                                         {"comp_block_count", U(a.comp_block_count)},
+                                         {"keys_per_split", U(p.keys_per_split)}});
+    check_record(log[0], split);
+    check_record(log[1], combine_launch(a, p, w, a.sinks, a.v_scale));
+  } else {
+    PagedDecodeNvfp4Args a;
+    arb_dispatch(a, seed_only);
+    const std::uint64_t width = a.kv_cache_dim;
+    a.data_section_bytes = (a.block_size * width / 2 + 15) / 16 * 16 + 16 * u(0, 4);
+    a.block_stride_bytes = a.data_section_bytes + (a.block_size * width / 16 + 15) / 16 * 16 + 16 * u(0, 4);
+    const DecodePath path = paged_decode_nvfp4(rig.gpu, seed, fast, a, ws);
+    note_input(fmt::format("nvfp4 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {}", a.num_q_heads,
+                           a.q_head_dim, a.kv_cache_dim, a.block_size));
+    const auto& log = rig.gpu.launch_log();
+    RC_ASSERT((path == DecodePath::seed) == seed_only);
+    if (path == DecodePath::seed) {
+      RC_ASSERT(log.size() == 1u);
+      RC_ASSERT(log[0].entry == std::string("mla_paged_decode_nvfp4"));
+      return;
+    }
+    RC_ASSERT(log.size() == 2u);
+    const SplitPlan p = plan_split_decode(a, 0, rig.gpu.multiprocessor_count());
+    const DevicePtr w = ws.get(rig.gpu, 0);
+    ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_nvfp4",
+                         {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},
+                         split_common(a, p, w, a.inv_sqrt_d)};
+    split.args.insert(split.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
+                                         {"data_section_bytes", Q(a.data_section_bytes)},
+                                         {"keys_per_split", U(p.keys_per_split)}});
+    check_record(log[0], split);
+    check_record(log[1], combine_launch(a, p, w, DevicePtr{}, 1.0f));
+  }
+}
+
+void gemv_dispatcher() {
+  DryRun rig;
+  const auto seed = MlaAbsorbedKernels::resolve(rig.gpu);
+  const auto fast = MlaFastKernels::resolve(rig.gpu);
+  defs::Sentinels s;
+  BatchedGemvArgs a{s.next(), s.next(), s.next()};
+  // Wide only when k and input_stride are multiples of 8 and input, weight 16-byte aligned.
+  if (coin()) a.input = a.input + 2 * u(1, 7);
+  if (coin()) a.weight = a.weight + 2 * u(1, 7);
+  a.k = coin() ? 8 * u(1, 1u << 16) : u(1, 1u << 19);
+  a.input_stride = coin() ? 8 * u(0, 1u << 16) : u(0, 1u << 19);
+  a.n_out = u(1, 1u << 20);
+  a.num_heads = u(1, 65535);
+  a.output_stride = a.n_out + u(0, 1000);
+  const bool want_wide =
+      a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
+  const bool wide = batched_gemv(rig.gpu, seed, fast, a);
+  note_input(fmt::format("k {} input_stride {} input {:#x} weight {:#x}", a.k, a.input_stride, a.input.addr,
+                         a.weight.addr));
+  RC_ASSERT(wide == want_wide);
+  RC_ASSERT(rig.gpu.launch_log().size() == 1u);
+  using defs::P, defs::U;
+  check_record(rig.gpu.launch_log()[0],
+               {wide ? "mla_fast" : "mla_absorbed",
+                wide ? "mla_batched_gemv_wide" : "mla_batched_gemv",
+                {wide ? div_ceil(a.n_out, 64u) : div_ceil(a.n_out, 8u), a.num_heads, 1},
+                {256, 1, 1},
+                {{"input", P(a.input)},
+                 {"weight", P(a.weight)},
+                 {"output", P(a.output)},
+                 {"n_out", U(a.n_out)},
+                 {"k", U(a.k)},
+                 {"input_stride", U(a.input_stride)},
+                 {"output_stride", U(a.output_stride)}}});
+}
+
+}  // namespace
+
+std::vector<Property> argorder_properties() {
+  return {{"random sentinels through every launcher reach the declared parameters of their names", every_launcher},
+          {"the paged-decode dispatchers route every argument to the kernels they choose", paged_dispatchers},
+          {"the batched GEMV dispatcher routes every argument to the kernel it chooses", gemv_dispatcher}};
+}
+
+}  // namespace metrale::props

@@ -1,0 +1,142 @@
+// Building blocks of launchers.cpp's definitions (private to tests/props/): a typed launcher
+// definition, sentinel draws, and the rule kinds every launcher shares (null pointer, zero count,
+// value past a limit, bad float).
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "launchers.hpp"
+
+namespace metrale::props::defs {
+
+constexpr std::uint32_t kU32Max = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint32_t kI32Max = 0x7FFF'FFFF;
+
+/// A launcher over its argument struct: draw, launch, expected record, rules.
+template <class Args>
+struct Def {
+  const char* module;
+  const char* entry;
+  std::function<Args()> arb;
+  std::function<void(GpuBackend&, KernelHandle, const Args&)> launch;
+  std::function<ExpectedLaunch(const Args&)> expect;
+  std::vector<std::function<BrokenRule(Args&)>> rules;
+};
+
+template <class Args>
+class TypedArgs final : public LauncherArgs {
+ public:
+  TypedArgs(std::shared_ptr<const Def<Args>> def, Args a) : def_(std::move(def)), a_(std::move(a)) {}
+  ExpectedLaunch expected() const override { return def_->expect(a_); }
+  void launch(GpuBackend& gpu, KernelHandle kernel) const override { def_->launch(gpu, kernel, a_); }
+  std::size_t rules() const override { return def_->rules.size(); }
+  BrokenRule break_rule(std::size_t i) override { return def_->rules.at(i)(a_); }
+
+ private:
+  std::shared_ptr<const Def<Args>> def_;
+  Args a_;
+};
+
+template <class Args>
+Launcher erase(Def<Args> d) {
+  auto def = std::make_shared<const Def<Args>>(std::move(d));
+  return {def->module, def->entry,
+          [def]() -> std::unique_ptr<LauncherArgs> { return std::make_unique<TypedArgs<Args>>(def, def->arb()); }};
+}
+
+/// A value in [lo, hi] (both included), drawn over the whole range whatever rapidcheck's size
+/// (sentinels should be far apart from the first case on); it still shrinks towards lo.
+inline std::uint64_t u64(std::uint64_t lo, std::uint64_t hi) {
+  return hi == ~0ull ? std::max(lo, *rc::gen::resize(100, rc::gen::arbitrary<std::uint64_t>()))
+                     : *rc::gen::resize(100, rc::gen::inRange<std::uint64_t>(lo, hi + 1));
+}
+inline std::uint32_t u(std::uint32_t lo, std::uint32_t hi) { return static_cast<std::uint32_t>(u64(lo, hi)); }
+inline bool coin() { return *rc::gen::arbitrary<bool>(); }
+
+/// Distinct, non-null, 256-byte aligned device addresses (never dereferenced: dry runs): the
+/// i-th drawn one lies at a random 256-byte step inside its own 4 GiB slot.
+/// A second Sentinels of one argument set takes another `first_slot`.
+class Sentinels {
+ public:
+  explicit Sentinels(std::uint64_t first_slot = 0x10) : next_slot_(first_slot) {}
+  DevicePtr next() {
+    const std::uint64_t slot = next_slot_++;
+    return DevicePtr{(slot << 32) + u64(0, (1ull << 24) - 1) * 256};
+  }
+
+ private:
+  std::uint64_t next_slot_;
+};
+
+/// A finite float, any sign (inv_sqrt_d, logit_scale).
+inline float finite_float() {
+  return static_cast<float>(*rc::gen::resize(100, rc::gen::inRange(-1'000'000, 1'000'001))) / static_cast<float>(u(1, 1000));
+}
+/// A finite float > 0 that is not a power of two.
+float positive_float();
+
+/// A float no "finite positive" rule accepts: 0, −0, negative, ±inf, NaN.
+float bad_positive_float();
+/// ±inf or NaN.
+float non_finite_float();
+
+inline ExpectedLaunch launch_of(const char* module, const char* entry, Dim3 grid, Dim3 block) {
+  return {module, entry, grid, block, {}};
+}
+inline KernelArg P(DevicePtr p) { return KernelArg::ptr(p); }
+inline KernelArg U(std::uint32_t v) { return KernelArg::u32(v); }
+inline KernelArg F(float v) { return KernelArg::f32(v); }
+inline KernelArg Q(std::uint64_t v) { return KernelArg::u64(v); }
+
+/// Rule: `field` null. Message "<kernel>: <name> is null".
+template <class Args>
+std::function<BrokenRule(Args&)> null_rule(const char* kernel, const char* name, DevicePtr Args::*field) {
+  return [=](Args& a) {
+    a.*field = {};
+    return BrokenRule{fmt::format("{} null", name), Errc::invalid_argument, {kernel, fmt::format("{} is null", name)}};
+  };
+}
+/// Rule: `field` 0. Message "<kernel>: <name> is 0".
+template <class Args, class Member>
+std::function<BrokenRule(Args&)> zero_rule(const char* kernel, const char* name, Member field) {
+  return [=](Args& a) {
+    a.*field = 0;
+    return BrokenRule{fmt::format("{} 0", name), Errc::invalid_argument, {kernel, fmt::format("{} is 0", name)}};
+  };
+}
+/// Rule: `field` past `limit`. Message "<kernel>: <name> <value> exceeds <limit>".
+template <class Args>
+std::function<BrokenRule(Args&)> over_rule(const char* kernel, const char* name, std::uint32_t Args::*field,
+                                           std::uint32_t limit) {
+  return [=](Args& a) {
+    a.*field = u(limit + 1, kU32Max);
+    return BrokenRule{fmt::format("{} past {}", name, limit),
+                      Errc::invalid_argument,
+                      {kernel, fmt::format("{} {} exceeds {}", name, a.*field, limit)}};
+  };
+}
+/// Rule: a scale that is not finite and positive. Message names the field.
+template <class Args>
+std::function<BrokenRule(Args&)> scale_rule(const char* kernel, const char* name, float Args::*field) {
+  return [=](Args& a) {
+    a.*field = bad_positive_float();
+    return BrokenRule{fmt::format("{} {}", name, a.*field),
+                      Errc::invalid_argument,
+                      {kernel, fmt::format("{} {} is not a finite positive number", name, a.*field)}};
+  };
+}
+
+// The launchers of each module (launchers_absorbed.cpp, launchers_fast.cpp).
+std::vector<Launcher> absorbed_launchers();
+std::vector<Launcher> fast_and_k3_launchers();
+
+}  // namespace metrale::props::defs
