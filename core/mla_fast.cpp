@@ -49,10 +49,11 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a) {
   v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
 }
 
-KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a) {
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format) {
+  const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
       .block({8 * a.rows_per_block, 1, 1})
-      .shared_bytes(split_shared_bytes(a.rows_per_block, a.kv_cache_dim))
+      .shared_bytes(split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
       .arg_ptr(a.v_cache)
@@ -85,7 +86,8 @@ SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, Devic
           p.keys_per_split,
           a.num_seqs,
           p.num_splits,
-          p.rows_per_block};
+          p.rows_per_block,
+          p.staged};
 }
 
 }  // namespace
@@ -96,27 +98,40 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
           k("mla_batched_gemv_wide")};
 }
 
-std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim) {
+std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
+  return format == KvFormat::fp8 ? 2 * dim : (dim + dim / 8 + 15) / 16 * 16;
+}
+
+std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim, std::uint32_t raw_pitch) {
   const std::uint32_t pitch = dim + kPad;
   return (rows * pitch + 2 * kTileKeys * pitch + rows * (kTileKeys + kPad)) * 2  // q, k, v, p (bf16)
          + 2 * rows * 4 * 4                                                      // red_max, red_sum
-         + kTileKeys * 4 * 8;                                                    // row pointers
+         + 2 * kTileKeys * 4 * 8                                                 // row pointers, two tiles
+         + kTileKeys * raw_pitch;                                                // a raw tile
 }
 
-SplitPlan plan_split_decode(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
+SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes) {
   SplitPlan p;
-  const std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
+  std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
+  while (R > 1 && split_shared_bytes(kGroupRows * R, a.kv_cache_dim, 0) > max_shared_bytes) --R;
   p.rows_per_block = kGroupRows * R;
   p.threads = 8 * p.rows_per_block;
   p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
+  const std::uint32_t staged_bytes =
+      split_shared_bytes(p.rows_per_block, a.kv_cache_dim, split_raw_pitch(format, a.kv_cache_dim));
+  p.staged = staged_bytes <= max_shared_bytes;
+  p.shared_bytes = p.staged ? staged_bytes : split_shared_bytes(p.rows_per_block, a.kv_cache_dim, 0);
+  if (p.shared_bytes > max_shared_bytes)
+    fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
+         p.shared_bytes, max_shared_bytes);
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   const std::uint64_t want = (2 * std::uint64_t{multiprocessors} + base - 1) / base;  // about two waves
-  const std::uint64_t splits = std::clamp<std::uint64_t>(want, 1, std::max<std::uint64_t>(1, (max_keys + 255) / 256));
+  const std::uint64_t splits = std::clamp<std::uint64_t>(want, 1, std::max<std::uint64_t>(1, (max_keys + 127) / 128));
   const std::uint64_t per = std::max<std::uint64_t>(kTileKeys, ((max_keys + splits - 1) / splits + 31) / 32 * 32);
   p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFE0));
   p.num_splits = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + per - 1) / per));
-  p.shared_bytes = split_shared_bytes(p.rows_per_block, a.kv_cache_dim);
   const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   p.ml_offset = slots * a.kv_cache_dim * 4;
   p.workspace_bytes = p.ml_offset + slots * 2 * 4;
@@ -159,7 +174,7 @@ void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
                                       {"cache_stride", a.cache_stride}}))
     v.check(false, "{}", *why);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a)
+  split_args(l, a, KvFormat::fp8)
       .arg_u64(a.cache_stride)
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)
@@ -183,7 +198,7 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).arg_u32(a.keys_per_split).launch(stream);
+  split_args(l, a, KvFormat::nvfp4).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).arg_u32(a.keys_per_split).launch(stream);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -239,7 +254,8 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
     return DecodePath::seed;
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
-  const SplitPlan p = plan_split_decode(a, comp, gpu.multiprocessor_count());
+  const SplitPlan p =
+      plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block());
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
@@ -257,7 +273,8 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;
   }
-  const SplitPlan p = plan_split_decode(a, 0, gpu.multiprocessor_count());
+  const SplitPlan p =
+      plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block());
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   mla_paged_decode_split_nvfp4(gpu, fast.split_nvfp4,
                                {split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes}, stream);

@@ -60,8 +60,6 @@ using detail::Allocation;
 // aligned, which is more than cudaMalloc's 256 bytes.
 constexpr std::uint64_t kFirstAddress = 0x7000'0000'0000;
 constexpr std::uint64_t kGap = 64 * 1024;
-// sm_90's largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize).
-constexpr std::uint32_t kMaxSharedBytes = 227 * 1024;
 // Far beyond any real device, far below what would wrap the address space.
 constexpr std::size_t kMaxAllocation = std::size_t{1} << 44;
 
@@ -512,15 +510,17 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
   fail(Errc::not_found, "kernel module {} has no entry {}", module, entry);
 }
 
+std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
+
 void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                                 Stream /*stream: blocks run synchronously*/, std::uint32_t shared_bytes) {
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::launch);
   const auto& e = impl_->entry(kernel);
   check_shape(grid, block);
-  if (shared_bytes > kMaxSharedBytes)
+  if (shared_bytes > max_shared_bytes_per_block())
     fail(Errc::launch_failed, "{} asks for {} bytes of shared memory, more than a block may have ({})", e.entry,
-         shared_bytes, kMaxSharedBytes);
+         shared_bytes, max_shared_bytes_per_block());
   check_args(e, args);
   // The rule runs only on arguments known to be of the declared kinds.
   if (e.block_rule) {

@@ -9,6 +9,13 @@
 // dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online softmax
 // runs across tiles; the block writes its unnormalised partial output with the running max and
 // sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
+//
+// Staged or direct: when the launch gives the block room for a raw tile (the host's plan does
+// where the device's shared memory allows, e.g. sm_90's 227 KiB), the next tile's cache bytes
+// are copied into shared memory with cp.async while the tensor cores work on the current one,
+// and its row addresses are looked up a tile earlier still, so the loads never wait on the
+// math. Without that room (sm_121's 99 KiB), each tile is loaded into registers and converted
+// before the math. Both give bit-identical results.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -55,21 +62,39 @@ __device__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// cp.async: global to shared without registers (sm_80+); 16 bytes bypass L1, 4 bytes may not.
+__device__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ uint32_t dynamic_smem_bytes() {
+  uint32_t r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+
 __device__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 
-// The shared-memory carve-up; the host computes the same total (core/mla_fast.cpp).
+// The shared-memory carve-up; the host computes the same totals (core/mla_fast.cpp,
+// split_shared_bytes). `raw` is null when the launch gave no room for a raw tile.
 struct Smem {
   __nv_bfloat16 *q, *k, *v, *p;
   float *red_max, *red_sum;
-  const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales
-  uint32_t pitch;        // of q, k and v rows, in elements
+  const uint8_t** rows[2];  // per tile key: K data, K scales, V data, V scales (two tiles)
+  uint8_t* raw;             // a tile's cache bytes, raw_pitch per key
+  uint32_t pitch;           // of q, k and v rows, in elements
 };
 
-__device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim) {
+__device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint32_t raw_pitch) {
   Smem s;
   s.pitch = dim + kPad;
   s.q = reinterpret_cast<__nv_bfloat16*>(base);
@@ -78,7 +103,10 @@ __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim) {
   s.p = s.v + kTileKeys * s.pitch;
   s.red_max = reinterpret_cast<float*>(s.p + rows_per_block * kPRow);
   s.red_sum = s.red_max + rows_per_block * 4;
-  s.rows = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
+  s.rows[0] = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
+  s.rows[1] = s.rows[0] + 4 * kTileKeys;
+  s.raw = reinterpret_cast<uint8_t*>(s.rows[1] + 4 * kTileKeys);
+  if (dynamic_smem_bytes() < static_cast<uint32_t>(s.raw - base) + kTileKeys * raw_pitch) s.raw = nullptr;
   return s;
 }
 
@@ -113,20 +141,48 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// The split decode over any cache format. `Rows::locate(j, rows)` writes key j's four row
-// pointers; `Rows::load(rows, part)` fetches elements [16·part, 16·part+16) of both rows as a
-// `Rows::Raw`, and `Rows::convert(raw, dst_k, dst_v)` writes them as BF16.
+// The split decode over any cache format. `Rows` gives, for key j: `entry(j)` its block-table
+// entry and `locate(j, entry, rows)` its four row pointers; direct: `load(rows, part)` fetches
+// elements [16·part, 16·part+16) of both rows as a `Raw`; staged: `stage(rows, dst, u)` copies
+// unit u of the key's `copy_units()` into its `raw_pitch()` bytes of shared memory and
+// `staged(src, part)` reads a `Raw` back; `convert(raw, dst_k, dst_v)` writes BF16.
 template <class Rows>
 __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
                              uint32_t keys_per_split, const Rows& layout) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
-  const Smem sm = carve(smem_raw, G, dim);
+  const Smem sm = carve(smem_raw, G, dim, layout.raw_pitch());
+  const bool staged = sm.raw != nullptr;
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, r = warp / 4, c = warp % 4;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * G, s = blockIdx.z, num_splits = gridDim.x;
   const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
   const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+  const uint32_t parts = dim / 16;  // 16-element units of a row
+
+  // Warp 0 looks up the rows of the tile's keys (lane = key).
+  auto locate_tile = [&](uint32_t tile, const uint8_t** rows) {
+    if (warp == 0 && tile + lane < end) layout.locate(tile + lane, layout.entry(tile + lane), rows + 4 * lane);
+  };
+  // Staged: start copying the tile's raw bytes into shared memory.
+  auto stage_tile = [&](uint32_t tile, const uint8_t* const* rows) {
+    const uint32_t units = layout.copy_units(), n = min(kTileKeys, end - tile) * units;
+    for (uint32_t u = tid; u < n; u += blockDim.x)
+      layout.stage(rows + 4 * (u / units), sm.raw + (u / units) * layout.raw_pitch(), u % units);
+    cp_async_commit();
+  };
+  // Part `part` of the tile's key `key` as BF16 into sm.k / sm.v; zeros for a key past the end
+  // (raw null), not garbage: 0 · NaN would poison P·V.
+  auto store_bf16 = [&](uint32_t key, uint32_t part, const typename Rows::Raw* raw) {
+    __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
+    __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
+    if (raw != nullptr) {
+      layout.convert(*raw, dk, dv);
+    } else {
+      reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+    }
+  };
 
   // Q rows of this head group (rows past num_q_heads are zero).
   for (uint32_t u = tid; u < G * (q_head_dim / 8); u += blockDim.x) {
@@ -135,40 +191,58 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
     reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
   }
+  if (staged) {  // prologue: rows of tiles 0 and 1, tile 0's bytes in flight
+    locate_tile(begin, sm.rows[0]);
+    __syncthreads();
+    if (begin < end) stage_tile(begin, sm.rows[0]);
+    locate_tile(begin + kTileKeys, sm.rows[1]);
+  }
 
   float acc[kMaxDimTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
   const uint32_t dim_tiles = dim / 4 / 8;
-  for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
-    // Phase A: locate the tile's rows, then dequantise K and V once for all G heads.
-    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, sm.rows + 4 * tid);
-    __syncthreads();
-    // kBatch units per thread: all their loads are issued before the first conversion, so a
-    // thread keeps 2·kBatch loads in flight instead of one (the memory-bound shapes need it).
-    constexpr uint32_t kBatch = 2;
-    const uint32_t units = kTileKeys * (dim / 16);
-    for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
-      typename Rows::Raw raw[kBatch];
-#pragma unroll
-      for (uint32_t b = 0; b < kBatch; ++b) {
-        const uint32_t u = u0 + b * blockDim.x, key = u / (dim / 16);
-        if (u < units && tile + key < end) raw[b] = layout.load(sm.rows + 4 * key, u % (dim / 16));
-      }
-#pragma unroll
-      for (uint32_t b = 0; b < kBatch; ++b) {
-        const uint32_t u = u0 + b * blockDim.x, key = u / (dim / 16), part = u % (dim / 16);
-        if (u >= units) break;
-        __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
-        __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    // Phase A: the tile's K and V as BF16 in shared memory, dequantised once for all G heads.
+    const uint32_t cur = i % 2;
+    int32_t ahead = 0;  // staged: the table entry of key `lane` two tiles on (warp 0)
+    if (staged) {
+      cp_async_wait_all();
+      __syncthreads();
+      for (uint32_t u = tid; u < kTileKeys * parts; u += blockDim.x) {
+        const uint32_t key = u / parts, part = u % parts;
         if (tile + key < end) {
-          layout.convert(raw[b], dk, dv);
-        } else {  // zeros, not garbage: 0 · NaN would poison P·V
-          reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
-          reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+          const typename Rows::Raw raw = layout.staged(sm.raw + key * layout.raw_pitch(), part);
+          store_bf16(key, part, &raw);
+        } else {
+          store_bf16(key, part, nullptr);
         }
       }
+      __syncthreads();  // the raw tile is free: the next one streams in under phases B-D
+      if (tile + kTileKeys < end) stage_tile(tile + kTileKeys, sm.rows[cur ^ 1]);
+      if (warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
+    } else {
+      locate_tile(tile, sm.rows[0]);
+      __syncthreads();
+      // kBatch units per thread: all their loads are issued before the first conversion, so a
+      // thread keeps 2·kBatch loads in flight instead of one.
+      constexpr uint32_t kBatch = 2;
+      const uint32_t units = kTileKeys * parts;
+      for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
+        typename Rows::Raw raw[kBatch];
+#pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+          const uint32_t u = u0 + b * blockDim.x, key = u / parts;
+          if (u < units && tile + key < end) raw[b] = layout.load(sm.rows[0] + 4 * key, u % parts);
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+          const uint32_t u = u0 + b * blockDim.x;
+          if (u >= units) break;
+          store_bf16(u / parts, u % parts, tile + u / parts < end ? &raw[b] : nullptr);
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
     // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile.
     float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (uint32_t k0 = 0; k0 < q_head_dim; k0 += 32) {
@@ -242,6 +316,9 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         mma_bf16(acc[t + 1], a, b[2], b[3]);
       }
     }
+    // Staged: the rows two tiles on go where this tile's were (its copies were issued last round).
+    if (staged && warp == 0 && tile + 2 * kTileKeys + lane < end)
+      layout.locate(tile + 2 * kTileKeys + lane, ahead, sm.rows[cur] + 4 * lane);
     __syncthreads();  // the next tile rewrites rows, K, V and P
   }
   // The block's partial: unnormalised O with its running max and sum, per head.
@@ -268,18 +345,21 @@ struct Fp8Rows {
   const uint8_t *k_cache, *v_cache, *comp_pool;
   const int32_t* table;
   uint64_t cache_stride;
-  uint32_t block_size, s, comp_block_count;
+  uint32_t block_size, s, comp_block_count, dim;
   KeySet keys;
 
-  __device__ void locate(uint32_t j, const uint8_t** rows) const {
+  __device__ int32_t entry(uint32_t j) const {
+    return j < keys.comp ? 0 : table[(keys.start + (j - keys.comp)) / block_size];
+  }
+  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
     if (j < keys.comp) {
-      const int64_t entry = (int64_t{s} * comp_block_count + j) * 2;
-      rows[0] = comp_pool + entry * static_cast<int64_t>(cache_stride);
+      const int64_t pos = (int64_t{s} * comp_block_count + j) * 2;
+      rows[0] = comp_pool + pos * static_cast<int64_t>(cache_stride);
       rows[2] = rows[0] + cache_stride;
       return;
     }
     const uint32_t t = keys.start + (j - keys.comp);
-    const int64_t slot = int64_t{table[t / block_size]} * block_size + t % block_size;
+    const int64_t slot = int64_t{entry} * block_size + t % block_size;
     rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
     rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
   }
@@ -288,6 +368,16 @@ struct Fp8Rows {
   };
   __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
     return {*reinterpret_cast<const uint4*>(rows[0] + part * 16), *reinterpret_cast<const uint4*>(rows[2] + part * 16)};
+  }
+  // Staged key: [K row | V row], dim bytes each, copied 16 bytes at a time.
+  __device__ uint32_t raw_pitch() const { return 2 * dim; }
+  __device__ uint32_t copy_units() const { return dim / 8; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u) const {
+    const uint32_t half = dim / 16;
+    cp_async16(dst + 16 * u, u < half ? rows[0] + 16 * u : rows[2] + 16 * (u - half));
+  }
+  __device__ Raw staged(const uint8_t* src, uint32_t part) const {
+    return {*reinterpret_cast<const uint4*>(src + part * 16), *reinterpret_cast<const uint4*>(src + dim + part * 16)};
   }
   __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
     fp8x16_to_bf16(raw.k, dk);
@@ -298,18 +388,18 @@ struct Fp8Rows {
 struct Nvfp4Rows {
   const uint8_t *k_cache, *v_cache;
   const int32_t* table;
-  uint64_t block_stride_bytes, data_section_bytes, row_width;
-  uint32_t block_size;
+  uint64_t block_stride_bytes, data_section_bytes;
+  uint32_t block_size, dim;
   KeySet keys;
 
-  __device__ void locate(uint32_t j, const uint8_t** rows) const {
-    const uint32_t t = keys.start + j;
-    const int64_t base = int64_t{table[t / block_size]} * static_cast<int64_t>(block_stride_bytes);
-    const uint64_t slot = t % block_size;
-    rows[0] = k_cache + base + slot * row_width / 2;
-    rows[1] = k_cache + base + data_section_bytes + slot * row_width / 16;
-    rows[2] = v_cache + base + slot * row_width / 2;
-    rows[3] = v_cache + base + data_section_bytes + slot * row_width / 16;
+  __device__ int32_t entry(uint32_t j) const { return table[(keys.start + j) / block_size]; }
+  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
+    const int64_t base = int64_t{entry} * static_cast<int64_t>(block_stride_bytes);
+    const uint64_t slot = (keys.start + j) % block_size;
+    rows[0] = k_cache + base + slot * dim / 2;
+    rows[1] = k_cache + base + data_section_bytes + slot * dim / 16;
+    rows[2] = v_cache + base + slot * dim / 2;
+    rows[3] = v_cache + base + data_section_bytes + slot * dim / 16;
   }
   struct Raw {
     uint2 k, v;
@@ -318,6 +408,23 @@ struct Nvfp4Rows {
   __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
     return {*reinterpret_cast<const uint2*>(rows[0] + part * 8), *reinterpret_cast<const uint2*>(rows[2] + part * 8),
             rows[1][part], rows[3][part]};
+  }
+  // Staged key: [K data | V data | K scales | V scales] (dim/2, dim/2, dim/16, dim/16 bytes),
+  // padded to 16 bytes; data copied 16 bytes at a time, scales 4 (dim is a multiple of 64).
+  __device__ uint32_t raw_pitch() const { return (dim + dim / 8 + 15) / 16 * 16; }
+  __device__ uint32_t copy_units() const { return dim / 16 + dim / 32; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u) const {
+    const uint32_t data = dim / 32, scales = dim / 64;  // units per row
+    if (u < 2 * data) {
+      cp_async16(dst + 16 * u, u < data ? rows[0] + 16 * u : rows[2] + 16 * (u - data));
+    } else {
+      const uint32_t w = u - 2 * data;
+      cp_async4(dst + dim + 4 * w, w < scales ? rows[1] + 4 * w : rows[3] + 4 * (w - scales));
+    }
+  }
+  __device__ Raw staged(const uint8_t* src, uint32_t part) const {
+    return {*reinterpret_cast<const uint2*>(src + part * 8), *reinterpret_cast<const uint2*>(src + dim / 2 + part * 8),
+            src[dim + part], src[dim + dim / 16 + part]};
   }
   __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
     nvfp4x16_to_bf16(raw.k, raw.k_scale, dk);
@@ -348,9 +455,9 @@ extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_fp8(
   const uint32_t s = blockIdx.z;
   const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
   const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp);
-  const Fp8Rows layout{k_cache,    v_cache, comp_pool, block_tables + uint64_t{s} * max_blocks_per_seq,
-                       cache_stride, block_size, s,   comp_block_count,
-                       keys};
+  const Fp8Rows layout{k_cache,    v_cache,          comp_pool,    block_tables + uint64_t{s} * max_blocks_per_seq,
+                       cache_stride, block_size,       s,            comp_block_count,
+                       kv_cache_dim, keys};
   split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
                layout);
 }
@@ -365,9 +472,8 @@ extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_nvfp4(
     uint64_t data_section_bytes, uint32_t keys_per_split) {
   const uint32_t s = blockIdx.z;
   const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
-  const Nvfp4Rows layout{k_cache,           v_cache,         block_tables + uint64_t{s} * max_blocks_per_seq,
-                         block_stride_bytes, data_section_bytes, kv_cache_dim,
-                         block_size,        keys};
+  const Nvfp4Rows layout{k_cache,    v_cache,    block_tables + uint64_t{s} * max_blocks_per_seq,
+                         block_stride_bytes, data_section_bytes, block_size, kv_cache_dim, keys};
   split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
                layout);
 }

@@ -42,22 +42,99 @@ TEST_CASE("the wide GEMV matches the float64 reference", "[mla_fast][gemv]") {
   }
 }
 
-TEST_CASE("the split plan covers every key with whole tiles and sizes its workspace", "[mla_fast][plan]") {
+TEST_CASE("the split plan covers every key with whole tiles and fits the device's shared memory", "[mla_fast][plan]") {
   PagedDecodeCommon a;
   a.num_seqs = GENERATE(1u, 3u, 128u), a.num_q_heads = GENERATE(1u, 16u, 17u, 128u);
-  a.max_blocks_per_seq = GENERATE(1u, 7u, 1024u), a.block_size = 16, a.kv_cache_dim = 576;
+  a.max_blocks_per_seq = GENERATE(1u, 7u, 1024u), a.block_size = 16, a.kv_cache_dim = GENERATE(64u, 576u);
   const std::uint32_t comp = GENERATE(0u, 5u);
-  const SplitPlan p = plan_split_decode(a, comp, 132);
-  INFO("num_seqs " << a.num_seqs << " heads " << a.num_q_heads << " blocks " << a.max_blocks_per_seq);
+  const KvFormat format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  const std::uint32_t limit = GENERATE(227u * 1024, 99u * 1024);  // sm_90, sm_121
+  const SplitPlan p = plan_split_decode(a, format, comp, 132, limit);
+  INFO("num_seqs " << a.num_seqs << " heads " << a.num_q_heads << " blocks " << a.max_blocks_per_seq << " dim "
+                   << a.kv_cache_dim << " limit " << limit);
   CHECK(p.keys_per_split % 32 == 0);
   CHECK(std::uint64_t{p.keys_per_split} * p.num_splits >= std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp);
   CHECK(std::uint64_t{p.keys_per_split} * (p.num_splits - 1) <
         std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp + 32);
   CHECK(p.rows_per_block * p.head_groups >= a.num_q_heads);
   CHECK(p.threads == 8 * p.rows_per_block);
-  CHECK(p.shared_bytes <= 227u * 1024);
+  CHECK(p.shared_bytes <= limit);
+  // Shared memory, from the kernel's carve-up: q, one K and one V tile, P (BF16, rows padded by
+  // 8), the softmax exchange, two tiles' row pointers, and a raw tile when staged.
+  const std::uint32_t pitch = a.kv_cache_dim + 8, raw = format == KvFormat::fp8 ? 2 * a.kv_cache_dim : 0;
+  const std::uint32_t fixed = (p.rows_per_block * pitch + 64 * pitch + p.rows_per_block * 40) * 2 +
+                              p.rows_per_block * 32 + 2048;
+  if (format == KvFormat::fp8) CHECK(p.shared_bytes == fixed + (p.staged ? 32 * raw : 0));
+  // sm_90 stages every shape and gives 128 heads groups of 64; sm_121 fits one unstaged 16-head
+  // group of the model's rows.
+  if (limit == 227u * 1024) {
+    CHECK(p.staged);
+    if (a.num_q_heads == 128) CHECK(p.rows_per_block == 64);
+  } else if (a.kv_cache_dim == 576) {
+    CHECK(p.rows_per_block == 16);
+    CHECK(!p.staged);
+  }
   const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   CHECK(p.workspace_bytes == slots * a.kv_cache_dim * 4 + slots * 8);
+}
+
+TEST_CASE("a split plan that cannot fit the device's shared memory says so", "[mla_fast][plan]") {
+  PagedDecodeCommon a;
+  a.num_seqs = 1, a.num_q_heads = 16, a.max_blocks_per_seq = 4, a.block_size = 16, a.kv_cache_dim = 576;
+  test::require_error([&] { plan_split_decode(a, KvFormat::fp8, 0, 132, 48 * 1024); }, Errc::unsupported,
+                      {"97280 bytes", "49152"});
+}
+
+TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", "[mla_fast][split]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 128, p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 8, p.num_blocks = 16, p.seq_lens = {100, 33};
+  const KernelCase c = gen::split_path_case(p);
+  emu::EmulatorOptions small;
+  small.max_shared_bytes_per_block = 99 * 1024;
+  emu::EmulatorBackend gpu(small);
+  const auto out = run_kernel_case(gpu, c);
+  CHECK(check_output("o", out.at("o"), c.expected.at("o"), c.tolerance.at("o")).pass);
+}
+
+// Staged (cp.async) and direct tiles must give the same bits: run the raw split kernel both
+// ways on every backend (on the emulator both run the one port; on a GPU, two code paths).
+TEST_CASE("the staged and direct split kernels give bit-identical partials", "[mla_fast][split]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(16u, 40u, 128u), p.block_size = 16;
+  p.num_seqs = 3, p.max_blocks_per_seq = 24, p.num_blocks = 80, p.seq_lens = {300, 0, 97};
+  p.fill = -1, p.k_scale = 0.013f, p.v_scale = 0.021f;
+  const KernelCase c = gen::split_path_case(p);
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name << " format " << to_string(p.format) << " heads " << p.num_q_heads);
+    auto gpu = test::make_backend(name);
+    std::map<std::string, DeviceBuffer> in;
+    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    PagedDecodeCommon a;
+    a.max_blocks_per_seq = p.max_blocks_per_seq, a.num_q_heads = p.num_q_heads, a.num_kv_heads = 1;
+    a.q_head_dim = a.kv_cache_dim = 576, a.block_size = p.block_size, a.num_seqs = p.num_seqs;
+    const SplitPlan plan = plan_split_decode(a, p.format, 0, gpu->multiprocessor_count(), 227 * 1024);
+    const auto fast = MlaFastKernels::resolve(*gpu);
+    std::vector<std::vector<std::byte>> results;
+    for (const bool staged : {true, false}) {
+      const DeviceBuffer ws(*gpu, plan.workspace_bytes);
+      SplitDecodeArgs s{in.at("q").ptr(), in.at("k_cache").ptr(), in.at("v_cache").ptr(), ws.ptr(),
+                        ws.ptr() + plan.ml_offset, in.at("block_tables").ptr(), in.at("seq_lens").ptr(),
+                        a.max_blocks_per_seq, a.num_q_heads, 576, 576, a.block_size, 0.07f, plan.keys_per_split,
+                        a.num_seqs, plan.num_splits, plan.rows_per_block, staged};
+      const auto u64 = [&](const char* field) { return c.scalars.at(field).bits; };
+      if (p.format == KvFormat::fp8) {
+        mla_paged_decode_split_fp8(*gpu, fast.split_fp8, {s, u64("cache_stride"), 0, {}, 0});
+      } else {
+        mla_paged_decode_split_nvfp4(*gpu, fast.split_nvfp4, {s, u64("block_stride_bytes"), u64("data_section_bytes")});
+      }
+      gpu->synchronize(0);
+      results.push_back(ws.to_host<std::byte>());
+    }
+    CHECK(results[0] == results[1]);
+  }
 }
 
 TEST_CASE("the dispatcher takes the seed kernel where the split path does not apply", "[mla_fast][dispatch]") {

@@ -262,6 +262,12 @@ std::uint32_t CudaBackend::multiprocessor_count() const {
   return static_cast<std::uint32_t>(n);
 }
 
+std::uint32_t CudaBackend::max_shared_bytes_per_block() const {
+  int n = 0;
+  METRALE_CU(cuDeviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, impl_->device));
+  return static_cast<std::uint32_t>(n);
+}
+
 int CudaBackend::driver_version() const {
   int v = 0;
   METRALE_CU(cuDriverGetVersion(&v));

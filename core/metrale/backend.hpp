@@ -58,6 +58,9 @@ class GpuBackend {
   /// Streaming multiprocessors, for launchers that size their grid to the
   /// device; the emulator answers as an H200 (132).
   virtual std::uint32_t multiprocessor_count() const { return 132; }
+  /// The most dynamic shared memory a block may opt in to, in bytes; the emulator answers as
+  /// sm_90 (227 KiB) unless told otherwise (sm_121: 99 KiB).
+  virtual std::uint32_t max_shared_bytes_per_block() const { return 227 * 1024; }
 
  protected:
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;

@@ -11,6 +11,7 @@
 #include "metrale/backend.hpp"
 #include "metrale/buffer.hpp"
 #include "metrale/mla_absorbed.hpp"
+#include "metrale/paged_cache.hpp"  // KvFormat
 
 namespace metrale {
 
@@ -23,18 +24,24 @@ struct MlaFastKernels {
 };
 
 /// How a split decode divides its work: G = 16·R heads per block over `head_groups` groups,
-/// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block.
+/// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block;
+/// `staged` when the block has room to stream the next tile's cache bytes into shared memory
+/// (cp.async) under the current tile's math.
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
+  bool staged = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
   std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
 };
 
-/// Plan a split decode for `a` (its table capacity bounds the keys: max_blocks_per_seq ·
-/// block_size + comp_block_count) on a device of `multiprocessors` SMs: about two blocks per SM,
-/// at least 256 keys per split.
-SplitPlan plan_split_decode(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors);
+/// Plan a split decode of format `format` for `a` (its table capacity bounds the keys:
+/// max_blocks_per_seq · block_size + comp_block_count) on a device of `multiprocessors` SMs whose
+/// blocks may have `max_shared_bytes` of shared memory: the largest head group (up to 64) that
+/// fits, staged when that fits too; about two waves of blocks, at least 128 keys per split.
+/// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
+SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes);
 
 /// Why the split path cannot take these arguments (one KV head; q_head_dim a multiple of 32;
 /// kv_cache_dim a multiple of 64, at most 576; 16-byte aligned rows), or nothing when it can.
@@ -57,6 +64,7 @@ struct SplitDecodeArgs {
   std::uint32_t max_blocks_per_seq = 0, num_q_heads = 0, q_head_dim = 0, kv_cache_dim = 0, block_size = 0;
   float logit_scale = 0;  // inv_sqrt_d · k_scale
   std::uint32_t keys_per_split = 0, num_seqs = 0, num_splits = 0, rows_per_block = 0;
+  bool staged = true;  // give the block room for a raw tile (not a kernel argument: shared memory)
 };
 struct SplitDecodeFp8Args : SplitDecodeArgs {
   std::uint64_t cache_stride = 0;
@@ -68,14 +76,18 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
   std::uint64_t block_stride_bytes = 0, data_section_bytes = 0;
 };
 /// Grid [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block 8·rows_per_block, the
-/// shared memory split_shared_bytes(rows_per_block, kv_cache_dim). Errors (`invalid_argument`):
+/// shared memory split_shared_bytes(rows_per_block, kv_cache_dim, raw pitch or 0 when not
+/// staged). Staged or not, the results are bit-identical. Errors (`invalid_argument`):
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
 /// keys_per_split not a multiple of 32; the split path's dimension and alignment rules.
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
-/// Bytes of dynamic shared memory a split block needs.
-std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_cache_dim);
+/// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
+/// scales, padded to 16).
+std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t kv_cache_dim);
+/// Bytes of dynamic shared memory a split block needs; `raw_pitch` 0 for an unstaged block.
+std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_cache_dim, std::uint32_t raw_pitch);
 
 struct CombineArgs {
   DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null

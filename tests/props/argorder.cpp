@@ -155,7 +155,8 @@ void paged_dispatchers() {
       return;
     }
     RC_ASSERT(log.size() == 2u);
-    const SplitPlan p = plan_split_decode(a, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count());
+    const SplitPlan p = plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0,
+                                         rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
     const DevicePtr w = ws.get(rig.gpu, 0);
     ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_fp8",
                          {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},
@@ -184,7 +185,8 @@ void paged_dispatchers() {
       return;
     }
     RC_ASSERT(log.size() == 2u);
-    const SplitPlan p = plan_split_decode(a, 0, rig.gpu.multiprocessor_count());
+    const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(),
+                                         rig.gpu.max_shared_bytes_per_block());
     const DevicePtr w = ws.get(rig.gpu, 0);
     ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_nvfp4",
                          {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},

@@ -70,6 +70,9 @@ struct EmulatorOptions {
   std::function<void(const std::vector<AllocationInfo>&)> on_leak;
   /// When set, every launch is written there as a kernel case file (SPEC §5).
   std::filesystem::path record_dir;
+  /// The most dynamic shared memory a block may have: sm_90's 227 KiB by default; 99 KiB
+  /// (101376) plays an sm_121 (GB10), whose launch shapes the plans then pick.
+  std::uint32_t max_shared_bytes_per_block = 227 * 1024;
 };
 
 class EmulatorBackend final : public GpuBackend {
@@ -86,6 +89,7 @@ class EmulatorBackend final : public GpuBackend {
 
   void synchronize(Stream stream) override;
   std::string name() const override { return "emu"; }
+  std::uint32_t max_shared_bytes_per_block() const override;
   std::string kernel_name(KernelHandle kernel) const override;
 
   // ---- inspection ---------------------------------------------------------
@@ -117,7 +121,7 @@ class EmulatorBackend final : public GpuBackend {
 
  protected:
   DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
-  /// Also rejects more dynamic shared memory than an sm_90 block may have (227 KiB).
+  /// Also rejects more dynamic shared memory than options.max_shared_bytes_per_block.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
                  std::uint32_t shared_bytes) override;
 

@@ -37,6 +37,7 @@ class CudaBackend final : public GpuBackend {
   std::string name() const override { return "cuda"; }
   std::string kernel_name(KernelHandle kernel) const override;
   std::uint32_t multiprocessor_count() const override;
+  std::uint32_t max_shared_bytes_per_block() const override;
 
   /// Fill `bytes` bytes at `dst` with `value` (for benchmarks: cache flushes, poisons).
   void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes);
