@@ -13,6 +13,7 @@ using detail::Validator;
 namespace {
 
 constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
+constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
 std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::uint32_t q_head_dim,
@@ -108,6 +109,12 @@ std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim, std::uin
          + 2 * rows * 4 * 4                                                      // red_max, red_sum
          + 2 * kTileKeys * 4 * 8                                                 // row pointers, two tiles
          + kTileKeys * raw_pitch;                                                // a raw tile
+}
+
+std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
+  std::uint32_t segment = 1;  // lanes per row: the largest power of two ≤ min(32, k/8)
+  while (segment < 32 && 2 * segment <= k / 8) segment *= 2;
+  return 8 * kGemvSteps * (32 / segment);
 }
 
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
@@ -234,7 +241,7 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
   v.check(a.k % 8 == 0 && a.input_stride % 8 == 0, "k {} and input_stride {} must be multiples of 8 (16-byte loads)",
           a.k, a.input_stride);
   KernelLaunch(gpu, kernel)
-      .grid({div_ceil(a.n_out, 64u), a.num_heads, 1})
+      .grid({div_ceil(a.n_out, gemv_wide_rows_per_block(a.k)), a.num_heads, 1})
       .block({256, 1, 1})
       .arg_ptr(a.input)
       .arg_ptr(a.weight)

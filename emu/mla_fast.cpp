@@ -198,24 +198,32 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
 
 // ---------------------------------------------------------------------------
 // mla_batched_gemv_wide: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
-// Grid: [⌈n_out/64⌉, num_heads]. Block: 256 (warp w: rows blockIdx.x·64 + 8w .. +8; lane l sums the
-// 8-element chunks l, l+32, ... of each row, then a butterfly sum per row).
+// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/8): lane `sub`
+// takes the 8-element chunks sub, sub + S, ... of the row, then a butterfly over the segment.
+// Warp w, step t, segment g: row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g.
+// Grid: [⌈n_out/rows_per_block⌉, num_heads], rows_per_block = 8·kGemvSteps·32/S. Block: 256.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
 void mla_batched_gemv_wide(Block& blk, Global<const Bf16> input, Global<const Bf16> weight, Global<Bf16> output,
                            std::uint32_t n_out, std::uint32_t k, std::uint32_t input_stride,
                            std::uint32_t output_stride) {
-  constexpr std::uint32_t kRows = 8;
-  const std::uint32_t h = blk.blockIdx.y;
+  constexpr std::uint32_t kGemvSteps = 4;
+  std::uint32_t S = 1;
+  while (S < kWarp && 2 * S <= k / 8) S *= 2;
+  const std::uint32_t per_step = kWarp / S, h = blk.blockIdx.y;
   const auto x = input.read(std::uint64_t{h} * input_stride, k);
   for (std::uint32_t warp = 0; warp < blk.blockDim.x / kWarp; ++warp) {
-    const std::uint32_t n0 = blk.blockIdx.x * 64 + warp * kRows;
-    for (std::uint32_t r = 0; r < kRows && n0 + r < n_out; ++r) {
-      const auto w = weight.read((std::uint64_t{h} * n_out + n0 + r) * k, k);
-      std::array<float, kWarp> lanes{};
-      for (std::uint32_t lane = 0; lane < kWarp; ++lane)
-        for (std::uint32_t ch = lane; ch < k / 8; ch += kWarp)
-          for (std::uint32_t e = 0; e < 8; ++e) lanes[lane] += w[ch * 8 + e].to_float() * x[ch * 8 + e].to_float();
-      output[std::uint64_t{h} * output_stride + n0 + r] = Bf16::from_float(warp_sum(lanes));
+    for (std::uint32_t t = 0; t < kGemvSteps; ++t) {
+      for (std::uint32_t g = 0; g < per_step; ++g) {
+        const std::uint32_t n = (blk.blockIdx.x * (blk.blockDim.x / kWarp) + warp) * kGemvSteps * per_step +
+                                t * per_step + g;
+        if (n >= n_out) continue;
+        const auto w = weight.read((std::uint64_t{h} * n_out + n) * k, k);
+        std::array<float, kWarp> lanes{};  // the segment's lanes
+        for (std::uint32_t sub = 0; sub < S; ++sub)
+          for (std::uint32_t ch = sub; ch < k / 8; ch += S)
+            for (std::uint32_t e = 0; e < 8; ++e) lanes[sub] += w[ch * 8 + e].to_float() * x[ch * 8 + e].to_float();
+        output[std::uint64_t{h} * output_stride + n] = Bf16::from_float(segment_sum(lanes, S));
+      }
     }
   }
 }

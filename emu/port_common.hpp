@@ -9,16 +9,20 @@ namespace metrale::emu {
 
 inline constexpr std::uint32_t kWarp = 32;
 
-/// The warp's butterfly sum (__shfl_xor_sync with offsets 16..1), lane for lane in the kernels'
-/// order, so that the FP32 sums agree.
-inline float warp_sum(std::array<float, kWarp> v) {
-  for (std::uint32_t off = kWarp / 2; off > 0; off /= 2) {
+/// The butterfly sum of a segment of `width` lanes (a power of two; __shfl_xor_sync with offsets
+/// width/2..1), lane for lane in the kernels' order, so that the FP32 sums agree; `v[i]` is the
+/// segment's lane i.
+inline float segment_sum(std::array<float, kWarp> v, std::uint32_t width) {
+  for (std::uint32_t off = width / 2; off > 0; off /= 2) {
     std::array<float, kWarp> next{};
-    for (std::uint32_t lane = 0; lane < kWarp; ++lane) next[lane] = v[lane] + v[lane ^ off];
+    for (std::uint32_t lane = 0; lane < width; ++lane) next[lane] = v[lane] + v[lane ^ off];
     v = next;
   }
   return v[0];
 }
+
+/// The warp's butterfly sum (offsets 16..1).
+inline float warp_sum(const std::array<float, kWarp>& v) { return segment_sum(v, kWarp); }
 
 /// The keys a paged decode attends for one sequence (SPEC §3): `comp` compressed entries first,
 /// then the window [start, L) of the sequence, L = seq_len clamped to [0, max_blocks·block_size],

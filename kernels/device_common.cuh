@@ -13,6 +13,13 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// The same over segments of `width` lanes (a power of two): lanes 0..width−1, width..2·width−1, …
+// each end with their segment's total.
+__device__ inline float segment_sum(float v, uint32_t width) {
+  for (uint32_t off = width / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+  return v;
+}
+
 __device__ inline float warp_max(float v) {
   for (uint32_t off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;

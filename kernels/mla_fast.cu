@@ -27,6 +27,7 @@
 using metrale::key_set;
 using metrale::KeySet;
 using metrale::kWarp;
+using metrale::segment_sum;
 using metrale::warp_sum;
 
 namespace {
@@ -511,40 +512,53 @@ extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, cons
 }
 
 // ---------------------------------------------------------------------------
-// mla_batched_gemv_wide: the batched GEMV of mla_absorbed with 16-byte loads and eight rows per
-// warp in flight: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
-// Grid: [⌈n_out/64⌉, num_heads]. Block: 256 (warp w: rows blockIdx.x·64 + 8w .. +8; lanes stride
-// over the 8-element chunks of k, then a butterfly sum per row). k and input_stride multiples of 8.
+// mla_batched_gemv_wide: the batched GEMV of mla_absorbed with 16-byte loads and every lane busy:
+// output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
+// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/8): lane `sub`
+// of the segment takes the 8-element chunks sub, sub + S, ... of the row, then a butterfly over
+// the segment. Warp w takes kGemvSteps steps of 32/S rows each, their loads in flight together:
+// step t, segment g is row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g, with
+// rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp, gemv_wide_rows_per_block).
+// Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
 extern "C" __global__ void __launch_bounds__(256) mla_batched_gemv_wide(
     const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output, uint32_t n_out, uint32_t k,
     uint32_t input_stride, uint32_t output_stride) {
-  constexpr uint32_t kRows = 8;
-  const uint32_t h = blockIdx.y, lane = threadIdx.x % kWarp;
-  const uint32_t n0 = blockIdx.x * 64 + (threadIdx.x / kWarp) * kRows;
+  constexpr uint32_t kGemvSteps = 4;
+  uint32_t S = 1;
+  while (S < kWarp && 2 * S <= k / 8) S *= 2;
+  const uint32_t per_step = kWarp / S, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const uint32_t h = blockIdx.y, sub = lane % S;
+  const uint32_t row0 = (blockIdx.x * (blockDim.x / kWarp) + warp) * kGemvSteps * per_step + lane / S;
   const uint4* x = reinterpret_cast<const uint4*>(input + uint64_t{h} * input_stride);
-  float acc[kRows] = {};
-  for (uint32_t ch = lane; ch < k / 8; ch += kWarp) {
+  float acc[kGemvSteps] = {};
+  for (uint32_t ch = sub; ch < k / 8; ch += S) {
+    uint4 wv[kGemvSteps];
+#pragma unroll
+    for (uint32_t t = 0; t < kGemvSteps; ++t) {
+      const uint32_t n = row0 + t * per_step;
+      if (n < n_out) wv[t] = reinterpret_cast<const uint4*>(weight + (uint64_t{h} * n_out + n) * k)[ch];
+    }
     const uint4 xv = x[ch];
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
-    for (uint32_t r = 0; r < kRows; ++r) {
-      if (n0 + r >= n_out) break;
-      const uint4 wv = reinterpret_cast<const uint4*>(weight + (uint64_t{h} * n_out + n0 + r) * k)[ch];
-      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
-      float a = acc[r];
+    for (uint32_t t = 0; t < kGemvSteps; ++t) {
+      if (row0 + t * per_step >= n_out) break;
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[t]);
+      float a = acc[t];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 wf = __bfloat1622float2(wp[e]), xf = __bfloat1622float2(xp[e]);
         a += wf.x * xf.x;
         a += wf.y * xf.y;
       }
-      acc[r] = a;
+      acc[t] = a;
     }
   }
 #pragma unroll
-  for (uint32_t r = 0; r < kRows; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0 && n0 + r < n_out) output[uint64_t{h} * output_stride + n0 + r] = __float2bfloat16_rn(v);
+  for (uint32_t t = 0; t < kGemvSteps; ++t) {
+    const float v = segment_sum(acc[t], S);
+    const uint32_t n = row0 + t * per_step;
+    if (sub == 0 && n < n_out) output[uint64_t{h} * output_stride + n] = __float2bfloat16_rn(v);
   }
 }

@@ -99,9 +99,13 @@ struct CombineArgs {
 /// than sinks; a zero count; v_scale not finite or ≤ 0.
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
 
-/// Grid [⌈n_out/64⌉, num_heads], block 256. Errors (`invalid_argument`): those of
-/// mla_batched_gemv, plus k or input_stride not a multiple of 8 (16-byte loads).
+/// Grid [⌈n_out/gemv_wide_rows_per_block(k)⌉, num_heads], block 256. Errors
+/// (`invalid_argument`): those of mla_batched_gemv, plus k or input_stride not a multiple of 8
+/// (16-byte loads).
 void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
+/// Output rows per block of the wide GEMV: 32·(32/S), a row summed by S lanes, S the largest
+/// power of two ≤ min(32, k/8) (k = 128: 64 rows; k ≥ 256: 32).
+std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 
 /// Which kernels a dispatcher ran.
 enum class DecodePath { seed, split };
