@@ -125,10 +125,18 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   p.rows_per_block = kGroupRows * R;
   p.threads = 8 * p.rows_per_block;
   p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
+  // Staged where it fits and keeps the blocks an SM holds: by shared memory (an SM has about
+  // 1 KiB more than a block may take, and reserves 1 KiB per block) and by registers (64K per
+  // SM, the kernel's at most 128 per thread). A 16-head block of the model's rows runs two to an
+  // sm_90 SM unstaged and one staged, and the second block hides more than the staging.
+  const std::uint32_t direct_bytes = split_shared_bytes(p.rows_per_block, a.kv_cache_dim, 0);
   const std::uint32_t staged_bytes =
       split_shared_bytes(p.rows_per_block, a.kv_cache_dim, split_raw_pitch(format, a.kv_cache_dim));
-  p.staged = staged_bytes <= max_shared_bytes;
-  p.shared_bytes = p.staged ? staged_bytes : split_shared_bytes(p.rows_per_block, a.kv_cache_dim, 0);
+  const auto per_sm = [&](std::uint32_t bytes) {
+    return std::min((max_shared_bytes + 1024) / (bytes + 1024), 65536 / (p.threads * 128));
+  };
+  p.staged = staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
+  p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
   if (p.shared_bytes > max_shared_bytes)
     fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
          p.shared_bytes, max_shared_bytes);

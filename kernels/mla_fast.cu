@@ -90,7 +90,7 @@ __device__ uint32_t pack_bf16(float lo, float hi) {
 struct Smem {
   __nv_bfloat16 *q, *k, *v, *p;
   float *red_max, *red_sum;
-  const uint8_t** rows[2];  // per tile key: K data, K scales, V data, V scales (two tiles)
+  const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales; two tiles (row_set)
   uint8_t* raw;             // a tile's cache bytes, raw_pitch per key
   uint32_t pitch;           // of q, k and v rows, in elements
 };
@@ -104,12 +104,14 @@ __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint
   s.p = s.v + kTileKeys * s.pitch;
   s.red_max = reinterpret_cast<float*>(s.p + rows_per_block * kPRow);
   s.red_sum = s.red_max + rows_per_block * 4;
-  s.rows[0] = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
-  s.rows[1] = s.rows[0] + 4 * kTileKeys;
-  s.raw = reinterpret_cast<uint8_t*>(s.rows[1] + 4 * kTileKeys);
+  s.rows = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
+  s.raw = reinterpret_cast<uint8_t*>(s.rows + 2 * 4 * kTileKeys);
   if (dynamic_smem_bytes() < static_cast<uint32_t>(s.raw - base) + kTileKeys * raw_pitch) s.raw = nullptr;
   return s;
 }
+
+// Row set `i` (0 or 1) of the two tiles' row pointers.
+__device__ const uint8_t** row_set(const Smem& s, uint32_t i) { return s.rows + i * 4 * kTileKeys; }
 
 // 16 E4M3 codes (loaded as one 16-byte word) to 16 BF16 values at `dst`.
 __device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
@@ -162,23 +164,23 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   const uint32_t parts = dim / 16;  // 16-element units of a row
 
   // Warp 0 looks up the rows of the tile's keys (lane = key).
-  auto locate_tile = [&](uint32_t tile, const uint8_t** rows) {
+  auto locate_tile = [=](uint32_t tile, const uint8_t** rows) {
     if (warp == 0 && tile + lane < end) layout.locate(tile + lane, layout.entry(tile + lane), rows + 4 * lane);
   };
   // Staged: start copying the tile's raw bytes into shared memory.
-  auto stage_tile = [&](uint32_t tile, const uint8_t* const* rows) {
+  auto stage_tile = [=](uint32_t tile, const uint8_t* const* rows) {
     const uint32_t units = layout.copy_units(), n = min(kTileKeys, end - tile) * units;
     for (uint32_t u = tid; u < n; u += blockDim.x)
       layout.stage(rows + 4 * (u / units), sm.raw + (u / units) * layout.raw_pitch(), u % units);
     cp_async_commit();
   };
   // Part `part` of the tile's key `key` as BF16 into sm.k / sm.v; zeros for a key past the end
-  // (raw null), not garbage: 0 · NaN would poison P·V.
-  auto store_bf16 = [&](uint32_t key, uint32_t part, const typename Rows::Raw* raw) {
+  // (not live), not garbage: 0 · NaN would poison P·V.
+  auto store_bf16 = [=](uint32_t key, uint32_t part, const typename Rows::Raw& raw, bool live) {
     __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
     __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
-    if (raw != nullptr) {
-      layout.convert(*raw, dk, dv);
+    if (live) {
+      layout.convert(raw, dk, dv);
     } else {
       reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
       reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
@@ -193,10 +195,10 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
   }
   if (staged) {  // prologue: rows of tiles 0 and 1, tile 0's bytes in flight
-    locate_tile(begin, sm.rows[0]);
+    locate_tile(begin, row_set(sm, 0));
     __syncthreads();
-    if (begin < end) stage_tile(begin, sm.rows[0]);
-    locate_tile(begin + kTileKeys, sm.rows[1]);
+    if (begin < end) stage_tile(begin, row_set(sm, 0));
+    locate_tile(begin + kTileKeys, row_set(sm, 1));
   }
 
   float acc[kMaxDimTiles][4] = {};
@@ -208,56 +210,51 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     int32_t ahead = 0;  // staged: the table entry of key `lane` two tiles on (warp 0)
     if (staged) {
       cp_async_wait_all();
-      __syncthreads();
-      for (uint32_t u = tid; u < kTileKeys * parts; u += blockDim.x) {
-        const uint32_t key = u / parts, part = u % parts;
-        if (tile + key < end) {
-          const typename Rows::Raw raw = layout.staged(sm.raw + key * layout.raw_pitch(), part);
-          store_bf16(key, part, &raw);
-        } else {
-          store_bf16(key, part, nullptr);
-        }
-      }
-      __syncthreads();  // the raw tile is free: the next one streams in under phases B-D
-      if (tile + kTileKeys < end) stage_tile(tile + kTileKeys, sm.rows[cur ^ 1]);
-      if (warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
     } else {
-      locate_tile(tile, sm.rows[0]);
-      __syncthreads();
-      // kBatch units per thread: all their loads are issued before the first conversion, so a
-      // thread keeps 2·kBatch loads in flight instead of one.
-      constexpr uint32_t kBatch = 2;
-      const uint32_t units = kTileKeys * parts;
-      for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
-        typename Rows::Raw raw[kBatch];
-#pragma unroll
-        for (uint32_t b = 0; b < kBatch; ++b) {
-          const uint32_t u = u0 + b * blockDim.x, key = u / parts;
-          if (u < units && tile + key < end) raw[b] = layout.load(sm.rows[0] + 4 * key, u % parts);
-        }
-#pragma unroll
-        for (uint32_t b = 0; b < kBatch; ++b) {
-          const uint32_t u = u0 + b * blockDim.x;
-          if (u >= units) break;
-          store_bf16(u / parts, u % parts, tile + u / parts < end ? &raw[b] : nullptr);
-        }
-      }
-      __syncthreads();
+      locate_tile(tile, row_set(sm, 0));
     }
-    // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile.
-    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __syncthreads();
+    // kBatch units per thread: all their loads (from the staged tile or from global memory) are
+    // issued before the first conversion, so a thread has kBatch conversions to interleave.
+    constexpr uint32_t kBatch = 2;
+    const uint32_t units = kTileKeys * parts;
+    for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
+      typename Rows::Raw raw[kBatch];
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        const uint32_t u = u0 + b * blockDim.x, key = u / parts, part = u % parts;
+        if (u >= units || tile + key >= end) continue;
+        raw[b] = staged ? layout.staged(sm.raw + key * layout.raw_pitch(), part)
+                        : layout.load(row_set(sm, 0) + 4 * key, part);
+      }
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        const uint32_t u = u0 + b * blockDim.x;
+        if (u >= units) break;
+        store_bf16(u / parts, u % parts, raw[b], tile + u / parts < end);
+      }
+    }
+    __syncthreads();
+    if (staged) {  // the raw tile is free: the next one streams in under phases B-D
+      if (tile + kTileKeys < end) stage_tile(tile + kTileKeys, row_set(sm, cur ^ 1));
+      if (warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
+    }
+    // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile, in two independent
+    // accumulators (even and odd 16-wide steps) so that consecutive MMAs do not wait on each other.
+    float sacc[2][4] = {};
     for (uint32_t k0 = 0; k0 < q_head_dim; k0 += 32) {
       uint32_t b[4], a[4];
       ldmatrix_x4(b, sm.k + (8 * c + lane % 8) * sm.pitch + k0 + (lane / 8) * 8);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + (lane / 16) * 8);
-      mma_bf16(sacc, a, b[0], b[1]);
+      mma_bf16(sacc[0], a, b[0], b[1]);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + 16 + (lane / 16) * 8);
-      mma_bf16(sacc, a, b[2], b[3]);
+      mma_bf16(sacc[1], a, b[2], b[3]);
     }
     const uint32_t key0 = 8 * c + 2 * (lane % 4);
     float sv[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sv[e] = tile + key0 + (e % 2) < end ? sacc[e] * logit_scale : -INFINITY;
+    for (int e = 0; e < 4; ++e)
+      sv[e] = tile + key0 + (e % 2) < end ? (sacc[0][e] + sacc[1][e]) * logit_scale : -INFINITY;
     // Phase C: online softmax across the row group's four warps.
     float mx[2] = {fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3])};
 #pragma unroll
@@ -319,7 +316,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
     // Staged: the rows two tiles on go where this tile's were (its copies were issued last round).
     if (staged && warp == 0 && tile + 2 * kTileKeys + lane < end)
-      layout.locate(tile + 2 * kTileKeys + lane, ahead, sm.rows[cur] + 4 * lane);
+      layout.locate(tile + 2 * kTileKeys + lane, ahead, row_set(sm, cur) + 4 * lane);
     __syncthreads();  // the next tile rewrites rows, K, V and P
   }
   // The block's partial: unnormalised O with its running max and sum, per head.
