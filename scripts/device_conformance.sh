@@ -26,7 +26,7 @@ for tool in memcheck racecheck initcheck synccheck; do
   step "sanitizer_$tool" env -u METRALE_GOLDEN_DIR compute-sanitizer --tool "$tool" --report-api-errors no \
     --error-exitcode 9 --print-limit 20 $M conform --backend cuda --no-golden
 done
-step bench $M bench --backend cuda --iters 30 --json "$OUT/bench.json"
+step bench $M bench --backend cuda --json "$OUT/bench.json"
 grep -B3 -A12 "FAILED" "$OUT/tests.txt" | head -60
 tail -n 3 "$OUT/tests.txt" "$OUT/conform.txt" "$OUT/cases.txt"
 for tool in memcheck racecheck initcheck synccheck; do tail -n 2 "$OUT/sanitizer_$tool.txt"; done
