@@ -285,6 +285,19 @@ unsigned default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// sm_90's largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize),
+// unless METRALE_EMU_SHARED_BYTES plays another device (sm_121: 101376).
+std::uint32_t default_shared_bytes() {
+  constexpr std::uint32_t kSm90 = 227 * 1024;
+  if (const char* env = std::getenv("METRALE_EMU_SHARED_BYTES")) {
+    std::uint32_t n = 0;
+    const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
+    if (ec == std::errc{} && *end == '\0' && n > 0) return n;
+    spdlog::warn("emu: ignoring METRALE_EMU_SHARED_BYTES={}, not a positive integer", env);
+  }
+  return kSm90;
+}
+
 // ---- launch checks --------------------------------------------------------------
 
 // The device's limits, so that a launch that would fail on hardware fails here.
@@ -357,7 +370,9 @@ struct EmulatorBackend::Impl {
   };
 
   explicit Impl(EmulatorOptions opts)
-      : options(std::move(opts)), threads(options.threads != 0 ? options.threads : default_threads()), pool(threads) {}
+      : options(std::move(opts)), threads(options.threads != 0 ? options.threads : default_threads()), pool(threads) {
+    if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
+  }
 
   EmulatorOptions options;
   unsigned threads;

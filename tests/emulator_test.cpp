@@ -517,6 +517,31 @@ TEST_CASE("emu: METRALE_EMU_THREADS sets the default number of threads", "[emu]"
   CHECK(explicit_count.threads() == 2);
 }
 
+TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {
+  ::setenv("METRALE_EMU_SHARED_BYTES", "101376", 1);  // an sm_121's 99 KiB
+  Gpu gb10;
+  ::unsetenv("METRALE_EMU_SHARED_BYTES");
+  Gpu h200;
+  EmulatorOptions o = strict();
+  o.max_shared_bytes_per_block = 4096;
+  Gpu small(o);
+  CHECK(gb10.backend.max_shared_bytes_per_block() == 101376u);
+  CHECK(h200.backend.max_shared_bytes_per_block() == 232448u);
+  CHECK(small.backend.max_shared_bytes_per_block() == 4096u);
+  DeviceBuffer pool(gb10.backend, 8), out(gb10.backend, 4);
+  const std::vector<std::uint32_t> init{1, 2};
+  upload(gb10.backend, std::span<const std::uint32_t>(init), pool.ptr());
+  auto poke = [&](std::uint32_t shared) {
+    gb10.launch("poke_peek").block({1, 1, 1}).shared_bytes(shared).arg_ptr(pool.ptr()).arg_u64(0).arg_u32(7).arg_ptr(
+        out.ptr()).launch();
+  };
+  poke(101376);
+  CHECK(download<std::uint32_t>(gb10.backend, out.ptr(), 1)[0] == 2u);
+  const Error e = error_of([&] { poke(101377); });
+  CHECK(e.code() == Errc::launch_failed);
+  CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("101377") && Catch::Matchers::Contains("101376"));
+}
+
 TEST_CASE("emu: a pool past 2^31 bytes is addressed with 64-bit offsets", "[emu]") {
   Gpu gpu;
   auto& b = gpu.backend;

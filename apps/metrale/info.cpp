@@ -21,6 +21,7 @@ void add_info(CLI::App& app) {
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
+    fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
       fmt::print("    {:<40} {} parameters\n", e.full_name(), e.params.size());

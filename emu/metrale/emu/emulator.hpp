@@ -70,9 +70,10 @@ struct EmulatorOptions {
   std::function<void(const std::vector<AllocationInfo>&)> on_leak;
   /// When set, every launch is written there as a kernel case file (SPEC §5).
   std::filesystem::path record_dir;
-  /// The most dynamic shared memory a block may have: sm_90's 227 KiB by default; 99 KiB
-  /// (101376) plays an sm_121 (GB10), whose launch shapes the plans then pick.
-  std::uint32_t max_shared_bytes_per_block = 227 * 1024;
+  /// The most dynamic shared memory a block may have, in bytes; 0 = sm_90's 227 KiB
+  /// (`METRALE_EMU_SHARED_BYTES` overrides the default). 99 KiB (101376) plays an sm_121
+  /// (GB10), whose launch shapes the plans then pick.
+  std::uint32_t max_shared_bytes_per_block = 0;
 };
 
 class EmulatorBackend final : public GpuBackend {
