@@ -221,7 +221,10 @@ const std::vector<Adapter>& adapters() {
                                        a.ptr("comp_pool"),    a.u32("comp_block_count")};
          if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
          DecodeWorkspace ws;
-         paged_decode_fp8(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws);
+         if (paged_decode_fp8(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws) !=
+             DecodePath::split)
+           fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
+                g.max_shared_bytes_per_block());
          g.synchronize(0);
        }},
       {"mla_fast",
@@ -232,7 +235,10 @@ const std::vector<Adapter>& adapters() {
          const PagedDecodeNvfp4Args args{paged_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")};
          if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
          DecodeWorkspace ws;
-         paged_decode_nvfp4(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws);
+         if (paged_decode_nvfp4(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws) !=
+             DecodePath::split)
+           fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
+                g.max_shared_bytes_per_block());
          g.synchronize(0);
        }},
   };

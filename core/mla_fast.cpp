@@ -70,6 +70,11 @@ KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat for
       .arg_f32(a.logit_scale);
 }
 
+// Whether a direct 16-head split block fits the device's shared memory (else the seed kernel).
+bool split_fits(const GpuBackend& gpu, std::uint32_t kv_cache_dim) {
+  return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= gpu.max_shared_bytes_per_block();
+}
+
 SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, DevicePtr ws, float logit_scale) {
   return {a.q,
           a.k_cache,
@@ -264,7 +269,7 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream) {
   validate(a);  // the seed launcher's rules hold for both paths
-  if (split_unsupported(a)) {
+  if (split_unsupported(a) || !split_fits(gpu, a.kv_cache_dim)) {
     mla_paged_decode_fp8(gpu, seed.paged_decode_fp8, a, stream);
     return DecodePath::seed;
   }
@@ -284,7 +289,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                               const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream) {
   validate(a);  // the seed launcher's rules hold for both paths
-  if (split_unsupported(a)) {
+  if (split_unsupported(a) || !split_fits(gpu, a.kv_cache_dim)) {
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;
   }

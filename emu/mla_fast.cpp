@@ -1,6 +1,8 @@
 // Ports of module mla_fast (kernels/mla_fast.cu). They follow the kernels' phases and rounding
 // points — K and V dequantised to BF16, P rounded to BF16 for P·V, FP32 accumulation — but not
-// the MMA fragment layouts, which only change the order of FP32 additions.
+// the MMA fragment layouts, which only change the order of FP32 additions, nor the split
+// kernels' staging of tiles through shared memory (cp.async), which changes only when bytes
+// arrive: one port serves both.
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -11,11 +11,12 @@
 // sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
 //
 // Staged or direct: when the launch gives the block room for a raw tile (the host's plan does
-// where the device's shared memory allows, e.g. sm_90's 227 KiB), the next tile's cache bytes
-// are copied into shared memory with cp.async while the tensor cores work on the current one,
-// and its row addresses are looked up a tile earlier still, so the loads never wait on the
-// math. Without that room (sm_121's 99 KiB), each tile is loaded into registers and converted
-// before the math. Both give bit-identical results.
+// where the device's shared memory allows it without costing the SM a block, e.g. 32–64-head
+// blocks on sm_90), the next tile's cache bytes are copied into shared memory with cp.async
+// while the tensor cores work on the current one, and its row addresses are looked up a tile
+// earlier still. Without that room (16-head blocks of 576-wide rows on sm_90, everything on
+// sm_121's 99 KiB), each tile is loaded into registers and converted before the math. Both give
+// bit-identical results.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -91,8 +92,8 @@ struct Smem {
   __nv_bfloat16 *q, *k, *v, *p;
   float *red_max, *red_sum;
   const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales; two tiles (row_set)
-  uint8_t* raw;             // a tile's cache bytes, raw_pitch per key
-  uint32_t pitch;           // of q, k and v rows, in elements
+  uint8_t* raw;          // a tile's cache bytes, raw_pitch per key
+  uint32_t pitch;        // of q, k and v rows, in elements
 };
 
 __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint32_t raw_pitch) {

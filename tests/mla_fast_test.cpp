@@ -101,6 +101,18 @@ TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", 
   CHECK(check_output("o", out.at("o"), c.expected.at("o"), c.tolerance.at("o")).pass);
 }
 
+TEST_CASE("on a device with too little shared memory the dispatcher takes the seed kernel", "[mla_fast][dispatch]") {
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.seq_lens = {40};
+  emu::EmulatorOptions small;
+  small.max_shared_bytes_per_block = 48 * 1024;
+  emu::EmulatorBackend gpu(small);
+  const KernelCase seed = gen::paged_decode_case(p);
+  CHECK(check_output("o", run_kernel_case(gpu, seed).at("o"), seed.expected.at("o"), seed.tolerance.at("o")).pass);
+  test::require_error([&] { run_kernel_case(gpu, gen::split_path_case(p)); }, Errc::unsupported,
+                      {"49152 bytes of shared memory"});
+}
+
 // Staged (cp.async) and direct tiles must give the same bits: run the raw split kernel both
 // ways on every backend (on the emulator both run the one port; on a GPU, two code paths).
 TEST_CASE("the staged and direct split kernels give bit-identical partials", "[mla_fast][split]") {

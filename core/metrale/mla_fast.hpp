@@ -112,7 +112,8 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 enum class DecodePath { seed, split };
 
 /// Paged decode: the split path (split + combine, its workspace from `ws`) when
-/// split_unsupported is empty, else the seed kernel. Errors: the launchers'.
+/// split_unsupported is empty and a 16-head split block fits the device's shared memory, else
+/// the seed kernel. Errors: the launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
