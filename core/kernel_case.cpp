@@ -255,7 +255,7 @@ const Adapter& adapter(std::string_view module, std::string_view entry) {
 // a case file's tensor of another dtype is refused instead of reinterpreted; a kernel not listed
 // here is not checked.
 std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view entry, std::string_view param) {
-  if (module != kMlaAbsorbedModule && module != kMlaDecodeModule) return std::nullopt;
+  if (module != kMlaAbsorbedModule && module != kMlaDecodeModule && module != kMlaFastModule) return std::nullopt;
   constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, FP32 = Dtype::f32;
   using Params = std::map<std::string_view, Dtype>;
   const Params paged = {{"q", BF16},           {"k_cache", U8},   {"v_cache", U8}, {"o", BF16},
@@ -273,6 +273,16 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_cache_store_nvfp4", store},
       {"k3_mla_maybe_rope_f32", {{"q", FP32}, {"k_new", FP32}}},
       {"k3_mla_sdpa_gate_f32", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
+      {"mla_batched_gemv_wide", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
+      {"paged_decode_fp8_split_path", paged},
+      {"paged_decode_nvfp4_split_path", paged},
+      {"mla_paged_decode_split_fp8",
+       {{"q", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"o_partial", FP32}, {"ml_partial", FP32},
+        {"block_tables", I32}, {"seq_lens", I32}, {"comp_pool", U8}}},
+      {"mla_paged_decode_split_nvfp4",
+       {{"q", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"o_partial", FP32}, {"ml_partial", FP32},
+        {"block_tables", I32}, {"seq_lens", I32}}},
+      {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);
   if (kernel == table.end()) return std::nullopt;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "metrale/error.hpp"
 #include "metrale/mla_decode.hpp"
 
@@ -43,21 +45,36 @@ std::uint32_t meta_u32(const SafeTensors& f, std::string_view key) {
   return static_cast<std::uint32_t>(v);
 }
 
-// The tensor `name` as floats, checked to hold `count` values.
-std::vector<float> tensor(const SafeTensors& f, std::string_view name, std::size_t count) {
+// Errors (`invalid_argument`) unless tensor `name` has exactly `shape`.
+const Tensor& shaped(const SafeTensors& f, std::string_view name, std::initializer_list<std::size_t> shape) {
   const Tensor& t = f.at(name);
-  std::vector<float> v = with_context(fmt::format("tensor {}", name), [&] { return t.to_f32(); });
-  if (v.size() != count) fail(Errc::invalid_argument, "tensor {} has {} values, expected {}", name, v.size(), count);
-  return v;
+  if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end(),
+                  [](std::int64_t a, std::size_t b) { return a >= 0 && static_cast<std::uint64_t>(a) == b; }))
+    fail(Errc::invalid_argument, "tensor {} has shape [{}], expected [{}]", name, fmt::join(t.shape, ", "),
+         fmt::join(shape, ", "));
+  return t;
 }
 
-// The BF16 tensor `name` (the DeepSeek decoder's weights are BF16, as the model's), checked to hold `count` values.
-std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::size_t count) {
-  const Tensor& t = f.at(name);
+// The tensor `name` as floats, checked to have `shape`.
+std::vector<float> tensor(const SafeTensors& f, std::string_view name, std::initializer_list<std::size_t> shape) {
+  const Tensor& t = shaped(f, name, shape);
+  return with_context(fmt::format("tensor {}", name), [&] { return t.to_f32(); });
+}
+
+// The BF16 tensor `name` (the DeepSeek decoder's weights are BF16, as the model's), checked to have `shape`.
+std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::initializer_list<std::size_t> shape) {
+  const Tensor& t = shaped(f, name, shape);
   if (t.dtype != Dtype::bf16) fail(Errc::invalid_argument, "tensor {} is {}, expected BF16", name, to_string(t.dtype));
-  std::vector<Bf16> v = t.values<Bf16>();
-  if (v.size() != count) fail(Errc::invalid_argument, "tensor {} has {} values, expected {}", name, v.size(), count);
-  return v;
+  return t.values<Bf16>();
+}
+
+// A case's `position` metadata, when present, is its last token's: tokens − 1.
+void check_position(const SafeTensors& f, std::uint32_t tokens) {
+  if (f.metadata.count("position") == 0) return;
+  const std::int64_t pos = f.meta_i64("position");
+  if (pos != std::int64_t{tokens} - 1)
+    fail(Errc::invalid_argument, "metadata position = {} but the case's last token is at tokens − 1 = {}", pos,
+         std::int64_t{tokens} - 1);
 }
 
 // The K3 replay holds every token's K and V rows per head, on the host and on the device: a
@@ -86,10 +103,11 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
                               static_cast<float>(file.meta_f64("rope_theta")), rope != "none"};
   const MlaDims& d = c.dims;
   const std::size_t H = c.heads, T = c.tokens;
-  const auto q_nope = tensor(file, "q_nope", H * d.nope), q_rope = tensor(file, "q_rope", H * d.rope);
-  const auto kv_latent = tensor(file, "kv_latent", T * d.kv_lora), k_rope = tensor(file, "k_rope", T * d.rope);
-  const auto w_uk = bf16_tensor(file, "w_uk", H * d.nope * d.kv_lora);
-  const auto w_uv = bf16_tensor(file, "w_uv", H * d.v_head * d.kv_lora);
+  check_position(file, c.tokens);
+  const auto q_nope = tensor(file, "q_nope", {H, d.nope}), q_rope = tensor(file, "q_rope", {H, d.rope});
+  const auto kv_latent = tensor(file, "kv_latent", {T, d.kv_lora}), k_rope = tensor(file, "k_rope", {T, d.rope});
+  const auto w_uk = bf16_tensor(file, "w_uk", {H, d.nope, d.kv_lora});
+  const auto w_uv = bf16_tensor(file, "w_uv", {H, d.v_head, d.kv_lora});
 
   PagedCacheConfig pc;
   pc.format = options.kv_cache;
@@ -127,12 +145,12 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   for (const auto& stage : decoder.stage_times()) r.stages.emplace_back("decode: " + stage.first, stage.second);
 
   const KvFormat f = options.kv_cache;
-  r.metrics.push_back(compare("q_absorbed", out.q_absorbed, tensor(file, "q_absorbed", H * d.cache_dim()),
+  r.metrics.push_back(compare("q_absorbed", out.q_absorbed, tensor(file, "q_absorbed", {H, d.cache_dim()}),
                               replay_tolerance("q_absorbed", f)));
   r.metrics.push_back(
-      compare("o_latent", out.o_latent, tensor(file, "o_latent", H * d.kv_lora), replay_tolerance("o_latent", f)));
+      compare("o_latent", out.o_latent, tensor(file, "o_latent", {H, d.kv_lora}), replay_tolerance("o_latent", f)));
   r.metrics.push_back(
-      compare("attn_out", out.attn_out, tensor(file, "attn_out", H * d.v_head), replay_tolerance("attn_out", f)));
+      compare("attn_out", out.attn_out, tensor(file, "attn_out", {H, d.v_head}), replay_tolerance("attn_out", f)));
   r.pass = std::all_of(r.metrics.begin(), r.metrics.end(), [](const CaseMetric& m) { return m.pass; });
   return r;
 }
@@ -198,13 +216,15 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,
          kernel_scale);
   const auto theta = static_cast<float>(file.meta_f64("rope_theta"));
-  const auto q_nope = tensor(file, "q_nope", H * nope), q_rope = tensor(file, "q_rope", H * rp);
-  const auto kv_latent = tensor(file, "kv_latent", std::size_t{T} * kv_lora);
-  const auto k_rope = tensor(file, "k_rope", std::size_t{T} * rp);
-  const auto w_uk = tensor(file, "w_uk", H * nope * kv_lora), w_uv = tensor(file, "w_uv", H * dv * kv_lora);
-  const auto gate = gated ? tensor(file, "gate", H * dv) : std::vector<float>{};
+  check_position(file, T);
+  const std::size_t kv = kv_lora, tokens = T;
+  const auto q_nope = tensor(file, "q_nope", {H, nope}), q_rope = tensor(file, "q_rope", {H, rp});
+  const auto kv_latent = tensor(file, "kv_latent", {tokens, kv});
+  const auto k_rope = tensor(file, "k_rope", {tokens, rp});
+  const auto w_uk = tensor(file, "w_uk", {H, nope, kv}), w_uv = tensor(file, "w_uv", {H, dv, kv});
+  const auto gate = gated ? tensor(file, "gate", {H, dv}) : std::vector<float>{};
   const std::string metric = gated ? "attn_out_gated" : "attn_out";
-  const auto want = tensor(file, metric, H * dv);
+  const auto want = tensor(file, metric, {H, dv});
   ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, {}, {}, false};
   r.stages.emplace_back("load case", since(t0));
 

@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -184,19 +185,19 @@ class Memory final : public detail::AddressSpace {
 /// launching thread works too, so a pool of n threads has n - 1 workers.
 class WorkerPool {
  public:
+  /// Errors: `out_of_memory` when the system refuses a thread (the ones started are joined).
   explicit WorkerPool(unsigned threads) {
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    try {
+      for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {
+      stop_and_join();
+      fail(Errc::out_of_memory, "emu: cannot start worker thread {} of {} ({}); set METRALE_EMU_THREADS lower",
+           workers_.size() + 1, threads - 1, e.what());
+    }
   }
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
-  ~WorkerPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+  ~WorkerPool() { stop_and_join(); }
 
   /// Run `body(i)` for every i < count and rethrow the exception of the lowest
   /// failing i, so the reported fault does not depend on scheduling.
@@ -221,6 +222,15 @@ class WorkerPool {
   }
 
  private:
+  void stop_and_join() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
   struct Job {
     Job(const std::function<void(std::uint64_t)>& f, std::uint64_t n) : body(f), count(n) {}
     const std::function<void(std::uint64_t)>& body;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +128,14 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
   return written;
 }
 
+// The environment variables that change what a property does, for the reproduce line.
+std::string environment() {
+  std::string env;
+  for (const char* name : {"METRALE_EMU_SHARED_BYTES", "METRALE_EMU_THREADS"})
+    if (const char* v = std::getenv(name)) env += fmt::format("{}={} ", name, quoted(v));
+  return env;
+}
+
 int fuzz(const Options& o, const std::string& family, const char* argv0) {
   std::vector<props::Property> properties;
   for (auto& p : props::family(family))
@@ -136,6 +145,12 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
     for (const auto& p : properties) std::cout << p.name << "\n";
     return 0;
   }
+  // Where a failure goes, checked before any case runs.
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (ec || !fs::is_directory(o.out))
+    fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
+         ec ? ec.message() : "a file is in the way");
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format("fuzz_{}: {} properties, seed {}, batches of {}, budget {}\n", family, properties.size(),
                            o.seed, o.batch,
@@ -161,10 +176,11 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
         rc::detail::printResultMessage(b.result, msg);
         const std::string report = fmt::format(
             "fuzz_{}: property \"{}\" FAILED at batch seed {} (batch {}, max_size {}) after {} cases in {:.1f} s\n{}\n"
-            "reproduce: {} --property {} --seed {} --cases {} --batch {}\n"
-            "       or: RC_PARAMS=\"seed={} max_success={}\" metrale_tests {}\n",
-            family, p.name, params.seed, o.batch, o.max_size, cases, elapsed(), msg.str(), argv0, quoted(p.name),
-            params.seed, o.batch, o.batch, params.seed, o.batch, quoted(p.name));
+            "reproduce: {}{} --property {} --seed {} --cases {} --batch {} --max-size {}\n"
+            "       or: {}RC_PARAMS=\"seed={} max_success={} max_size={}\" metrale_tests {}\n",
+            family, p.name, params.seed, o.batch, o.max_size, cases, elapsed(), msg.str(), environment(), argv0,
+            quoted(p.name), params.seed, o.batch, o.batch, o.max_size, environment(), params.seed, o.batch,
+            o.max_size, quoted(p.name));
         std::cout << report;
         const fs::path dir = o.out / fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
         const auto written = write_failure(p, params, f, b.failing, dir, report);
@@ -197,18 +213,34 @@ int run(int argc, char** argv, const std::string& family) {
   o.seed = std::random_device{}();
   o.seed = o.seed << 32 | std::random_device{}();
   CLI::App app{fmt::format("fuzz_{}: the {} property family (tests/props/) for a budget from a seed", family, family)};
-  auto* secs = app.add_option("--seconds", o.seconds, "time budget")->check(CLI::PositiveNumber);
-  app.add_option("--cases", o.cases, "case budget")->check(CLI::PositiveNumber)->excludes(secs);
-  app.add_option("--seed", o.seed, "first batch seed (default: random)");
-  app.add_option("--batch", o.batch, "cases per property per batch")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-size", o.max_size, "rapidcheck's largest size")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--property", o.property, "only this property");
-  app.add_option("--out", o.out, "where a failing input is written");
+  // Bounds keep one batch short: the budget is checked between batches.
+  auto* secs = app.add_option("--seconds", o.seconds, "time budget, 0 < s ≤ 1e7 (default 10)")
+                   ->check(CLI::Range(1e-3, 1e7));
+  app.add_option("--cases", o.cases, "case budget")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40))
+      ->excludes(secs);
+  app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")
+      ->check(CLI::TypeValidator<std::uint64_t>())
+      ->check([](const std::string& v) { return !v.empty() && v[0] == '-' ? "a seed is not negative" : ""; });
+  app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")->check(CLI::Range(1, 1000));
+  app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")->check(CLI::Range(0, 1000));
+  app.add_option("--property", o.property, "only this property")->check([](const std::string& v) {
+    return v.empty() ? "a property name is not empty (--list names them)" : "";
+  });
+  app.add_option("--out", o.out, "where a failing input is written")->check([](const std::string& v) {
+    return v.empty() ? "an empty path" : "";
+  });
   app.add_flag("--list", o.list, "print the properties and exit");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    app.exit(e);
+    return 2;  // as every other error of a driver
+  }
+  if (std::isnan(o.seconds)) {  // NaN passes every range check
+    std::cerr << "fuzz_" << family << ": error: --seconds nan is not a number of seconds\n";
+    return 2;
   }
   try {
     return fuzz(o, family, argv[0]);

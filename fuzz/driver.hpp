@@ -11,15 +11,17 @@
 namespace metrale::fuzz {
 
 /// The command line of `fuzz_<family>`:
-///   --seconds N | --cases N   budget (default: 10 seconds)
-///   --seed S                  first batch seed (default: random, printed)
-///   --batch B                 cases per property per batch (default 25)
-///   --max-size N              rapidcheck's largest size (default 100)
+///   --seconds N | --cases N   budget (default: 10 seconds; at most 1e7 s, 2^40 cases)
+///   --seed S                  first batch seed, 0 ≤ S < 2^64 (default: random, printed)
+///   --batch B                 cases per property per batch, 1–1000 (default 25)
+///   --max-size N              rapidcheck's largest size, 0–1000 (default 100)
 ///   --property NAME           only this property of the family
-///   --out DIR                 where a failing input is written (default fuzz-failures)
+///   --out DIR                 where a failing input is written (default fuzz-failures),
+///                             created and checked before the first case
 ///   --list                    print the family's properties and exit
+/// The budget is checked between batches, so a run ends at most one batch per property late.
 /// Exit status: 0 no failure within the budget, 1 a property failed, 2 an error
-/// (rapidcheck gave up, a bad argument).
+/// (rapidcheck gave up, a bad argument, --out not writable).
 int run(int argc, char** argv, const std::string& family);
 
 }  // namespace metrale::fuzz

@@ -161,13 +161,18 @@ class PagedProblem {
       if (f_ == KvFormat::fp8) {
         const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};
         if (!split) return mla_paged_decode_fp8(gpu_, seed_.paged_decode_fp8, a);
-        if (paged_decode_fp8(gpu_, seed_, fast_, a, ws_) != DecodePath::split) fail(Errc::internal, "no split path");
+        if (paged_decode_fp8(gpu_, seed_, fast_, a, ws_) != DecodePath::split) no_split();
       } else {
         const PagedDecodeNvfp4Args a{c, block_stride_, data_section_};
         if (!split) return mla_paged_decode_nvfp4(gpu_, seed_.paged_decode_nvfp4, a);
-        if (paged_decode_nvfp4(gpu_, seed_, fast_, a, ws_) != DecodePath::split) fail(Errc::internal, "no split path");
+        if (paged_decode_nvfp4(gpu_, seed_, fast_, a, ws_) != DecodePath::split) no_split();
       }
     };
+  }
+
+  [[noreturn]] void no_split() const {
+    fail(Errc::unsupported, "bench: the split path does not fit the {} bytes of shared memory per block of backend {}",
+         gpu_.max_shared_bytes_per_block(), gpu_.name());
   }
 
   /// What the step must move: q, each attended K and V row once, o.
@@ -315,7 +320,21 @@ void add_bench(CLI::App& app) {
     Bench bench(*gpu);
     const double copy_bw = bench.copy_bandwidth();
     ordered_json torch = ordered_json::object();
-    if (!opts->torch.empty()) std::ifstream(opts->torch) >> torch;
+    if (!opts->torch.empty()) {
+      std::ifstream in(opts->torch);
+      if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
+      try {
+        in >> torch;
+      } catch (const nlohmann::json::exception& e) {
+        fail(Errc::invalid_argument, "bench --torch {}: not the JSON of bench/torch_baseline.py ({})", opts->torch,
+             e.what());
+      }
+    }
+    std::ofstream json_out;  // opened first: an unwritable path fails before anything runs
+    if (!opts->json.empty()) {
+      json_out.open(opts->json);
+      if (!json_out) fail(Errc::invalid_argument, "bench --json {}: cannot write the file", opts->json);
+    }
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
                bench.on_device() ? "" : " — emulator wall clock, small shapes");
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
@@ -359,7 +378,10 @@ void add_bench(CLI::App& app) {
       if (rows.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
       print_rows(rows, copy_bw, j);
     }
-    if (!opts->json.empty()) std::ofstream(opts->json) << j.dump(2) << '\n';
+    if (json_out.is_open()) {
+      json_out << j.dump(2) << '\n';
+      if (!json_out.flush()) fail(Errc::internal, "bench --json {}: the write failed", opts->json);
+    }
   });
 }
 
