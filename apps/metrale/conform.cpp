@@ -61,6 +61,7 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named) {
   }
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") out.push_back(e.path());
+  if (out.empty() && named) fail(Errc::not_found, "conform: no .safetensors files in {}", dir.string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -221,6 +222,13 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)");
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
+    if (!opts->report.empty()) {  // before the run: a report that cannot be written fails first
+      std::error_code ec;
+      fs::create_directories(opts->report, ec);
+      if (ec || !fs::is_directory(opts->report))
+        fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
+             ec ? ec.message() : "a file is in the way");
+    }
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
