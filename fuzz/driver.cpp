@@ -152,8 +152,8 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
     fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
          ec ? ec.message() : "a file is in the way");
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
-  std::cout << fmt::format("fuzz_{}: {} properties, seed {}, batches of {}, budget {}\n", family, properties.size(),
-                           o.seed, o.batch,
+  std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),
+                           properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
                            o.cases != 0 ? fmt::format("{} cases", o.cases) : fmt::format("{} s", seconds))
             << std::flush;
   const auto start = Clock::now();
@@ -184,7 +184,8 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
         std::cout << report;
         const fs::path dir = o.out / fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
         const auto written = write_failure(p, params, f, b.failing, dir, report);
-        std::cout << fmt::format("wrote {} files to {}:\n", written.size(), dir.string());
+        std::cout << fmt::format("wrote {} file{} to {}:\n", written.size(), written.size() == 1 ? "" : "s",
+                                 dir.string());
         for (std::size_t i = 0; i < written.size() && i < 12; ++i)
           std::cout << "  " << fs::relative(written[i], dir).string() << "\n";
         if (written.size() > 12) std::cout << fmt::format("  ... and {} more\n", written.size() - 12);

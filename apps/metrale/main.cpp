@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // "metrale bogus": name the unknown command rather than "a subcommand is required".
+    if (app.get_subcommands().empty() && !app.remaining().empty()) return app.exit(CLI::ExtrasError(app.remaining()));
     return app.exit(e);
   } catch (const metrale::Error& e) {
     fmt::print(stderr, "error ({}): {}\n", metrale::to_string(e.code()), e.what());
