@@ -64,6 +64,13 @@ __device__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16 bytes to shared memory in one STS.128 (the compiler, unable to prove the alignment of a
+// runtime-pitched row, would otherwise split it into four 4-byte stores, bank-conflicted).
+__device__ void st_shared_v4(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(dst)), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
 // cp.async: global to shared without registers (sm_80+); 16 bytes bypass L1, 4 bytes may not.
 __device__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
@@ -128,8 +135,8 @@ __device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
       out[w * 2 + h] = pack_bf16(f.x, f.y);
     }
   }
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  st_shared_v4(dst, out[0], out[1], out[2], out[3]);
+  st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
 }
 
 // 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`.
@@ -141,8 +148,8 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
     const uint8_t byte = static_cast<uint8_t>(((m < 4 ? raw.x : raw.y) >> (8 * (m % 4))) & 0xFF);
     out[m] = pack_bf16(metrale::e2m1_decode(byte & 0xF) * scale, metrale::e2m1_decode(byte >> 4) * scale);
   }
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  st_shared_v4(dst, out[0], out[1], out[2], out[3]);
+  st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
 }
 
 // The split decode over any cache format. `Rows` gives, for key j: `entry(j)` its block-table
@@ -183,8 +190,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (live) {
       layout.convert(raw, dk, dv);
     } else {
-      reinterpret_cast<uint4*>(dk)[0] = reinterpret_cast<uint4*>(dk)[1] = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4*>(dv)[0] = reinterpret_cast<uint4*>(dv)[1] = make_uint4(0, 0, 0, 0);
+      for (__nv_bfloat16* d : {dk, dk + 8, dv, dv + 8}) st_shared_v4(d, 0, 0, 0, 0);
     }
   };
 
