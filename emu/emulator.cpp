@@ -290,7 +290,8 @@ unsigned default_threads() {
     unsigned n = 0;
     const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
     if (ec == std::errc{} && *end == '\0' && n > 0) return n;
-    spdlog::warn("emu: ignoring METRALE_EMU_THREADS={}, not a positive integer", env);
+    fail(Errc::invalid_argument, "METRALE_EMU_THREADS='{}' is not a positive integer (unset: one thread per core)",
+         env);
   }
   return std::max(1u, std::thread::hardware_concurrency());
 }
@@ -303,7 +304,8 @@ std::uint32_t default_shared_bytes() {
     std::uint32_t n = 0;
     const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
     if (ec == std::errc{} && *end == '\0' && n > 0) return n;
-    spdlog::warn("emu: ignoring METRALE_EMU_SHARED_BYTES={}, not a positive integer", env);
+    fail(Errc::invalid_argument,
+         "METRALE_EMU_SHARED_BYTES='{}' is not a positive 32-bit integer (unset: sm_90's {} bytes)", env, kSm90);
   }
   return kSm90;
 }

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
 #include "metrale/kernel_case.hpp"
 #include "props/props.hpp"
@@ -145,6 +146,9 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
     for (const auto& p : properties) std::cout << p.name << "\n";
     return 0;
   }
+  // The environment's emulator settings (METRALE_EMU_*), checked before any case runs: a bad
+  // value is the run's error, not every property's failure.
+  { const emu::EmulatorBackend probe(props::emulator_options()); }
   // Where a failure goes, checked before any case runs.
   std::error_code ec;
   fs::create_directories(o.out, ec);

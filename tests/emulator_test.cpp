@@ -517,6 +517,18 @@ TEST_CASE("emu: METRALE_EMU_THREADS sets the default number of threads", "[emu]"
   CHECK(explicit_count.threads() == 2);
 }
 
+TEST_CASE("emu: a METRALE_EMU_* value that is not a positive integer is an error naming it", "[emu]") {
+  for (const char* var : {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES"})
+    for (const char* bad : {"0", "-1", "abc", "101,376", "", "99999999999"}) {
+      INFO(var << "=" << bad);
+      ::setenv(var, bad, 1);
+      const Error e = error_of([] { EmulatorBackend gpu(strict(0)); });
+      ::unsetenv(var);
+      CHECK(e.code() == Errc::invalid_argument);
+      CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains(std::string(var) + "='" + bad + "'"));
+    }
+}
+
 TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {
   ::setenv("METRALE_EMU_SHARED_BYTES", "101376", 1);  // an sm_121's 99 KiB
   Gpu gb10;

@@ -40,23 +40,35 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     }
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
-    fmt::print("{:<44} {:<16} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
-    int failed = 0;
+    fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
+    int failed = 0, errors = 0;
     for (const auto& path : files) {
-      const KernelCase c = read_kernel_case(path);
-      const auto out = run_kernel_case(*gpu, c);
-      if (c.expected.empty())
-        fmt::print("{:<44} {:<16} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
-      for (const auto& [param, want] : c.expected) {
-        const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
-        const auto r = check_output(param, out.at(param), want, tol);
-        fmt::print("{:<44} {:<16} {:>11.3e} {:>9}  {}\n", c.name, param, r.max_abs,
-                   fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
-        failed += r.pass ? 0 : 1;
+      try {  // a file that cannot be read or run is reported, and the others still run
+        const KernelCase c = read_kernel_case(path);
+        const auto out = run_kernel_case(*gpu, c);
+        if (c.expected.empty())
+          fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
+        for (const auto& [param, want] : c.expected) {
+          const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
+          const auto r = check_output(param, out.at(param), want, tol);
+          fmt::print("{:<44} {:<20} {:>11.3e} {:>9}  {}\n", c.name, param, r.max_abs,
+                     fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
+          failed += r.pass ? 0 : 1;
+        }
+      } catch (const Error& e) {
+        ++errors;
+        fmt::print("{:<44} {:<20} {:>11} {:>9}  error ({}): {}\n", path.filename().string(), "-", "-", "-",
+                   to_string(e.code()), e.what());
       }
     }
     fmt::print("\n{} files on {}: {}\n", files.size(), gpu->name(),
-               failed == 0 ? "PASS" : fmt::format("{} outputs FAIL", failed));
+               failed == 0 && errors == 0
+                   ? std::string("PASS")
+                   : fmt::format("{} outputs FAIL, {} files in error", failed, errors));
+    if (errors > 0) {
+      set_exit(2);  // an error outranks a comparison out of tolerance
+      return;
+    }
     set_exit(failed == 0 ? 0 : 1);
   });
 }

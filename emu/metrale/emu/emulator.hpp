@@ -59,7 +59,8 @@ struct LaunchRecord {
 
 struct EmulatorOptions {
   /// Worker threads that run blocks; 0 = one per available core
-  /// (`METRALE_EMU_THREADS` overrides the default).
+  /// (`METRALE_EMU_THREADS` overrides the default; a value that is not a positive integer is an
+  /// `invalid_argument` error of the constructor).
   unsigned threads = 0;
   /// Report reads of bytes never written (by a copy or a kernel store).
   bool check_uninitialized = true;
@@ -71,7 +72,8 @@ struct EmulatorOptions {
   /// When set, every launch is written there as a kernel case file (SPEC §5).
   std::filesystem::path record_dir;
   /// The most dynamic shared memory a block may have, in bytes; 0 = sm_90's 227 KiB
-  /// (`METRALE_EMU_SHARED_BYTES` overrides the default). 99 KiB (101376) plays an sm_121
+  /// (`METRALE_EMU_SHARED_BYTES` overrides the default, or is an `invalid_argument` error of the
+  /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) plays an sm_121
   /// (GB10), whose launch shapes the plans then pick.
   std::uint32_t max_shared_bytes_per_block = 0;
 };
