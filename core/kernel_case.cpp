@@ -465,6 +465,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto& [out, t] : c.expected)
     if (c.inputs.count(out) == 0)
       fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
+  for (const auto* tolerances : {&c.tolerance, &c.backend_tolerance})
+    for (const auto& [out, tol] : *tolerances)
+      if (c.expected.count(out) == 0)
+        fail(Errc::invalid_argument, "case {}: a tolerance for {}, which has no expected.{} tensor", c.name, out, out);
   return c;
 }
 

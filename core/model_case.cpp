@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <span>
+#include <utility>
 
 #include <fmt/ranges.h>
 
@@ -43,6 +45,12 @@ std::uint32_t meta_u32(const SafeTensors& f, std::string_view key) {
   const std::int64_t v = f.meta_i64(key);
   if (v <= 0 || v > 1'000'000) fail(Errc::invalid_argument, "metadata {} = {} is out of range", key, v);
   return static_cast<std::uint32_t>(v);
+}
+
+// Errors (`invalid_argument`) naming the first value of `v` (tensor `name`) that is not finite.
+void require_finite(std::string_view name, std::span<const float> v) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) fail(Errc::invalid_argument, "tensor {} element {} is {}", name, i, v[i]);
 }
 
 // Errors (`invalid_argument`) unless tensor `name` has exactly `shape`.
@@ -106,6 +114,9 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   check_position(file, c.tokens);
   const auto q_nope = tensor(file, "q_nope", {H, d.nope}), q_rope = tensor(file, "q_rope", {H, d.rope});
   const auto kv_latent = tensor(file, "kv_latent", {T, d.kv_lora}), k_rope = tensor(file, "k_rope", {T, d.rope});
+  for (const auto& [name, v] : {std::pair{"q_nope", &q_nope}, {"q_rope", &q_rope}, {"kv_latent", &kv_latent},
+                                {"k_rope", &k_rope}})
+    require_finite(name, *v);
   const auto w_uk = bf16_tensor(file, "w_uk", {H, d.nope, d.kv_lora});
   const auto w_uv = bf16_tensor(file, "w_uv", {H, d.v_head, d.kv_lora});
 

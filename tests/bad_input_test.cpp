@@ -174,6 +174,24 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"softmax_scale 0 is not a finite positive number"});
   }
+  SECTION("q_nope of the right size in the wrong shape") {
+    Tensor& q = f.tensors["q_nope"];
+    q.shape = {q.shape[1], q.shape[0]};
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor q_nope has shape [128, 16], expected [16, 128]"});
+  }
+  SECTION("an Inf in kv_latent") {
+    auto values = f.at("kv_latent").to_f32();
+    values[7] = std::numeric_limits<float>::infinity();
+    f.tensors["kv_latent"] = Tensor::from<float>(f.at("kv_latent").shape, values);
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor kv_latent element 7 is inf"});
+  }
+  SECTION("a position that is not the last token's") {
+    f.metadata["position"] = "3";
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"metadata position = 3", "tokens − 1 = 36"});
+  }
   CHECK(gpu.live_allocations().empty());
 }
 
@@ -246,6 +264,11 @@ TEST_CASE("bad input: kernel case tolerances are F64, non-negative, whole ulps",
                   {"tolerance.o abs nan and rel 0 must be non-negative"});
     f.tensors["tolerance.o"] = f64_tensor({0, -1e-3, 0});
     require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"rel -0.001"});
+  }
+  SECTION("for an output the case does not check") {
+    f.tensors["tolerance.zzz"] = f64_tensor({0, 0, 1});
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"a tolerance for zzz, which has no expected.zzz tensor"});
   }
   SECTION("valid ones are kept") {
     f.tensors["tolerance.o"] = f64_tensor({1e-3, std::numeric_limits<double>::infinity(), 4294967295.0});
