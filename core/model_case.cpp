@@ -232,6 +232,9 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   const auto q_nope = tensor(file, "q_nope", {H, nope}), q_rope = tensor(file, "q_rope", {H, rp});
   const auto kv_latent = tensor(file, "kv_latent", {tokens, kv});
   const auto k_rope = tensor(file, "k_rope", {tokens, rp});
+  for (const auto& [name, v] : {std::pair{"q_nope", &q_nope}, {"q_rope", &q_rope}, {"kv_latent", &kv_latent},
+                                {"k_rope", &k_rope}})
+    require_finite(name, *v);
   const auto w_uk = tensor(file, "w_uk", {H, nope, kv}), w_uv = tensor(file, "w_uv", {H, dv, kv});
   const auto gate = gated ? tensor(file, "gate", {H, dv}) : std::vector<float>{};
   const std::string metric = gated ? "attn_out_gated" : "attn_out";
