@@ -82,6 +82,19 @@ std::vector<T> concat(std::vector<T> a, const std::vector<T>& b) {
   return a;
 }
 
+// A split-path case as one step through `dispatch` (paged_decode_fp8 or _nvfp4), its workspace
+// inside. Errors: `unsupported` when the split path cannot take the arguments or the device's
+// shared memory, rather than a silent run of the seed kernel.
+template <class Args, class Dispatch>
+void run_split_path(GpuBackend& g, const Args& args, Dispatch dispatch) {
+  if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
+  DecodeWorkspace ws;
+  if (dispatch(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws, Stream{0}) != DecodePath::split)
+    fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
+         g.max_shared_bytes_per_block());
+  g.synchronize(0);
+}
+
 // One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
 const std::vector<Adapter>& adapters() {
   static const std::vector<Adapter> table = {
@@ -219,13 +232,7 @@ const std::vector<Adapter>& adapters() {
          const PagedDecodeFp8Args args{paged_common(a),       a.f32("k_scale"),         a.f32("v_scale"),
                                        a.u64("cache_stride"), a.u32("sliding_window"),  a.ptr("sinks"),
                                        a.ptr("comp_pool"),    a.u32("comp_block_count")};
-         if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
-         DecodeWorkspace ws;
-         if (paged_decode_fp8(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws) !=
-             DecodePath::split)
-           fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
-                g.max_shared_bytes_per_block());
-         g.synchronize(0);
+         run_split_path(g, args, [](auto&&... x) { return paged_decode_fp8(x...); });
        }},
       {"mla_fast",
        "paged_decode_nvfp4_split_path",
@@ -233,13 +240,7 @@ const std::vector<Adapter>& adapters() {
        {},
        [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
          const PagedDecodeNvfp4Args args{paged_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")};
-         if (auto why = split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
-         DecodeWorkspace ws;
-         if (paged_decode_nvfp4(g, MlaAbsorbedKernels::resolve(g), MlaFastKernels::resolve(g), args, ws) !=
-             DecodePath::split)
-           fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
-                g.max_shared_bytes_per_block());
-         g.synchronize(0);
+         run_split_path(g, args, [](auto&&... x) { return paged_decode_nvfp4(x...); });
        }},
   };
   return table;

@@ -70,10 +70,6 @@ KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat for
       .arg_f32(a.logit_scale);
 }
 
-// Whether a direct 16-head split block fits the device's shared memory (else the seed kernel).
-bool split_fits(const GpuBackend& gpu, std::uint32_t kv_cache_dim) {
-  return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= gpu.max_shared_bytes_per_block();
-}
 
 SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, DevicePtr ws, float logit_scale) {
   return {a.q,
@@ -122,8 +118,16 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
   return 8 * kGemvSteps * (32 / segment);
 }
 
+// Whether a direct 16-head split block fits `max_shared_bytes` (else the seed kernel).
+bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
+  return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= max_shared_bytes;
+}
+
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes) {
+  if (!split_fits(max_shared_bytes, a.kv_cache_dim))
+    fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
+         split_shared_bytes(kGroupRows, a.kv_cache_dim, 0), max_shared_bytes);
   SplitPlan p;
   std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
   while (R > 1 && split_shared_bytes(kGroupRows * R, a.kv_cache_dim, 0) > max_shared_bytes) --R;
@@ -142,9 +146,6 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   };
   p.staged = staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
-  if (p.shared_bytes > max_shared_bytes)
-    fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
-         p.shared_bytes, max_shared_bytes);
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   const std::uint64_t want = (2 * std::uint64_t{multiprocessors} + base - 1) / base;  // about two waves
@@ -218,7 +219,11 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::nvfp4).arg_u64(a.block_stride_bytes).arg_u64(a.data_section_bytes).arg_u32(a.keys_per_split).launch(stream);
+  split_args(l, a, KvFormat::nvfp4)
+      .arg_u64(a.block_stride_bytes)
+      .arg_u64(a.data_section_bytes)
+      .arg_u32(a.keys_per_split)
+      .launch(stream);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -269,7 +274,7 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream) {
   validate(a);  // the seed launcher's rules hold for both paths
-  if (split_unsupported(a) || !split_fits(gpu, a.kv_cache_dim)) {
+  if (split_unsupported(a) || !split_fits(gpu.max_shared_bytes_per_block(), a.kv_cache_dim)) {
     mla_paged_decode_fp8(gpu, seed.paged_decode_fp8, a, stream);
     return DecodePath::seed;
   }
@@ -289,7 +294,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                               const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream) {
   validate(a);  // the seed launcher's rules hold for both paths
-  if (split_unsupported(a) || !split_fits(gpu, a.kv_cache_dim)) {
+  if (split_unsupported(a) || !split_fits(gpu.max_shared_bytes_per_block(), a.kv_cache_dim)) {
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;
   }

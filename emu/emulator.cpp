@@ -285,29 +285,26 @@ class WorkerPool {
   std::vector<std::thread> workers_;
 };
 
+// The environment variable `name` as a positive 32-bit integer, or `fallback` when it is unset.
+// Errors: `invalid_argument` naming the variable and its value (`unset` says what the default is).
+std::uint32_t positive_env(const char* name, std::uint32_t fallback, std::string_view unset) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  std::uint32_t n = 0;
+  const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
+  if (ec == std::errc{} && *end == '\0' && n > 0) return n;
+  fail(Errc::invalid_argument, "{}='{}' is not a positive 32-bit integer (unset: {})", name, env, unset);
+}
+
 unsigned default_threads() {
-  if (const char* env = std::getenv("METRALE_EMU_THREADS")) {
-    unsigned n = 0;
-    const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
-    if (ec == std::errc{} && *end == '\0' && n > 0) return n;
-    fail(Errc::invalid_argument, "METRALE_EMU_THREADS='{}' is not a positive integer (unset: one thread per core)",
-         env);
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
+  return positive_env("METRALE_EMU_THREADS", std::max(1u, std::thread::hardware_concurrency()),
+                      "one thread per core");
 }
 
 // sm_90's largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize),
 // unless METRALE_EMU_SHARED_BYTES plays another device (sm_121: 101376).
 std::uint32_t default_shared_bytes() {
-  constexpr std::uint32_t kSm90 = 227 * 1024;
-  if (const char* env = std::getenv("METRALE_EMU_SHARED_BYTES")) {
-    std::uint32_t n = 0;
-    const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
-    if (ec == std::errc{} && *end == '\0' && n > 0) return n;
-    fail(Errc::invalid_argument,
-         "METRALE_EMU_SHARED_BYTES='{}' is not a positive 32-bit integer (unset: sm_90's {} bytes)", env, kSm90);
-  }
-  return kSm90;
+  return positive_env("METRALE_EMU_SHARED_BYTES", 227 * 1024, "sm_90's 232448 bytes");
 }
 
 // ---- launch checks --------------------------------------------------------------

@@ -6,7 +6,6 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
-#include <bit>
 
 #include <fmt/format.h>
 
@@ -225,8 +224,7 @@ void gemv_dispatcher() {
   check_record(rig.gpu.launch_log()[0],
                {wide ? "mla_fast" : "mla_absorbed",
                 wide ? "mla_batched_gemv_wide" : "mla_batched_gemv",
-                {wide ? div_ceil(a.n_out, 8 * 4 * (32 / std::bit_floor(std::min(32u, a.k / 8)))) : div_ceil(a.n_out, 8u),
-                 a.num_heads, 1},
+                {wide ? div_ceil(a.n_out, defs::wide_gemv_rows(a.k)) : div_ceil(a.n_out, 8u), a.num_heads, 1},
                 {256, 1, 1},
                 {{"input", P(a.input)},
                  {"weight", P(a.weight)},

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <memory>
 #include <string>
@@ -92,6 +93,10 @@ float non_finite_float();
 inline ExpectedLaunch launch_of(const char* module, const char* entry, Dim3 grid, Dim3 block) {
   return {module, entry, grid, block, {}};
 }
+/// Output rows per block of the wide GEMV, from its contract: a row per segment of
+/// S = bit_floor(min(32, k/8)) lanes, 4 steps of 32/S rows per warp, 8 warps.
+inline std::uint32_t wide_gemv_rows(std::uint32_t k) { return 8 * 4 * (32 / std::bit_floor(std::min(32u, k / 8))); }
+
 inline KernelArg P(DevicePtr p) { return KernelArg::ptr(p); }
 inline KernelArg U(std::uint32_t v) { return KernelArg::u32(v); }
 inline KernelArg F(float v) { return KernelArg::f32(v); }

@@ -1,7 +1,6 @@
 // The launchers of modules mla_fast (issue 6) and mla_decode (SPEC §4) as generic launcher
 // definitions: valid sentinel arguments (boundaries included), the record, every rule.
 #include <algorithm>
-#include <bit>
 #include <type_traits>
 
 #include "launcher_defs.hpp"
@@ -34,9 +33,7 @@ Def<BatchedGemvArgs> gemv_wide() {
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const BatchedGemvArgs& a) { mla_batched_gemv_wide(g, k, a); };
   d.expect = [kn](const BatchedGemvArgs& a) {
-    // A row per segment of S = bit_floor(min(32, k/8)) lanes, 4 steps of 32/S rows per warp, 8 warps.
-    const std::uint32_t rows = 8 * 4 * (32 / std::bit_floor(std::min(32u, a.k / 8)));
-    auto e = launch_of(kFast, kn, {div_ceil(a.n_out, rows), a.num_heads, 1}, k256);
+    auto e = launch_of(kFast, kn, {div_ceil(a.n_out, wide_gemv_rows(a.k)), a.num_heads, 1}, k256);
     e.args = {{"input", P(a.input)}, {"weight", P(a.weight)}, {"output", P(a.output)},
               {"n_out", U(a.n_out)}, {"k", U(a.k)},           {"input_stride", U(a.input_stride)},
               {"output_stride", U(a.output_stride)}};
