@@ -106,10 +106,10 @@ std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
 
 std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim, std::uint32_t raw_pitch) {
   const std::uint32_t pitch = dim + kPad;
-  return (rows * pitch + 2 * kTileKeys * pitch + rows * (kTileKeys + kPad)) * 2  // q, k, v, p (bf16)
-         + 2 * rows * 4 * 4                                                      // red_max, red_sum
-         + 2 * kTileKeys * 4 * 8                                                 // row pointers, two tiles
-         + kTileKeys * raw_pitch;                                                // a raw tile
+  return (rows * pitch + kTileKeys * pitch + rows * (kTileKeys + kPad)) * 2  // q, kv, p (bf16)
+         + 2 * rows * 4 * 4                                                  // red_max, red_sum
+         + 2 * kTileKeys * 4 * 8                                             // row pointers, two tiles
+         + kTileKeys * raw_pitch;                                            // a raw tile
 }
 
 std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
@@ -136,8 +136,9 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
   // Staged where it fits and keeps the blocks an SM holds: by shared memory (an SM has about
   // 1 KiB more than a block may take, and reserves 1 KiB per block) and by registers (64K per
-  // SM, the kernel's at most 128 per thread). A 16-head block of the model's rows runs two to an
-  // sm_90 SM unstaged and one staged, and the second block hides more than the staging.
+  // SM, the kernel's at most 128 per thread). Measured on the H200 (docs/performance.md): three
+  // unstaged 16-head blocks per SM beat two staged ones, and two unstaged 32-head blocks one
+  // staged; the one 64-head block an SM holds either way gains from staging.
   const std::uint32_t direct_bytes = split_shared_bytes(p.rows_per_block, a.kv_cache_dim, 0);
   const std::uint32_t staged_bytes =
       split_shared_bytes(p.rows_per_block, a.kv_cache_dim, split_raw_pitch(format, a.kv_cache_dim));
@@ -146,16 +147,26 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   };
   p.staged = staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
+  // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
+  // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
+  // pipeline start, partial and share of the combine); ties go to fewer splits. A small batch
+  // gets splits down to one tile: its step is the latency of one chunk.
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
-  const std::uint64_t want = (2 * std::uint64_t{multiprocessors} + base - 1) / base;  // about two waves
-  const std::uint64_t splits = std::clamp<std::uint64_t>(want, 1, std::max<std::uint64_t>(1, (max_keys + 127) / 128));
-  const std::uint64_t per = std::max<std::uint64_t>(kTileKeys, ((max_keys + splits - 1) / splits + 31) / 32 * 32);
-  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFE0));
-  p.num_splits = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + per - 1) / per));
-  const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
-  p.ml_offset = slots * a.kv_cache_dim * 4;
-  p.workspace_bytes = p.ml_offset + slots * 2 * 4;
+  const std::uint64_t slots = std::uint64_t{multiprocessors} * std::max(1u, per_sm(p.shared_bytes));
+  const std::uint64_t tiles = (max_keys + kTileKeys - 1) / kTileKeys;
+  const std::uint64_t max_splits = std::clamp<std::uint64_t>(tiles, 1, 4 * slots);
+  std::uint64_t per = tiles, best = ~std::uint64_t{0};
+  for (std::uint64_t n = 1; n <= max_splits; ++n) {
+    const std::uint64_t tiles_each = (tiles + n - 1) / n, splits = (tiles + tiles_each - 1) / tiles_each;
+    const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
+    if (cost < best) best = cost, per = tiles_each;
+  }
+  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per * kTileKeys, 0x7FFF'FFE0));
+  p.num_splits = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
+  const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
+  p.ml_offset = partials * a.kv_cache_dim * 4;
+  p.workspace_bytes = p.ml_offset + partials * 2 * 4;
   return p;
 }
 

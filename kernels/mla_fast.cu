@@ -2,21 +2,21 @@
 // mla_absorbed, which keep the ABI. Each kernel reads like its port in emu/mla_fast.cpp.
 //
 // The head-grouped split-KV paged decode: a block takes G = 16·R query heads of one sequence
-// against one chunk of its keys, dequantises each 32-key K/V tile once into shared memory as
-// BF16 (exact: E4M3 and E2M1·E4M3 values fit BF16) and serves all G heads from it with
-// mma.sync m16n8k16 (BF16 in, FP32 accumulate; sm_80 and later, so it builds for sm_90 and
-// sm_121 alike). Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the output
-// dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online softmax
-// runs across tiles; the block writes its unnormalised partial output with the running max and
-// sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
+// against one chunk of its keys, dequantises each 32-key tile once into shared memory as BF16
+// (exact: E4M3 and E2M1·E4M3 values fit BF16) and serves all G heads from it with mma.sync
+// m16n8k16 (BF16 in, FP32 accumulate; sm_80 and later, so it builds for sm_90 and sm_121
+// alike). K and V take turns in one BF16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
+// the block's footprint. Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the
+// output dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online
+// softmax runs across tiles; the block writes its unnormalised partial output with the running
+// max and sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
 //
 // Staged or direct: when the launch gives the block room for a raw tile (the host's plan does
-// where the device's shared memory allows it without costing the SM a block, e.g. 32–64-head
-// blocks on sm_90), the next tile's cache bytes are copied into shared memory with cp.async
-// while the tensor cores work on the current one, and its row addresses are looked up a tile
-// earlier still. Without that room (16-head blocks of 576-wide rows on sm_90, everything on
-// sm_121's 99 KiB), each tile is loaded into registers and converted before the math. Both give
-// bit-identical results.
+// where the device's shared memory allows it), the tile's cache bytes are copied into shared
+// memory with cp.async, K and V as two groups: the next tile's K streams in under this tile's
+// Q·Kᵀ, softmax and V, and its V under this tile's P·V; row addresses are looked up a tile earlier
+// still. Without that room (sm_121's 99 KiB), each half-tile is loaded into registers and
+// converted when it is needed. Both give bit-identical results.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -79,7 +79,41 @@ __device__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 __device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most one committed group (the newest) is still in flight.
+__device__ void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// 16 bytes from global memory read once by this block: through the read-only path, not kept
+// in L1.
+__device__ uint4 ld_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ uint2 ld_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// The units u = threadIdx.x, threadIdx.x + blockDim.x, ... of a tile whose keys have `per_key`
+// units each, walked as (key, unit of the key) with no division per step.
+struct UnitWalk {
+  uint32_t key, part, step_keys, step_parts, per_key;
+  __device__ explicit UnitWalk(uint32_t per_key_units)
+      : key(threadIdx.x / per_key_units),
+        part(threadIdx.x % per_key_units),
+        step_keys(blockDim.x / per_key_units),
+        step_parts(blockDim.x % per_key_units),
+        per_key(per_key_units) {}
+  __device__ void next() {
+    key += step_keys;
+    part += step_parts;
+    if (part >= per_key) part -= per_key, ++key;
+  }
+};
 
 __device__ uint32_t dynamic_smem_bytes() {
   uint32_t r;
@@ -96,20 +130,19 @@ __device__ uint32_t pack_bf16(float lo, float hi) {
 // The shared-memory carve-up; the host computes the same totals (core/mla_fast.cpp,
 // split_shared_bytes). `raw` is null when the launch gave no room for a raw tile.
 struct Smem {
-  __nv_bfloat16 *q, *k, *v, *p;
+  __nv_bfloat16 *q, *kv, *p;  // kv: the tile's K, then its V
   float *red_max, *red_sum;
   const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales; two tiles (row_set)
   uint8_t* raw;          // a tile's cache bytes, raw_pitch per key
-  uint32_t pitch;        // of q, k and v rows, in elements
+  uint32_t pitch;        // of q and kv rows, in elements
 };
 
 __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint32_t raw_pitch) {
   Smem s;
   s.pitch = dim + kPad;
   s.q = reinterpret_cast<__nv_bfloat16*>(base);
-  s.k = s.q + rows_per_block * s.pitch;
-  s.v = s.k + kTileKeys * s.pitch;
-  s.p = s.v + kTileKeys * s.pitch;
+  s.kv = s.q + rows_per_block * s.pitch;
+  s.p = s.kv + kTileKeys * s.pitch;
   s.red_max = reinterpret_cast<float*>(s.p + rows_per_block * kPRow);
   s.red_sum = s.red_max + rows_per_block * 4;
   s.rows = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
@@ -139,24 +172,41 @@ __device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
   st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
 }
 
-// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`.
+// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`. Each E2M1
+// code s·ee·m becomes the E4M3 code s·00ee·m00, which is the same value times 2^-6 (subnormal
+// codes included), so the hardware's E4M3 pair conversion decodes eight codes in four
+// instructions; the scale, times 64, restores it. Every product has at most 6 significant
+// bits: exact in FP32 and BF16, the values of e2m1_decode · e4m3_decode.
 __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloat16* dst) {
-  const float scale = metrale::e4m3_decode(scale_code);
+  const float scale = metrale::e4m3_decode(scale_code) * 64.0f;
+  const uint32_t words[2] = {raw.x, raw.y};
   uint32_t out[8];
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    const uint8_t byte = static_cast<uint8_t>(((m < 4 ? raw.x : raw.y) >> (8 * (m % 4))) & 0xFF);
-    out[m] = pack_bf16(metrale::e2m1_decode(byte & 0xF) * scale, metrale::e2m1_decode(byte >> 4) * scale);
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;  // even and odd codes
+    const uint32_t lo8 = ((lo & 0x08080808u) << 4) | ((lo & 0x07070707u) << 2);
+    const uint32_t hi8 = ((hi & 0x08080808u) << 4) | ((hi & 0x07070707u) << 2);
+    const uint32_t pairs[2] = {__byte_perm(lo8, hi8, 0x5140), __byte_perm(lo8, hi8, 0x7362)};  // codes 0-3, 4-7
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>((pairs[p] >> (16 * h)) & 0xFFFF), __NV_E4M3)));
+        out[w * 4 + p * 2 + h] = pack_bf16(f.x * scale, f.y * scale);
+      }
+    }
   }
   st_shared_v4(dst, out[0], out[1], out[2], out[3]);
   st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
 }
 
-// The split decode over any cache format. `Rows` gives, for key j: `entry(j)` its block-table
-// entry and `locate(j, entry, rows)` its four row pointers; direct: `load(rows, part)` fetches
-// elements [16·part, 16·part+16) of both rows as a `Raw`; staged: `stage(rows, dst, u)` copies
-// unit u of the key's `copy_units()` into its `raw_pitch()` bytes of shared memory and
-// `staged(src, part)` reads a `Raw` back; `convert(raw, dst_k, dst_v)` writes BF16.
+// The split decode over any cache format. A tile is dequantised in two halves, h = 0 (K) and
+// h = 1 (V). `Rows` gives, for key j: `entry(j)` its block-table entry and
+// `locate(j, entry, rows)` its four row pointers; direct: `load(rows, part, h)` fetches elements
+// [16·part, 16·part+16) of half h's row as a `Raw`; staged: `stage(rows, dst, u, h)` copies unit
+// u of half h's `copy_units()` into the key's `raw_pitch()` bytes of shared memory and
+// `staged(src, part, h)` reads a `Raw` back; `convert(raw, dst)` writes 16 BF16 values.
 template <class Rows>
 __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
@@ -175,22 +225,44 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   auto locate_tile = [=](uint32_t tile, const uint8_t** rows) {
     if (warp == 0 && tile + lane < end) layout.locate(tile + lane, layout.entry(tile + lane), rows + 4 * lane);
   };
-  // Staged: start copying the tile's raw bytes into shared memory.
-  auto stage_tile = [=](uint32_t tile, const uint8_t* const* rows) {
-    const uint32_t units = layout.copy_units(), n = min(kTileKeys, end - tile) * units;
-    for (uint32_t u = tid; u < n; u += blockDim.x)
-      layout.stage(rows + 4 * (u / units), sm.raw + (u / units) * layout.raw_pitch(), u % units);
+  // Staged: start copying half h of the tile's raw bytes into shared memory, as one commit group
+  // (empty past the end, so that every tile commits two).
+  const UnitWalk copy_walk(layout.copy_units());
+  auto stage_half = [=](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
+    const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
+    for (UnitWalk w = copy_walk; w.key < live; w.next())
+      layout.stage(rows + 4 * w.key, sm.raw + w.key * layout.raw_pitch(), w.part, h);
     cp_async_commit();
   };
-  // Part `part` of the tile's key `key` as BF16 into sm.k / sm.v; zeros for a key past the end
-  // (not live), not garbage: 0 · NaN would poison P·V.
-  auto store_bf16 = [=](uint32_t key, uint32_t part, const typename Rows::Raw& raw, bool live) {
-    __nv_bfloat16* dk = sm.k + key * sm.pitch + part * 16;
-    __nv_bfloat16* dv = sm.v + key * sm.pitch + part * 16;
-    if (live) {
-      layout.convert(raw, dk, dv);
-    } else {
-      for (__nv_bfloat16* d : {dk, dk + 8, dv, dv + 8}) st_shared_v4(d, 0, 0, 0, 0);
+  // Half h of the tile as BF16 in sm.kv, dequantised once for all G heads; zeros for a key past
+  // the end, not garbage: 0 · NaN would poison P·V. Rows::kBatch units per thread (as many as
+  // the registers allow): all their loads, from the staged tile or from global memory, are
+  // issued before the first conversion.
+  const UnitWalk part_walk(parts);
+  auto dequant_half = [=](uint32_t tile, uint32_t h) {
+    constexpr uint32_t kBatch = Rows::kBatch;
+    const uint32_t live = min(kTileKeys, end - tile);
+    for (UnitWalk w = part_walk; w.key < kTileKeys;) {
+      typename Rows::Raw raw[kBatch];
+      uint32_t key[kBatch], dst[kBatch];  // dst: element offset in sm.kv
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b, w.next()) {
+        key[b] = w.key;
+        dst[b] = w.key * sm.pitch + w.part * 16;
+        if (w.key >= live) continue;
+        raw[b] = staged ? layout.staged(sm.raw + w.key * layout.raw_pitch(), w.part, h)
+                        : layout.load(row_set(sm, 0) + 4 * w.key, w.part, h);
+      }
+#pragma unroll
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        if (key[b] >= kTileKeys) break;
+        if (key[b] < live) {
+          layout.convert(raw[b], sm.kv + dst[b]);
+        } else {
+          st_shared_v4(sm.kv + dst[b], 0, 0, 0, 0);
+          st_shared_v4(sm.kv + dst[b] + 8, 0, 0, 0, 0);
+        }
+      }
     }
   };
 
@@ -201,10 +273,11 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
     reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
   }
-  if (staged) {  // prologue: rows of tiles 0 and 1, tile 0's bytes in flight
+  if (staged) {  // prologue: rows of tiles 0 and 1, tile 0's K and V in flight
     locate_tile(begin, row_set(sm, 0));
     __syncthreads();
-    if (begin < end) stage_tile(begin, row_set(sm, 0));
+    stage_half(begin, row_set(sm, 0), 0);
+    stage_half(begin, row_set(sm, 0), 1);
     locate_tile(begin + kTileKeys, row_set(sm, 1));
   }
 
@@ -212,38 +285,20 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
   const uint32_t dim_tiles = dim / 4 / 8;
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    // Phase A: the tile's K and V as BF16 in shared memory, dequantised once for all G heads.
+    // Phase A: the tile's K as BF16 in shared memory. Staged, the groups in flight are this
+    // tile's K and V: wait for K.
     const uint32_t cur = i % 2;
     int32_t ahead = 0;  // staged: the table entry of key `lane` two tiles on (warp 0)
     if (staged) {
-      cp_async_wait_all();
+      cp_async_wait_all_but_newest();
     } else {
       locate_tile(tile, row_set(sm, 0));
     }
     __syncthreads();
-    // kBatch units per thread: all their loads (from the staged tile or from global memory) are
-    // issued before the first conversion, so a thread has kBatch conversions to interleave.
-    constexpr uint32_t kBatch = 2;
-    const uint32_t units = kTileKeys * parts;
-    for (uint32_t u0 = tid; u0 < units; u0 += kBatch * blockDim.x) {
-      typename Rows::Raw raw[kBatch];
-#pragma unroll
-      for (uint32_t b = 0; b < kBatch; ++b) {
-        const uint32_t u = u0 + b * blockDim.x, key = u / parts, part = u % parts;
-        if (u >= units || tile + key >= end) continue;
-        raw[b] = staged ? layout.staged(sm.raw + key * layout.raw_pitch(), part)
-                        : layout.load(row_set(sm, 0) + 4 * key, part);
-      }
-#pragma unroll
-      for (uint32_t b = 0; b < kBatch; ++b) {
-        const uint32_t u = u0 + b * blockDim.x;
-        if (u >= units) break;
-        store_bf16(u / parts, u % parts, raw[b], tile + u / parts < end);
-      }
-    }
+    dequant_half(tile, 0);
     __syncthreads();
-    if (staged) {  // the raw tile is free: the next one streams in under phases B-D
-      if (tile + kTileKeys < end) stage_tile(tile + kTileKeys, row_set(sm, cur ^ 1));
+    if (staged) {  // K's raw bytes are free: the next tile's K streams in under phases B-D
+      stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 0);
       if (warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
     }
     // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile, in two independent
@@ -251,7 +306,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     float sacc[2][4] = {};
     for (uint32_t k0 = 0; k0 < q_head_dim; k0 += 32) {
       uint32_t b[4], a[4];
-      ldmatrix_x4(b, sm.k + (8 * c + lane % 8) * sm.pitch + k0 + (lane / 8) * 8);
+      ldmatrix_x4(b, sm.kv + (8 * c + lane % 8) * sm.pitch + k0 + (lane / 8) * 8);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + (lane / 16) * 8);
       mma_bf16(sacc[0], a, b[0], b[1]);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + 16 + (lane / 16) * 8);
@@ -293,12 +348,18 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
     *reinterpret_cast<uint32_t*>(sm.p + row0 * kPRow + key0) = pack_bf16(p[0], p[1]);
     *reinterpret_cast<uint32_t*>(sm.p + (row0 + 8) * kPRow + key0) = pack_bf16(p[2], p[3]);
+    // Staged, the groups in flight are this tile's V and the next tile's K: wait for V. The
+    // barrier also ends phase B everywhere, so K's buffer is free for V.
+    if (staged) cp_async_wait_all_but_newest();
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float* red = sm.red_sum + (row0 + 8 * i) * 4;
       l[i] = l[i] * alpha[i] + ((red[0] + red[1]) + (red[2] + red[3]));
     }
+    dequant_half(tile, 1);
+    __syncthreads();
+    if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 1);  // under phase D and the next K
     // Phase D: O = O·alpha + P·V over this warp's quarter of the dims.
 #pragma unroll
     for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
@@ -316,7 +377,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         if (t >= dim_tiles) break;
         uint32_t b[4];
         const uint32_t n0 = c * (dim / 4) + 8 * t;
-        ldmatrix_x4_trans(b, sm.v + (kk + lane % 8 + ((lane / 8) % 2) * 8) * sm.pitch + n0 + (lane / 16) * 8);
+        ldmatrix_x4_trans(b, sm.kv + (kk + lane % 8 + ((lane / 8) % 2) * 8) * sm.pitch + n0 + (lane / 16) * 8);
         mma_bf16(acc[t], a, b[0], b[1]);
         mma_bf16(acc[t + 1], a, b[2], b[3]);
       }
@@ -324,8 +385,9 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     // Staged: the rows two tiles on go where this tile's were (its copies were issued last round).
     if (staged && warp == 0 && tile + 2 * kTileKeys + lane < end)
       layout.locate(tile + 2 * kTileKeys + lane, ahead, row_set(sm, cur) + 4 * lane);
-    __syncthreads();  // the next tile rewrites rows, K, V and P
+    __syncthreads();  // the next tile rewrites rows, K (V's buffer) and P
   }
+  if (staged) cp_async_wait_all();  // nothing left in flight past the end (empty groups)
   // The block's partial: unnormalised O with its running max and sum, per head.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -368,26 +430,21 @@ struct Fp8Rows {
     rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
     rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
   }
-  struct Raw {
-    uint4 k, v;
-  };
-  __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
-    return {*reinterpret_cast<const uint4*>(rows[0] + part * 16), *reinterpret_cast<const uint4*>(rows[2] + part * 16)};
+  using Raw = uint4;
+  static constexpr uint32_t kBatch = 4;  // units in flight per thread
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
+    return ld_stream16(rows[2 * h] + part * 16);
   }
   // Staged key: [K row | V row], dim bytes each, copied 16 bytes at a time.
   __device__ uint32_t raw_pitch() const { return 2 * dim; }
-  __device__ uint32_t copy_units() const { return dim / 8; }
-  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u) const {
-    const uint32_t half = dim / 16;
-    cp_async16(dst + 16 * u, u < half ? rows[0] + 16 * u : rows[2] + 16 * (u - half));
+  __device__ uint32_t copy_units() const { return dim / 16; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    cp_async16(dst + h * dim + 16 * u, rows[2 * h] + 16 * u);
   }
-  __device__ Raw staged(const uint8_t* src, uint32_t part) const {
-    return {*reinterpret_cast<const uint4*>(src + part * 16), *reinterpret_cast<const uint4*>(src + dim + part * 16)};
+  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
+    return *reinterpret_cast<const uint4*>(src + h * dim + part * 16);
   }
-  __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
-    fp8x16_to_bf16(raw.k, dk);
-    fp8x16_to_bf16(raw.v, dv);
-  }
+  __device__ void convert(const Raw& raw, __nv_bfloat16* dst) const { fp8x16_to_bf16(raw, dst); }
 };
 
 struct Nvfp4Rows {
@@ -407,34 +464,29 @@ struct Nvfp4Rows {
     rows[3] = v_cache + base + data_section_bytes + slot * dim / 16;
   }
   struct Raw {
-    uint2 k, v;
-    uint8_t k_scale, v_scale;
+    uint2 data;
+    uint8_t scale;
   };
-  __device__ Raw load(const uint8_t* const* rows, uint32_t part) const {
-    return {*reinterpret_cast<const uint2*>(rows[0] + part * 8), *reinterpret_cast<const uint2*>(rows[2] + part * 8),
-            rows[1][part], rows[3][part]};
+  static constexpr uint32_t kBatch = 4;  // units in flight per thread
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
+    return {ld_stream8(rows[2 * h] + part * 8), rows[2 * h + 1][part]};
   }
   // Staged key: [K data | V data | K scales | V scales] (dim/2, dim/2, dim/16, dim/16 bytes),
   // padded to 16 bytes; data copied 16 bytes at a time, scales 4 (dim is a multiple of 64).
   __device__ uint32_t raw_pitch() const { return (dim + dim / 8 + 15) / 16 * 16; }
-  __device__ uint32_t copy_units() const { return dim / 16 + dim / 32; }
-  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u) const {
-    const uint32_t data = dim / 32, scales = dim / 64;  // units per row
-    if (u < 2 * data) {
-      cp_async16(dst + 16 * u, u < data ? rows[0] + 16 * u : rows[2] + 16 * (u - data));
+  __device__ uint32_t copy_units() const { return dim / 32 + dim / 64; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    if (u < dim / 32) {
+      cp_async16(dst + h * dim / 2 + 16 * u, rows[2 * h] + 16 * u);
     } else {
-      const uint32_t w = u - 2 * data;
-      cp_async4(dst + dim + 4 * w, w < scales ? rows[1] + 4 * w : rows[3] + 4 * (w - scales));
+      const uint32_t w = u - dim / 32;
+      cp_async4(dst + dim + h * dim / 16 + 4 * w, rows[2 * h + 1] + 4 * w);
     }
   }
-  __device__ Raw staged(const uint8_t* src, uint32_t part) const {
-    return {*reinterpret_cast<const uint2*>(src + part * 8), *reinterpret_cast<const uint2*>(src + dim / 2 + part * 8),
-            src[dim + part], src[dim + dim / 16 + part]};
+  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
+    return {*reinterpret_cast<const uint2*>(src + h * dim / 2 + part * 8), src[dim + h * dim / 16 + part]};
   }
-  __device__ void convert(const Raw& raw, __nv_bfloat16* dk, __nv_bfloat16* dv) const {
-    nvfp4x16_to_bf16(raw.k, raw.k_scale, dk);
-    nvfp4x16_to_bf16(raw.v, raw.v_scale, dv);
-  }
+  __device__ void convert(const Raw& raw, __nv_bfloat16* dst) const { nvfp4x16_to_bf16(raw.data, raw.scale, dst); }
 };
 
 }  // namespace

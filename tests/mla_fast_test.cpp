@@ -59,33 +59,61 @@ TEST_CASE("the split plan covers every key with whole tiles and fits the device'
   CHECK(p.rows_per_block * p.head_groups >= a.num_q_heads);
   CHECK(p.threads == 8 * p.rows_per_block);
   CHECK(p.shared_bytes <= limit);
-  // Shared memory, from the kernel's carve-up: q, one K and one V tile, P (BF16, rows padded by
-  // 8), the softmax exchange, two tiles' row pointers, and a raw tile when staged.
+  // Shared memory, from the kernel's carve-up: q, one tile buffer (K, then V), P (BF16, rows
+  // padded by 8), the softmax exchange, two tiles' row pointers, and a raw tile when staged.
   const std::uint32_t pitch = a.kv_cache_dim + 8, raw = format == KvFormat::fp8 ? 2 * a.kv_cache_dim : 0;
-  const std::uint32_t fixed = (p.rows_per_block * pitch + 64 * pitch + p.rows_per_block * 40) * 2 +
+  const std::uint32_t fixed = (p.rows_per_block * pitch + 32 * pitch + p.rows_per_block * 40) * 2 +
                               p.rows_per_block * 32 + 2048;
   if (format == KvFormat::fp8) CHECK(p.shared_bytes == fixed + (p.staged ? 32 * raw : 0));
-  // sm_90 gives 128 heads groups of 64; it stages groups of 32 heads and more of the model's
-  // rows (one block per SM either way) and small rows, and keeps two unstaged 16-head blocks of
-  // the model's rows per SM rather than one staged; sm_121 fits one unstaged 16-head group of the
-  // model's rows.
+  // Of the model's rows, an sm_90 SM holds one block of 64 heads, staged (158 KB FP8) or not
+  // (121 KB), so it is staged; two of 32 heads or three of 16 unstaged (80 and 60 KB), but only
+  // one staged FP8 block: those are not; NVFP4's smaller raw tile (21 KB) keeps two staged 32-head
+  // blocks. Small rows are always staged. sm_121's 99 KiB hold one block of up to 48 heads
+  // (99 KB) unstaged, staged only with 16 heads (FP8, 95 KB) or up to 32 (NVFP4, 99 KB).
+  const std::uint32_t groups = (a.num_q_heads + 15) / 16;
+  const bool fp8 = format == KvFormat::fp8;
   if (limit == 227u * 1024) {
-    if (a.num_q_heads == 128) CHECK(p.rows_per_block == 64);
-    if (a.kv_cache_dim == 576) CHECK(p.staged == (p.rows_per_block >= 32));
+    CHECK(p.rows_per_block == 16 * std::min(groups, 4u));
+    if (a.kv_cache_dim == 576) CHECK(p.staged == (p.rows_per_block >= (fp8 ? 64u : 32u)));
     if (a.kv_cache_dim == 64) CHECK(p.staged);
   } else if (a.kv_cache_dim == 576) {
-    CHECK(p.rows_per_block == 16);
-    CHECK(!p.staged);
+    CHECK(p.rows_per_block == 16 * std::min(groups, 3u));
+    CHECK(p.staged == (p.rows_per_block <= (fp8 ? 16u : 32u)));
   }
   const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   CHECK(p.workspace_bytes == slots * a.kv_cache_dim * 4 + slots * 8);
+}
+
+// The splits fill the device in whole rounds (cost: rounds × (tiles per split + 1)): 32 sequences
+// of 4096 keys, 16 heads, on 132 SMs that hold three 16-head blocks each (396 slots): 12 splits
+// of 11 tiles (384 blocks, one round: 12) beat 9 of 15 (288 blocks, two rounds: 32) and 13 of
+// 10 (416 blocks, two rounds: 22). One sequence of 1024 keys takes one-tile splits.
+TEST_CASE("the split plan fills the device's block slots in whole rounds", "[mla_fast][plan]") {
+  PagedDecodeCommon a;
+  a.num_seqs = 32, a.num_q_heads = 16, a.max_blocks_per_seq = 64, a.block_size = 64, a.kv_cache_dim = 576;
+  const SplitPlan p = plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024);
+  CHECK(p.rows_per_block == 16);
+  CHECK(!p.staged);
+  CHECK(p.num_splits == 12);
+  CHECK(p.keys_per_split == 11 * 32);
+  // 128 heads in groups of 64, one block per SM: 2 splits of 64 tiles (128 blocks of 132: 65),
+  // not 43 splits of 3 tiles (2752 blocks, 21 rounds: 84).
+  a.num_q_heads = 128;
+  const SplitPlan q = plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024);
+  CHECK(q.rows_per_block == 64);
+  CHECK(q.num_splits == 2);
+  CHECK(q.keys_per_split == 2048);
+  a.num_seqs = 1, a.max_blocks_per_seq = 16;
+  const SplitPlan one = plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024);
+  CHECK(one.num_splits == 32);
+  CHECK(one.keys_per_split == 32);
 }
 
 TEST_CASE("a split plan that cannot fit the device's shared memory says so", "[mla_fast][plan]") {
   PagedDecodeCommon a;
   a.num_seqs = 1, a.num_q_heads = 16, a.max_blocks_per_seq = 4, a.block_size = 16, a.kv_cache_dim = 576;
   test::require_error([&] { plan_split_decode(a, KvFormat::fp8, 0, 132, 48 * 1024); }, Errc::unsupported,
-                      {"97280 bytes", "49152"});
+                      {"59904 bytes", "49152"});
 }
 
 TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", "[mla_fast][split]") {

@@ -258,7 +258,14 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
 
 // The issue-6 sweep: split path (and the seed where it finishes in reasonable time) against the
 // roofline max(bytes / copy bandwidth, FLOPs / BF16 matrix rate) and the PyTorch baseline.
-void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& torch, ordered_json& j) {
+/// The sweep's axes; each defaults to the issue's full range.
+struct SweepAxes {
+  std::vector<std::string> caches{"fp8", "nvfp4"};
+  std::vector<std::uint32_t> batch{1, 8, 32, 128}, context{1024, 4096, 16384, 65536}, heads{16, 64, 128};
+};
+
+void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& torch, const SweepAxes& axes,
+           ordered_json& j) {
   const double mm = torch.contains("matmul_tflops") ? torch["matmul_tflops"].get<double>() * 1e12 : 0.0;
   auto torch_us = [&](std::uint32_t B, std::uint32_t L, std::uint32_t H) -> std::optional<double> {
     if (!torch.contains("rows")) return std::nullopt;
@@ -268,11 +275,12 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
   };
   fmt::print("{:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n", "cache", "B", "L",
              "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed", "torch us", "x torch");
-  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-    for (std::uint32_t B : {1u, 8u, 32u, 128u})
-      for (std::uint32_t L : {1024u, 4096u, 16384u, 65536u}) {
+  for (const std::string& cache : axes.caches)
+    for (std::uint32_t B : axes.batch)
+      for (std::uint32_t L : axes.context) {
+        const KvFormat f = cache == "fp8" ? KvFormat::fp8 : KvFormat::nvfp4;
         PagedProblem p(bench, gpu, f, B, L);
-        for (std::uint32_t H : {16u, 64u, 128u}) {
+        for (std::uint32_t H : axes.heads) {
           const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
           const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
           const double split_us = bench.median_us(p.launch(H, true, q.ptr(), o.ptr()));
@@ -307,12 +315,33 @@ void add_bench(CLI::App& app) {
   struct Opts {
     std::string backend, json, torch, only;
     bool sweep = false;
+    SweepAxes axes;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
-  cmd->add_flag("--sweep", opts->sweep, "the decode sweep: batch x context x heads, both caches, against the roofline");
+  auto* sweep_flag = cmd->add_flag("--sweep", opts->sweep, "the decode sweep: batch x context x heads, both caches, against the roofline");
+  cmd->add_option("--cache", opts->axes.caches, "sweep: KV cache formats")
+      ->check(CLI::IsMember({"fp8", "nvfp4"}))
+      ->delimiter(',')
+      ->capture_default_str()
+      ->needs(sweep_flag);
+  cmd->add_option("--batch", opts->axes.batch, "sweep: batch sizes")
+      ->check(CLI::Range(1u, 1024u))
+      ->delimiter(',')
+      ->capture_default_str()
+      ->needs(sweep_flag);
+  cmd->add_option("--context", opts->axes.context, "sweep: context lengths in tokens")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->delimiter(',')
+      ->capture_default_str()
+      ->needs(sweep_flag);
+  cmd->add_option("--heads", opts->axes.heads, "sweep: query head counts")
+      ->check(CLI::Range(1u, 1024u))
+      ->delimiter(',')
+      ->capture_default_str()
+      ->needs(sweep_flag);
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
   cmd->add_option("--torch", opts->torch, "ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)");
   cmd->callback([opts] {
@@ -341,7 +370,7 @@ void add_bench(CLI::App& app) {
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
       if (!bench.on_device()) fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
-      sweep(bench, *gpu, copy_bw, torch, j);
+      sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
     } else {
       // Each row is named before it runs, so --only can pick one (for a profiler, say).
       std::vector<std::pair<std::string, std::function<Row()>>> plan;
