@@ -87,7 +87,7 @@ TEST_CASE("the split plan covers every key with whole tiles and fits the device'
 // The splits fill the device in whole rounds (cost: rounds × (tiles per split + 1)): 32 sequences
 // of 4096 keys, 16 heads, on 132 SMs that hold three 16-head blocks each (396 slots): 12 splits
 // of 11 tiles (384 blocks, one round: 12) beat 9 of 15 (288 blocks, two rounds: 32) and 13 of
-// 10 (416 blocks, two rounds: 22). One sequence of 1024 keys takes one-tile splits.
+// 10 (416 blocks, two rounds: 22). One sequence of 1024 keys takes the shortest splits, 4 tiles.
 TEST_CASE("the split plan fills the device's block slots in whole rounds", "[mla_fast][plan]") {
   PagedDecodeCommon a;
   a.num_seqs = 32, a.num_q_heads = 16, a.max_blocks_per_seq = 64, a.block_size = 64, a.kv_cache_dim = 576;
@@ -105,8 +105,8 @@ TEST_CASE("the split plan fills the device's block slots in whole rounds", "[mla
   CHECK(q.keys_per_split == 2048);
   a.num_seqs = 1, a.max_blocks_per_seq = 16;
   const SplitPlan one = plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024);
-  CHECK(one.num_splits == 32);
-  CHECK(one.keys_per_split == 32);
+  CHECK(one.num_splits == 8);
+  CHECK(one.keys_per_split == 128);
 }
 
 TEST_CASE("a split plan that cannot fit the device's shared memory says so", "[mla_fast][plan]") {

@@ -38,8 +38,8 @@ struct SplitPlan {
 /// Plan a split decode of format `format` for `a` (its table capacity bounds the keys:
 /// max_blocks_per_seq · block_size + comp_block_count) on a device of `multiprocessors` SMs whose
 /// blocks may have `max_shared_bytes` of shared memory: the largest head group (up to 64) that
-/// fits, staged when that fits too without costing a block per SM; as many splits (whole
-/// 32-key tiles) as give the least work to the busiest of the device's block slots
+/// fits, staged when that fits too without costing a block per SM; as many splits (of at
+/// least four 32-key tiles) as give the least work to the busiest of the device's block slots
 /// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
 /// tile's worth of fixed cost per block.
 /// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
