@@ -15,7 +15,8 @@
 // where the device's shared memory allows it), the tile's cache bytes are copied into shared
 // memory with cp.async, K and V as two groups: the next tile's K streams in under this tile's
 // Q·Kᵀ, softmax and V, and its V under this tile's P·V; row addresses are looked up a tile earlier
-// still. Without that room (sm_121's 99 KiB), each half-tile is loaded into registers and
+// still. Without that room (where it would cost the SM a block, as for 16- and 32-head blocks of
+// DeepSeek rows on sm_90, or does not fit), each half-tile is loaded into registers and
 // converted when it is needed. Both give bit-identical results.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
