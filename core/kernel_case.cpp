@@ -262,6 +262,10 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
   const Params paged = {{"q", BF16},           {"k_cache", U8},   {"v_cache", U8}, {"o", BF16},
                         {"block_tables", I32}, {"seq_lens", I32}, {"sinks", FP32}, {"comp_pool", U8}};
   const Params store = {{"k_src", BF16}, {"v_src", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"slot_mapping", I32}};
+  const Params split_nvfp4 = {{"q", BF16},          {"k_cache", U8},       {"v_cache", U8},  {"o_partial", FP32},
+                              {"ml_partial", FP32}, {"block_tables", I32}, {"seq_lens", I32}};
+  Params split_fp8 = split_nvfp4;
+  split_fp8.emplace("comp_pool", U8);
   static const std::map<std::string_view, Params> table = {
       {"mla_batched_gemv", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"mla_q_rope_scatter", {{"q_full", BF16}, {"q_absorbed_buf", BF16}, {"q_rope_contiguous", BF16}}},
@@ -277,12 +281,10 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_batched_gemv_wide", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"paged_decode_fp8_split_path", paged},
       {"paged_decode_nvfp4_split_path", paged},
-      {"mla_paged_decode_split_fp8",
-       {{"q", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"o_partial", FP32}, {"ml_partial", FP32},
-        {"block_tables", I32}, {"seq_lens", I32}, {"comp_pool", U8}}},
-      {"mla_paged_decode_split_nvfp4",
-       {{"q", BF16}, {"k_cache", U8}, {"v_cache", U8}, {"o_partial", FP32}, {"ml_partial", FP32},
-        {"block_tables", I32}, {"seq_lens", I32}}},
+      {"mla_paged_decode_split_fp8", split_fp8},
+      {"mla_paged_decode_split16_fp8", split_fp8},
+      {"mla_paged_decode_split_nvfp4", split_nvfp4},
+      {"mla_paged_decode_split16_nvfp4", split_nvfp4},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);

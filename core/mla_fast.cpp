@@ -70,7 +70,6 @@ KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat for
       .arg_f32(a.logit_scale);
 }
 
-
 SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, DevicePtr ws, float logit_scale) {
   return {a.q,
           a.k_cache,
@@ -97,7 +96,7 @@ SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, Devic
 MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
   auto k = [&](const char* entry) { return gpu.kernel(kMlaFastModule, entry); };
   return {k("mla_paged_decode_split_fp8"), k("mla_paged_decode_split_nvfp4"), k("mla_paged_decode_combine"),
-          k("mla_batched_gemv_wide")};
+          k("mla_batched_gemv_wide"),      k("mla_paged_decode_split16_fp8"), k("mla_paged_decode_split16_nvfp4")};
 }
 
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
@@ -136,16 +135,19 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
   // Staged where it fits and keeps the blocks an SM holds: by shared memory (an SM has about
   // 1 KiB more than a block may take, and reserves 1 KiB per block) and by registers (64K per
-  // SM, the kernel's at most 128 per thread). Measured on the H200 (docs/performance.md): three
-  // unstaged 16-head blocks per SM beat two staged ones, and two unstaged 32-head blocks one
-  // staged; the one 64-head block an SM holds either way gains from staging.
+  // SM; at most 128 per thread, 168 on the 16-head entries). Measured on the H200
+  // (docs/performance.md): two unstaged 32-head blocks per SM beat one staged; the one 64-head
+  // block an SM holds either way gains from staging. 16-head blocks run on the 16-head entries,
+  // which hold the next half-tile in registers and do not stage.
   const std::uint32_t direct_bytes = split_shared_bytes(p.rows_per_block, a.kv_cache_dim, 0);
   const std::uint32_t staged_bytes =
       split_shared_bytes(p.rows_per_block, a.kv_cache_dim, split_raw_pitch(format, a.kv_cache_dim));
+  const std::uint32_t registers = p.rows_per_block == kGroupRows ? 168 : 128;
   const auto per_sm = [&](std::uint32_t bytes) {
-    return std::min((max_shared_bytes + 1024) / (bytes + 1024), 65536 / (p.threads * 128));
+    return std::min((max_shared_bytes + 1024) / (bytes + 1024), 65536 / (p.threads * registers));
   };
-  p.staged = staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
+  p.staged =
+      p.rows_per_block > kGroupRows && staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
@@ -164,7 +166,8 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     if (cost < best) best = cost, per = tiles_each;
   }
   p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per * kTileKeys, 0x7FFF'FFE0));
-  p.num_splits = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
+  p.num_splits =
+      static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   p.ml_offset = partials * a.kv_cache_dim * 4;
   p.workspace_bytes = p.ml_offset + partials * 2 * 4;
@@ -296,7 +299,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
-  mla_paged_decode_split_fp8(gpu, fast.split_fp8, s, stream);
+  mla_paged_decode_split_fp8(gpu, p.rows_per_block == kGroupRows ? fast.split16_fp8 : fast.split_fp8, s, stream);
   mla_paged_decode_combine(
       gpu, fast.combine,
       {w, w + p.ml_offset, a.sinks, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, a.v_scale, a.num_seqs}, stream);
@@ -313,7 +316,7 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
   const SplitPlan p =
       plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block());
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
-  mla_paged_decode_split_nvfp4(gpu, fast.split_nvfp4,
+  mla_paged_decode_split_nvfp4(gpu, p.rows_per_block == kGroupRows ? fast.split16_nvfp4 : fast.split_nvfp4,
                                {split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes}, stream);
   mla_paged_decode_combine(gpu, fast.combine,
                            {w, w + p.ml_offset, {}, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, 1.0f, a.num_seqs},

@@ -216,8 +216,8 @@ void mla_batched_gemv_wide(Block& blk, Global<const Bf16> input, Global<const Bf
   for (std::uint32_t warp = 0; warp < blk.blockDim.x / kWarp; ++warp) {
     for (std::uint32_t t = 0; t < kGemvSteps; ++t) {
       for (std::uint32_t g = 0; g < per_step; ++g) {
-        const std::uint32_t n = (blk.blockIdx.x * (blk.blockDim.x / kWarp) + warp) * kGemvSteps * per_step +
-                                t * per_step + g;
+        const std::uint32_t n =
+            (blk.blockIdx.x * (blk.blockDim.x / kWarp) + warp) * kGemvSteps * per_step + t * per_step + g;
         if (n >= n_out) continue;
         const auto w = weight.read((std::uint64_t{h} * n_out + n) * k, k);
         std::array<float, kWarp> lanes{};  // the segment's lanes
@@ -242,18 +242,46 @@ BlockRule split_block() {
 
 void register_mla_fast(Registry& r) {
   const char* m = "mla_fast";
-  r.add<&mla_paged_decode_split_fp8>(
-      m, "mla_paged_decode_split_fp8",
-      {"q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
-       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "cache_stride", "sliding_window",
-       "comp_pool", "comp_block_count", "keys_per_split"},
-      split_block());
-  r.add<&mla_paged_decode_split_nvfp4>(
-      m, "mla_paged_decode_split_nvfp4",
-      {"q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
-       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes",
-       "data_section_bytes", "keys_per_split"},
-      split_block());
+  // The 16-head entries (mla_paged_decode_split16_*) differ from the split entries only in where
+  // a thread keeps the next half-tile (registers): one port serves both, at 128 threads.
+  static constexpr const char* fp8[] = {"q",
+                                        "k_cache",
+                                        "v_cache",
+                                        "o_partial",
+                                        "ml_partial",
+                                        "block_tables",
+                                        "seq_lens",
+                                        "max_blocks_per_seq",
+                                        "num_q_heads",
+                                        "q_head_dim",
+                                        "kv_cache_dim",
+                                        "block_size",
+                                        "logit_scale",
+                                        "cache_stride",
+                                        "sliding_window",
+                                        "comp_pool",
+                                        "comp_block_count",
+                                        "keys_per_split"};
+  static constexpr const char* nvfp4[] = {"q",
+                                          "k_cache",
+                                          "v_cache",
+                                          "o_partial",
+                                          "ml_partial",
+                                          "block_tables",
+                                          "seq_lens",
+                                          "max_blocks_per_seq",
+                                          "num_q_heads",
+                                          "q_head_dim",
+                                          "kv_cache_dim",
+                                          "block_size",
+                                          "logit_scale",
+                                          "block_stride_bytes",
+                                          "data_section_bytes",
+                                          "keys_per_split"};
+  r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split_fp8", fp8, split_block());
+  r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
+  r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",
       {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},

@@ -34,13 +34,12 @@ using metrale::warp_sum;
 
 namespace {
 
-constexpr uint32_t kTileKeys = 32;     // keys per shared-memory tile
-constexpr uint32_t kGroupRows = 16;    // heads per MMA row group
-constexpr uint32_t kMaxDim = 576;      // kv_cache_dim the register budget allows
+constexpr uint32_t kTileKeys = 32;                  // keys per shared-memory tile
+constexpr uint32_t kGroupRows = 16;                 // heads per MMA row group
+constexpr uint32_t kMaxDim = 576;                   // kv_cache_dim the register budget allows
 constexpr uint32_t kMaxDimTiles = kMaxDim / 4 / 8;  // n8 tiles of one warp's quarter of the dims
-constexpr uint32_t kPad = 8;           // BF16 elements of row padding: ldmatrix without bank conflicts
+constexpr uint32_t kPad = 8;                        // BF16 elements of row padding: ldmatrix without bank conflicts
 constexpr uint32_t kPRow = kTileKeys + kPad;
-
 
 __device__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -127,7 +126,6 @@ __device__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-
 // The shared-memory carve-up; the host computes the same totals (core/mla_fast.cpp,
 // split_shared_bytes). `raw` is null when the launch gave no room for a raw tile.
 struct Smem {
@@ -163,8 +161,8 @@ __device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
   for (int w = 0; w < 4; ++w) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const __half2 pair = __half2(__nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * h)) & 0xFFFF), __NV_E4M3));
+      const __half2 pair = __half2(
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * h)) & 0xFFFF), __NV_E4M3));
       const float2 f = __half22float2(pair);
       out[w * 2 + h] = pack_bf16(f.x, f.y);
     }
@@ -192,8 +190,8 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
     for (int p = 0; p < 2; ++p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-            static_cast<__nv_fp8x2_storage_t>((pairs[p] >> (16 * h)) & 0xFFFF), __NV_E4M3)));
+        const float2 f = __half22float2(__half2(
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((pairs[p] >> (16 * h)) & 0xFFFF), __NV_E4M3)));
         out[w * 4 + p * 2 + h] = pack_bf16(f.x * scale, f.y * scale);
       }
     }
@@ -208,14 +206,19 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
 // [16·part, 16·part+16) of half h's row as a `Raw`; staged: `stage(rows, dst, u, h)` copies unit
 // u of half h's `copy_units()` into the key's `raw_pitch()` bytes of shared memory and
 // `staged(src, part, h)` reads a `Raw` back; `convert(raw, dst)` writes 16 BF16 values.
-template <class Rows>
+// kHeld > 0 (the 16-head entries, 128 threads with room for more registers): each thread holds
+// its kHeld units of a half-tile in registers, loaded a phase before they are converted — V
+// under Q·Kᵀ and the softmax, the next tile's K under P·V — instead of staging or loading them
+// when needed.
+template <uint32_t kHeld, class Rows>
 __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
                              uint32_t keys_per_split, const Rows& layout) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
   const Smem sm = carve(smem_raw, G, dim, layout.raw_pitch());
-  const bool staged = sm.raw != nullptr;
+  const bool staged = kHeld == 0 && sm.raw != nullptr;
+  const bool rows_ahead = staged || kHeld > 0;  // rows looked up a tile before their loads
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, r = warp / 4, c = warp % 4;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * G, s = blockIdx.z, num_splits = gridDim.x;
   const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
@@ -267,6 +270,32 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
   };
 
+  // kHeld > 0: the thread's units of half h of the tile into registers, and from there as BF16
+  // into sm.kv (zeros past the end). kHeld covers every unit: 32 keys · 36 parts / 128 threads.
+  typename Rows::Raw held[kHeld > 0 ? kHeld : 1];
+  auto load_held = [&](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
+    const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
+    UnitWalk w = part_walk;
+#pragma unroll
+    for (uint32_t b = 0; b < kHeld; ++b, w.next())
+      if (w.key < live) held[b] = layout.load(rows + 4 * w.key, w.part, h);
+  };
+  auto store_held = [&](uint32_t tile) {
+    const uint32_t live = min(kTileKeys, end - tile);
+    UnitWalk w = part_walk;
+#pragma unroll
+    for (uint32_t b = 0; b < kHeld; ++b, w.next()) {
+      if (w.key >= kTileKeys) break;
+      __nv_bfloat16* dst = sm.kv + w.key * sm.pitch + w.part * 16;
+      if (w.key < live) {
+        layout.convert(held[b], dst);
+      } else {
+        st_shared_v4(dst, 0, 0, 0, 0);
+        st_shared_v4(dst + 8, 0, 0, 0, 0);
+      }
+    }
+  };
+
   // Q rows of this head group (rows past num_q_heads are zero).
   for (uint32_t u = tid; u < G * (q_head_dim / 8); u += blockDim.x) {
     const uint32_t row = u / (q_head_dim / 8), part = u % (q_head_dim / 8), h = head0 + row;
@@ -274,11 +303,15 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
     reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
   }
-  if (staged) {  // prologue: rows of tiles 0 and 1, tile 0's K and V in flight
+  if (rows_ahead) {  // prologue: rows of tiles 0 and 1; tile 0's K (and staged, V) in flight
     locate_tile(begin, row_set(sm, 0));
     __syncthreads();
-    stage_half(begin, row_set(sm, 0), 0);
-    stage_half(begin, row_set(sm, 0), 1);
+    if (staged) {
+      stage_half(begin, row_set(sm, 0), 0);
+      stage_half(begin, row_set(sm, 0), 1);
+    } else {
+      load_held(begin, row_set(sm, 0), 0);
+    }
     locate_tile(begin + kTileKeys, row_set(sm, 1));
   }
 
@@ -289,19 +322,22 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     // Phase A: the tile's K as BF16 in shared memory. Staged, the groups in flight are this
     // tile's K and V: wait for K.
     const uint32_t cur = i % 2;
-    int32_t ahead = 0;  // staged: the table entry of key `lane` two tiles on (warp 0)
-    if (staged) {
-      cp_async_wait_all_but_newest();
+    int32_t ahead = 0;  // rows_ahead: the table entry of key `lane` two tiles on (warp 0)
+    if constexpr (kHeld > 0) {
+      store_held(tile);
     } else {
-      locate_tile(tile, row_set(sm, 0));
+      if (staged) {
+        cp_async_wait_all_but_newest();
+      } else {
+        locate_tile(tile, row_set(sm, 0));
+      }
+      __syncthreads();
+      dequant_half(tile, 0);
     }
     __syncthreads();
-    dequant_half(tile, 0);
-    __syncthreads();
-    if (staged) {  // K's raw bytes are free: the next tile's K streams in under phases B-D
-      stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 0);
-      if (warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
-    }
+    if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 0);  // under phases B-D
+    if constexpr (kHeld > 0) load_held(tile, row_set(sm, cur), 1);      // V, under phases B-C
+    if (rows_ahead && warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
     // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile, in two independent
     // accumulators (even and odd 16-wide steps) so that consecutive MMAs do not wait on each other.
     float sacc[2][4] = {};
@@ -358,10 +394,15 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       const float* red = sm.red_sum + (row0 + 8 * i) * 4;
       l[i] = l[i] * alpha[i] + ((red[0] + red[1]) + (red[2] + red[3]));
     }
-    dequant_half(tile, 1);
+    if constexpr (kHeld > 0) {
+      store_held(tile);
+    } else {
+      dequant_half(tile, 1);
+    }
     __syncthreads();
-    if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 1);  // under phase D and the next K
-    // Phase D: O = O·alpha + P·V over this warp's quarter of the dims.
+    if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 1);              // under phase D and the next K
+    if constexpr (kHeld > 0) load_held(tile + kTileKeys, row_set(sm, cur ^ 1), 0);  // under phase D
+      // Phase D: O = O·alpha + P·V over this warp's quarter of the dims.
 #pragma unroll
     for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
       acc[t][0] *= alpha[0];
@@ -383,13 +424,13 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         mma_bf16(acc[t + 1], a, b[2], b[3]);
       }
     }
-    // Staged: the rows two tiles on go where this tile's were (its copies were issued last round).
-    if (staged && warp == 0 && tile + 2 * kTileKeys + lane < end)
+    // The rows two tiles on go where this tile's were (all their loads or copies are issued).
+    if (rows_ahead && warp == 0 && tile + 2 * kTileKeys + lane < end)
       layout.locate(tile + 2 * kTileKeys + lane, ahead, row_set(sm, cur) + 4 * lane);
     __syncthreads();  // the next tile rewrites rows, K (V's buffer) and P
   }
   if (staged) cp_async_wait_all();  // nothing left in flight past the end (empty groups)
-  // The block's partial: unnormalised O with its running max and sum, per head.
+    // The block's partial: unnormalised O with its running max and sum, per head.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t h = head0 + 16 * r + lane / 4 + 8 * i;
@@ -490,6 +531,43 @@ struct Nvfp4Rows {
   __device__ void convert(const Raw& raw, __nv_bfloat16* dst) const { nvfp4x16_to_bf16(raw.data, raw.scale, dst); }
 };
 
+// The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).
+__device__ Fp8Rows fp8_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
+                            const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                            uint32_t block_size, uint64_t cache_stride, uint32_t sliding_window,
+                            const uint8_t* comp_pool, uint32_t comp_block_count) {
+  const uint32_t s = blockIdx.z;
+  const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
+  return {k_cache,
+          v_cache,
+          comp_pool,
+          block_tables + uint64_t{s} * max_blocks_per_seq,
+          cache_stride,
+          block_size,
+          s,
+          comp_block_count,
+          kv_cache_dim,
+          key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp)};
+}
+
+// The rows of sequence blockIdx.z of an NVFP4 cache.
+__device__ Nvfp4Rows nvfp4_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
+                                const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                                uint32_t block_size, uint64_t block_stride_bytes, uint64_t data_section_bytes) {
+  const uint32_t s = blockIdx.z;
+  return {k_cache,
+          v_cache,
+          block_tables + uint64_t{s} * max_blocks_per_seq,
+          block_stride_bytes,
+          data_section_bytes,
+          block_size,
+          kv_cache_dim,
+          key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0)};
+}
+
+// Units of a half-tile a 16-head block's thread holds: 32 keys · (576 / 16) parts / 128 threads.
+constexpr uint32_t kHeld16 = kTileKeys * (kMaxDim / 16) / 128;
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -505,35 +583,61 @@ struct Nvfp4Rows {
 //   comp_pool    [num_seqs, comp_block_count, 2, cache_stride] e4m3 or null
 // Split z takes keys [z·keys_per_split, (z+1)·keys_per_split) of the key set; logit_scale is
 // inv_sqrt_d·k_scale (V's scale is applied by the combine).
-extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_fp8(
-    const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial, float* ml_partial,
-    const int32_t* block_tables, const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
-    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t cache_stride,
-    uint32_t sliding_window, const uint8_t* comp_pool, uint32_t comp_block_count, uint32_t keys_per_split) {
-  const uint32_t s = blockIdx.z;
-  const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
-  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp);
-  const Fp8Rows layout{k_cache,    v_cache,          comp_pool,    block_tables + uint64_t{s} * max_blocks_per_seq,
-                       cache_stride, block_size,       s,            comp_block_count,
-                       kv_cache_dim, keys};
-  split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               layout);
+extern "C" __global__ void __launch_bounds__(512)
+    mla_paged_decode_split_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial,
+                               float* ml_partial, const int32_t* block_tables, const int32_t* seq_lens,
+                               uint32_t max_blocks_per_seq, uint32_t num_q_heads, uint32_t q_head_dim,
+                               uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t cache_stride,
+                               uint32_t sliding_window, const uint8_t* comp_pool, uint32_t comp_block_count,
+                               uint32_t keys_per_split) {
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
+                  keys_per_split, rows);
+}
+
+// mla_paged_decode_split16_fp8: the same for 16-head blocks (R = 1, block 128), each thread
+// holding its share of a half-tile in registers a phase ahead (the 128-thread launch bound gives
+// it up to 168 registers at three blocks per SM); never staged.
+extern "C" __global__ void __launch_bounds__(128, 3)
+    mla_paged_decode_split16_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                 float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                 const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                 uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                 uint64_t cache_stride, uint32_t sliding_window, const uint8_t* comp_pool,
+                                 uint32_t comp_block_count, uint32_t keys_per_split) {
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
+                        keys_per_split, rows);
 }
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
 // Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d.
-extern "C" __global__ void __launch_bounds__(512) mla_paged_decode_split_nvfp4(
-    const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial, float* ml_partial,
-    const int32_t* block_tables, const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
-    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t block_stride_bytes,
-    uint64_t data_section_bytes, uint32_t keys_per_split) {
-  const uint32_t s = blockIdx.z;
-  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
-  const Nvfp4Rows layout{k_cache,    v_cache,    block_tables + uint64_t{s} * max_blocks_per_seq,
-                         block_stride_bytes, data_section_bytes, block_size, kv_cache_dim, keys};
-  split_decode(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               layout);
+extern "C" __global__ void __launch_bounds__(512)
+    mla_paged_decode_split_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                 float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                 const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                 uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                 uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
+                  keys_per_split, rows);
+}
+
+// mla_paged_decode_split16_nvfp4: the 16-head entry over an NVFP4 cache, as split16_fp8.
+extern "C" __global__ void __launch_bounds__(128, 3)
+    mla_paged_decode_split16_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                   float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                   const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                   uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                   uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
+                        keys_per_split, rows);
 }
 
 // ---------------------------------------------------------------------------
@@ -578,9 +682,9 @@ extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, cons
 // rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp, gemv_wide_rows_per_block).
 // Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
-extern "C" __global__ void __launch_bounds__(256) mla_batched_gemv_wide(
-    const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output, uint32_t n_out, uint32_t k,
-    uint32_t input_stride, uint32_t output_stride) {
+extern "C" __global__ void __launch_bounds__(256)
+    mla_batched_gemv_wide(const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output,
+                          uint32_t n_out, uint32_t k, uint32_t input_stride, uint32_t output_stride) {
   constexpr uint32_t kGemvSteps = 4;
   uint32_t S = 1;
   while (S < kWarp && 2 * S <= k / 8) S *= 2;

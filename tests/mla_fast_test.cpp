@@ -62,23 +62,24 @@ TEST_CASE("the split plan covers every key with whole tiles and fits the device'
   // Shared memory, from the kernel's carve-up: q, one tile buffer (K, then V), P (BF16, rows
   // padded by 8), the softmax exchange, two tiles' row pointers, and a raw tile when staged.
   const std::uint32_t pitch = a.kv_cache_dim + 8, raw = format == KvFormat::fp8 ? 2 * a.kv_cache_dim : 0;
-  const std::uint32_t fixed = (p.rows_per_block * pitch + 32 * pitch + p.rows_per_block * 40) * 2 +
-                              p.rows_per_block * 32 + 2048;
+  const std::uint32_t fixed =
+      (p.rows_per_block * pitch + 32 * pitch + p.rows_per_block * 40) * 2 + p.rows_per_block * 32 + 2048;
   if (format == KvFormat::fp8) CHECK(p.shared_bytes == fixed + (p.staged ? 32 * raw : 0));
   // Of the model's rows, an sm_90 SM holds one block of 64 heads, staged (158 KB FP8) or not
-  // (121 KB), so it is staged; two of 32 heads or three of 16 unstaged (80 and 60 KB), but only
-  // one staged FP8 block: those are not; NVFP4's smaller raw tile (21 KB) keeps two staged 32-head
-  // blocks. Small rows are always staged. sm_121's 99 KiB hold one block of up to 48 heads
-  // (99 KB) unstaged, staged only with 16 heads (FP8, 95 KB) or up to 32 (NVFP4, 99 KB).
+  // (121 KB), so it is staged; two of 32 heads unstaged (80 KB), but only one staged FP8 block:
+  // those are not; NVFP4's smaller raw tile (21 KB) keeps two staged 32-head blocks. 16-head
+  // blocks are never staged (their entry holds the next half-tile in registers); larger blocks of
+  // small rows always are. sm_121's 99 KiB hold one block of up to 48 heads (99 KB) unstaged,
+  // staged only with 32 heads of NVFP4 (99 KB).
   const std::uint32_t groups = (a.num_q_heads + 15) / 16;
   const bool fp8 = format == KvFormat::fp8;
   if (limit == 227u * 1024) {
     CHECK(p.rows_per_block == 16 * std::min(groups, 4u));
     if (a.kv_cache_dim == 576) CHECK(p.staged == (p.rows_per_block >= (fp8 ? 64u : 32u)));
-    if (a.kv_cache_dim == 64) CHECK(p.staged);
+    if (a.kv_cache_dim == 64) CHECK(p.staged == (p.rows_per_block > 16));
   } else if (a.kv_cache_dim == 576) {
     CHECK(p.rows_per_block == 16 * std::min(groups, 3u));
-    CHECK(p.staged == (p.rows_per_block <= (fp8 ? 16u : 32u)));
+    CHECK(p.staged == (!fp8 && p.rows_per_block == 32));
   }
   const std::uint64_t slots = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   CHECK(p.workspace_bytes == slots * a.kv_cache_dim * 4 + slots * 8);
@@ -161,22 +162,43 @@ TEST_CASE("the staged and direct split kernels give bit-identical partials", "[m
     const SplitPlan plan = plan_split_decode(a, p.format, 0, gpu->multiprocessor_count(), 227 * 1024);
     const auto fast = MlaFastKernels::resolve(*gpu);
     std::vector<std::vector<std::byte>> results;
-    for (const bool staged : {true, false}) {
+    // Staged and direct on the split entry; for 16-head blocks also the 16-head entry (registers).
+    const bool split16 = plan.rows_per_block == 16;
+    for (const int run : {0, 1, 2}) {
+      if (run == 2 && !split16) break;
+      const bool staged = run == 0;
       const DeviceBuffer ws(*gpu, plan.workspace_bytes);
-      SplitDecodeArgs s{in.at("q").ptr(), in.at("k_cache").ptr(), in.at("v_cache").ptr(), ws.ptr(),
-                        ws.ptr() + plan.ml_offset, in.at("block_tables").ptr(), in.at("seq_lens").ptr(),
-                        a.max_blocks_per_seq, a.num_q_heads, 576, 576, a.block_size, 0.07f, plan.keys_per_split,
-                        a.num_seqs, plan.num_splits, plan.rows_per_block, staged};
+      SplitDecodeArgs s{in.at("q").ptr(),
+                        in.at("k_cache").ptr(),
+                        in.at("v_cache").ptr(),
+                        ws.ptr(),
+                        ws.ptr() + plan.ml_offset,
+                        in.at("block_tables").ptr(),
+                        in.at("seq_lens").ptr(),
+                        a.max_blocks_per_seq,
+                        a.num_q_heads,
+                        576,
+                        576,
+                        a.block_size,
+                        0.07f,
+                        plan.keys_per_split,
+                        a.num_seqs,
+                        plan.num_splits,
+                        plan.rows_per_block,
+                        staged};
       const auto u64 = [&](const char* field) { return c.scalars.at(field).bits; };
       if (p.format == KvFormat::fp8) {
-        mla_paged_decode_split_fp8(*gpu, fast.split_fp8, {s, u64("cache_stride"), 0, {}, 0});
+        mla_paged_decode_split_fp8(*gpu, run == 2 ? fast.split16_fp8 : fast.split_fp8,
+                                   {s, u64("cache_stride"), 0, {}, 0});
       } else {
-        mla_paged_decode_split_nvfp4(*gpu, fast.split_nvfp4, {s, u64("block_stride_bytes"), u64("data_section_bytes")});
+        mla_paged_decode_split_nvfp4(*gpu, run == 2 ? fast.split16_nvfp4 : fast.split_nvfp4,
+                                     {s, u64("block_stride_bytes"), u64("data_section_bytes")});
       }
       gpu->synchronize(0);
       results.push_back(ws.to_host<std::byte>());
     }
     CHECK(results[0] == results[1]);
+    if (split16) CHECK(results[0] == results[2]);
   }
 }
 

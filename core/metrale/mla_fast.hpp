@@ -19,6 +19,7 @@ inline constexpr const char* kMlaFastModule = "mla_fast";
 
 struct MlaFastKernels {
   KernelHandle split_fp8, split_nvfp4, combine, gemv_wide;
+  KernelHandle split16_fp8, split16_nvfp4;  // 16-head blocks only: half-tiles held in registers
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -26,7 +27,8 @@ struct MlaFastKernels {
 /// How a split decode divides its work: G = 16·R heads per block over `head_groups` groups,
 /// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block;
 /// `staged` when the block has room to stream the next tile's cache bytes into shared memory
-/// (cp.async) under the current tile's math.
+/// (cp.async) under the current tile's math. 16-head blocks are never staged: they run on the
+/// 16-head entries, which hold the next half-tile in registers instead.
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
@@ -80,7 +82,10 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 };
 /// Grid [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block 8·rows_per_block, the
 /// shared memory split_shared_bytes(rows_per_block, kv_cache_dim, raw pitch or 0 when not
-/// staged). Staged or not, the results are bit-identical. Errors (`invalid_argument`):
+/// staged). `kernel` is the module's split entry of the format, or its 16-head entry
+/// (mla_paged_decode_split16_*) when rows_per_block is 16 and `staged` is false — any other
+/// block size is refused by the backend's launch. Staged or not, on either entry, the results
+/// are bit-identical. Errors (`invalid_argument`):
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
 /// keys_per_split not a multiple of 32; the split path's dimension and alignment rules.
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);

@@ -156,10 +156,12 @@ void paged_dispatchers() {
     }
     RC_ASSERT(log.size() == 2u);
     const SplitPlan p = plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0,
-                                         rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
+                                          rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
     const DevicePtr w = ws.get(rig.gpu, 0);
-    ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_fp8",
-                         {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},
+    ExpectedLaunch split{"mla_fast",
+                         p.rows_per_block == 16 ? "mla_paged_decode_split16_fp8" : "mla_paged_decode_split_fp8",
+                         {p.num_splits, p.head_groups, a.num_seqs},
+                         {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
     split.args.insert(split.args.end(), {{"cache_stride", Q(a.cache_stride)},
                                          {"sliding_window", U(a.sliding_window)},
@@ -185,11 +187,13 @@ void paged_dispatchers() {
       return;
     }
     RC_ASSERT(log.size() == 2u);
-    const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(),
-                                         rig.gpu.max_shared_bytes_per_block());
+    const SplitPlan p =
+        plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
     const DevicePtr w = ws.get(rig.gpu, 0);
-    ExpectedLaunch split{"mla_fast", "mla_paged_decode_split_nvfp4",
-                         {p.num_splits, p.head_groups, a.num_seqs}, {p.threads, 1, 1},
+    ExpectedLaunch split{"mla_fast",
+                         p.rows_per_block == 16 ? "mla_paged_decode_split16_nvfp4" : "mla_paged_decode_split_nvfp4",
+                         {p.num_splits, p.head_groups, a.num_seqs},
+                         {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d)};
     split.args.insert(split.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
                                          {"data_section_bytes", Q(a.data_section_bytes)},
@@ -213,11 +217,10 @@ void gemv_dispatcher() {
   a.n_out = u(1, 1u << 20);
   a.num_heads = u(1, 65535);
   a.output_stride = a.n_out + u(0, 1000);
-  const bool want_wide =
-      a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
+  const bool want_wide = a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
   const bool wide = batched_gemv(rig.gpu, seed, fast, a);
-  note_input(fmt::format("k {} input_stride {} input {:#x} weight {:#x}", a.k, a.input_stride, a.input.addr,
-                         a.weight.addr));
+  note_input(
+      fmt::format("k {} input_stride {} input {:#x} weight {:#x}", a.k, a.input_stride, a.input.addr, a.weight.addr));
   RC_ASSERT(wide == want_wide);
   RC_ASSERT(rig.gpu.launch_log().size() == 1u);
   using defs::P, defs::U;
