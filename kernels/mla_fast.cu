@@ -644,44 +644,31 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
 // M = max(max_z m_z, sink); the sink (when sinks is not null) counts once; no keys and no sink
 // writes zeros.
-// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims. The chunks' weights
-// e^(m_z − M) go to shared memory 256 at a time, so that a thread's loads of O_z are independent
-// of one another; the sums run over z in order, as in the port.
+// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
-extern "C" __global__ void __launch_bounds__(256) mla_paged_decode_combine(
-    const float* o_partial, const float* ml_partial, const float* sinks, __nv_bfloat16* o, uint32_t num_q_heads,
-    uint32_t kv_cache_dim, uint32_t num_splits, float v_scale) {
-  constexpr uint32_t kChunk = 256;  // = blockDim.x
-  __shared__ float weight[kChunk], length[kChunk];
-  const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks,
+                                                    __nv_bfloat16* o, uint32_t num_q_heads, uint32_t kv_cache_dim,
+                                                    uint32_t num_splits, float v_scale) {
+  const uint32_t h = blockIdx.x, s = blockIdx.y;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const bool has_sink = sinks != nullptr;
   float big = has_sink ? sinks[h] : -INFINITY;
   for (uint32_t z = 0; z < num_splits; ++z)
     if (ml_partial[2 * (base + z) + 1] > 0.0f) big = fmaxf(big, ml_partial[2 * (base + z)]);
-  for (uint32_t d0 = 0; d0 < kv_cache_dim; d0 += kChunk) {  // the same trip count in every thread
-    const uint32_t d = d0 + tid;
-    float num = 0.0f, denom = has_sink ? expf(sinks[h] - big) : 0.0f;
-    for (uint32_t z0 = 0; z0 < num_splits; z0 += kChunk) {
-      const uint32_t n = min(kChunk, num_splits - z0);
-      __syncthreads();  // the previous chunk's weights are read
-      if (tid < n) {
-        const float l = ml_partial[2 * (base + z0 + tid) + 1];
-        length[tid] = l;
-        weight[tid] = l > 0.0f ? expf(ml_partial[2 * (base + z0 + tid)] - big) : 0.0f;
-      }
-      __syncthreads();
-#pragma unroll 4
-      for (uint32_t z = 0; z < n; ++z) {
-        if (length[z] > 0.0f) {
-          denom += weight[z] * length[z];
-          if (d < kv_cache_dim) num += weight[z] * o_partial[(base + z0 + z) * kv_cache_dim + d];
-        }
-      }
+  float denom = has_sink ? expf(sinks[h] - big) : 0.0f;
+  for (uint32_t z = 0; z < num_splits; ++z) {
+    const float l = ml_partial[2 * (base + z) + 1];
+    if (l > 0.0f) denom += expf(ml_partial[2 * (base + z)] - big) * l;
+  }
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  for (uint32_t d = threadIdx.x; d < kv_cache_dim; d += blockDim.x) {
+    float num = 0.0f;
+    for (uint32_t z = 0; z < num_splits; ++z) {
+      const float l = ml_partial[2 * (base + z) + 1];
+      if (l > 0.0f) num += expf(ml_partial[2 * (base + z)] - big) * o_partial[(base + z) * kv_cache_dim + d];
     }
-    const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
-    if (d < kv_cache_dim) o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(num * inv);
+    o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(num * inv);
   }
 }
 
