@@ -303,41 +303,40 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
     reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
   }
-  if (rows_ahead) {  // prologue: rows of tiles 0 and 1; tile 0's K (and staged, V) in flight
-    locate_tile(begin, row_set(sm, 0));
+  // Prologue: the rows of tile 0 (rows_ahead: and of tile 1); staged, tile 0's K and V in flight
+  // and its K landed; held, its K in registers.
+  locate_tile(begin, row_set(sm, 0));
+  __syncthreads();
+  if (staged) {
+    stage_half(begin, row_set(sm, 0), 0);
+    stage_half(begin, row_set(sm, 0), 1);
+  }
+  if constexpr (kHeld > 0) load_held(begin, row_set(sm, 0), 0);
+  if (rows_ahead) locate_tile(begin + kTileKeys, row_set(sm, 1));
+  if (staged) {
+    cp_async_wait_all_but_newest();
     __syncthreads();
-    if (staged) {
-      stage_half(begin, row_set(sm, 0), 0);
-      stage_half(begin, row_set(sm, 0), 1);
-    } else {
-      load_held(begin, row_set(sm, 0), 0);
-    }
-    locate_tile(begin + kTileKeys, row_set(sm, 1));
   }
 
   float acc[kMaxDimTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
   const uint32_t dim_tiles = dim / 4 / 8;
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    // Phase A: the tile's K as BF16 in shared memory. Staged, the groups in flight are this
-    // tile's K and V: wait for K.
+    // Phase A: the tile's K as BF16 in shared memory (its rows, and staged its bytes, are there
+    // since the last barrier).
     const uint32_t cur = i % 2;
-    int32_t ahead = 0;  // rows_ahead: the table entry of key `lane` two tiles on (warp 0)
     if constexpr (kHeld > 0) {
       store_held(tile);
     } else {
-      if (staged) {
-        cp_async_wait_all_but_newest();
-      } else {
-        locate_tile(tile, row_set(sm, 0));
-      }
-      __syncthreads();
       dequant_half(tile, 0);
     }
     __syncthreads();
     if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 0);  // under phases B-D
     if constexpr (kHeld > 0) load_held(tile, row_set(sm, cur), 1);      // V, under phases B-C
-    if (rows_ahead && warp == 0 && tile + 2 * kTileKeys + lane < end) ahead = layout.entry(tile + 2 * kTileKeys + lane);
+    // The tile whose rows warp 0 looks up at the end of this one (rows_ahead: two on, into this
+    // tile's set; direct: the next, into set 0), and its table entry for key `lane`, early.
+    const uint32_t next_rows = tile + (rows_ahead ? 2 : 1) * kTileKeys;
+    const int32_t ahead = warp == 0 && next_rows + lane < end ? layout.entry(next_rows + lane) : 0;
     // Phase B: S = Q·Kᵀ for rows 16r.. and keys 8c..8c+7 of the tile, in two independent
     // accumulators (even and odd 16-wide steps) so that consecutive MMAs do not wait on each other.
     float sacc[2][4] = {};
@@ -386,7 +385,8 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     *reinterpret_cast<uint32_t*>(sm.p + row0 * kPRow + key0) = pack_bf16(p[0], p[1]);
     *reinterpret_cast<uint32_t*>(sm.p + (row0 + 8) * kPRow + key0) = pack_bf16(p[2], p[3]);
     // Staged, the groups in flight are this tile's V and the next tile's K: wait for V. The
-    // barrier also ends phase B everywhere, so K's buffer is free for V.
+    // barrier also ends phase B everywhere, so K's buffer is free for V (and direct, set 0's
+    // rows are read for the last time below).
     if (staged) cp_async_wait_all_but_newest();
     __syncthreads();
 #pragma unroll
@@ -402,13 +402,16 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     __syncthreads();
     if (staged) stage_half(tile + kTileKeys, row_set(sm, cur ^ 1), 1);              // under phase D and the next K
     if constexpr (kHeld > 0) load_held(tile + kTileKeys, row_set(sm, cur ^ 1), 0);  // under phase D
-      // Phase D: O = O·alpha + P·V over this warp's quarter of the dims.
+    // Phase D: O = O·alpha + P·V over this warp's quarter of the dims (no rescale when no row's
+    // max moved: a multiplication by 1 changes nothing).
+    if (!__all_sync(0xFFFFFFFFu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-    for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
-      acc[t][0] *= alpha[0];
-      acc[t][1] *= alpha[0];
-      acc[t][2] *= alpha[1];
-      acc[t][3] *= alpha[1];
+      for (uint32_t t = 0; t < kMaxDimTiles; ++t) {
+        acc[t][0] *= alpha[0];
+        acc[t][1] *= alpha[0];
+        acc[t][2] *= alpha[1];
+        acc[t][3] *= alpha[1];
+      }
     }
 #pragma unroll
     for (uint32_t kk = 0; kk < kTileKeys; kk += 16) {
@@ -424,10 +427,12 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         mma_bf16(acc[t + 1], a, b[2], b[3]);
       }
     }
-    // The rows two tiles on go where this tile's were (all their loads or copies are issued).
-    if (rows_ahead && warp == 0 && tile + 2 * kTileKeys + lane < end)
-      layout.locate(tile + 2 * kTileKeys + lane, ahead, row_set(sm, cur) + 4 * lane);
-    __syncthreads();  // the next tile rewrites rows, K (V's buffer) and P
+    // The rows of `next_rows` (their set's loads and copies are all issued); staged, the next
+    // tile's K landed (its V may still be in flight).
+    if (warp == 0 && next_rows + lane < end)
+      layout.locate(next_rows + lane, ahead, row_set(sm, rows_ahead ? cur : 0) + 4 * lane);
+    if (staged) cp_async_wait_all_but_newest();
+    __syncthreads();  // the next tile rewrites K (V's buffer) and P, and reads the rows
   }
   if (staged) cp_async_wait_all();  // nothing left in flight past the end (empty groups)
     // The block's partial: unnormalised O with its running max and sum, per head.
