@@ -165,7 +165,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
     if (cost < best) best = cost, per = tiles_each;
   }
-  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per * kTileKeys, 0x7FFF'FFE0));
+  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFE0 / kTileKeys) * kTileKeys);
   p.num_splits =
       static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
