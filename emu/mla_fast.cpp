@@ -244,40 +244,16 @@ void register_mla_fast(Registry& r) {
   const char* m = "mla_fast";
   // The 16-head entries (mla_paged_decode_split16_*) differ from the split entries only in where
   // a thread keeps the next half-tile (registers): one port serves both, at 128 threads.
-  static constexpr const char* fp8[] = {"q",
-                                        "k_cache",
-                                        "v_cache",
-                                        "o_partial",
-                                        "ml_partial",
-                                        "block_tables",
-                                        "seq_lens",
-                                        "max_blocks_per_seq",
-                                        "num_q_heads",
-                                        "q_head_dim",
-                                        "kv_cache_dim",
-                                        "block_size",
-                                        "logit_scale",
-                                        "cache_stride",
-                                        "sliding_window",
-                                        "comp_pool",
-                                        "comp_block_count",
-                                        "keys_per_split"};
-  static constexpr const char* nvfp4[] = {"q",
-                                          "k_cache",
-                                          "v_cache",
-                                          "o_partial",
-                                          "ml_partial",
-                                          "block_tables",
-                                          "seq_lens",
-                                          "max_blocks_per_seq",
-                                          "num_q_heads",
-                                          "q_head_dim",
-                                          "kv_cache_dim",
-                                          "block_size",
-                                          "logit_scale",
-                                          "block_stride_bytes",
-                                          "data_section_bytes",
-                                          "keys_per_split"};
+  // clang-format off
+  static constexpr const char* fp8[] = {
+      "q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
+      "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "cache_stride", "sliding_window",
+      "comp_pool", "comp_block_count", "keys_per_split"};
+  static constexpr const char* nvfp4[] = {
+      "q", "k_cache", "v_cache", "o_partial", "ml_partial", "block_tables", "seq_lens", "max_blocks_per_seq",
+      "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes",
+      "data_section_bytes", "keys_per_split"};
+  // clang-format on
   r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split_fp8", fp8, split_block());
   r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
