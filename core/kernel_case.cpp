@@ -43,7 +43,9 @@ struct CaseArgs {
 struct Adapter {
   std::string module, entry;
   LauncherFields fields;
-  std::vector<std::pair<std::string, char>> from_grid;  // launch-shape fields a recorded launch implies
+  // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', or 'r' for the split
+  // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads).
+  std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
 };
 
@@ -93,6 +95,62 @@ void run_split_path(GpuBackend& g, const Args& args, Dispatch dispatch) {
     fail(Errc::unsupported, "split path: the device's {} bytes of shared memory per block are too few",
          g.max_shared_bytes_per_block());
   g.synchronize(0);
+}
+
+// The raw split kernels' fields (both entries of a format); `staged` is not recorded (it is
+// shared memory, not an argument) and does not change the results: replays load directly.
+const std::vector<std::pair<std::string, ArgKind>> kSplitScalars = {
+    {"max_blocks_per_seq", U32}, {"num_q_heads", U32},   {"q_head_dim", U32},     {"kv_cache_dim", U32},
+    {"block_size", U32},         {"logit_scale", F32},   {"keys_per_split", U32}, {"num_seqs", U32},
+    {"num_splits", U32},         {"rows_per_block", U32}};
+const std::vector<std::string> kSplitPointers = {"q",          "k_cache",      "v_cache", "o_partial",
+                                                 "ml_partial", "block_tables", "seq_lens"};
+const std::vector<std::pair<std::string, char>> kSplitShape = {
+    {"num_splits", 'x'}, {"num_seqs", 'z'}, {"rows_per_block", 'r'}};
+
+SplitDecodeArgs split_common(const CaseArgs& a) {
+  return {a.ptr("q"),
+          a.ptr("k_cache"),
+          a.ptr("v_cache"),
+          a.ptr("o_partial"),
+          a.ptr("ml_partial"),
+          a.ptr("block_tables"),
+          a.ptr("seq_lens"),
+          a.u32("max_blocks_per_seq"),
+          a.u32("num_q_heads"),
+          a.u32("q_head_dim"),
+          a.u32("kv_cache_dim"),
+          a.u32("block_size"),
+          a.f32("logit_scale"),
+          a.u32("keys_per_split"),
+          a.u32("num_seqs"),
+          a.u32("num_splits"),
+          a.u32("rows_per_block"),
+          false};
+}
+
+Adapter split_fp8_adapter(const char* entry) {
+  return {"mla_fast",
+          entry,
+          {concat(kSplitScalars, {{"cache_stride", U64}, {"sliding_window", U32}, {"comp_block_count", U32}}),
+           concat(kSplitPointers, {"comp_pool"})},
+          kSplitShape,
+          [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+            mla_paged_decode_split_fp8(g, k,
+                                       {split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
+                                        a.ptr("comp_pool"), a.u32("comp_block_count")});
+          }};
+}
+
+Adapter split_nvfp4_adapter(const char* entry) {
+  return {
+      "mla_fast",
+      entry,
+      {concat(kSplitScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}), kSplitPointers},
+      kSplitShape,
+      [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+        mla_paged_decode_split_nvfp4(g, k, {split_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")});
+      }};
 }
 
 // One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
@@ -217,6 +275,21 @@ const std::vector<Adapter>& adapters() {
          mla_batched_gemv_wide(g, k,
                                {a.ptr("input"), a.ptr("weight"), a.ptr("output"), a.u32("n_out"), a.u32("k"),
                                 a.u32("num_heads"), a.u32("input_stride"), a.u32("output_stride")});
+       }},
+      split_fp8_adapter("mla_paged_decode_split_fp8"),
+      split_fp8_adapter("mla_paged_decode_split16_fp8"),
+      split_nvfp4_adapter("mla_paged_decode_split_nvfp4"),
+      split_nvfp4_adapter("mla_paged_decode_split16_nvfp4"),
+      {"mla_fast",
+       "mla_paged_decode_combine",
+       {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
+        {"o_partial", "ml_partial", "sinks", "o"}},
+       {{"num_seqs", 'y'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         mla_paged_decode_combine(
+             g, k,
+             {a.ptr("o_partial"), a.ptr("ml_partial"), a.ptr("sinks"), a.ptr("o"), a.u32("num_q_heads"),
+              a.u32("kv_cache_dim"), a.u32("num_splits"), a.f32("v_scale"), a.u32("num_seqs")});
        }},
       // The split path as one step (split + combine, workspace inside): same fields as the seed decode.
       {"mla_fast",
@@ -429,7 +502,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   const Adapter& a = adapter(c.module, c.entry);
   const bool has_grid = f.metadata.count("grid") != 0;
   if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
-  if (f.metadata.count("block") != 0) c.block = parse_dims(f.meta("block"), "block");
+  const bool has_block = f.metadata.count("block") != 0;
+  if (has_block) c.block = parse_dims(f.meta("block"), "block");
   for (const auto& [field, kind] : a.fields.scalars) {
     if (f.metadata.count(field) != 0) {
       c.scalars[field] = parse_scalar(c.name, field, f.meta(field), kind);
@@ -439,9 +513,13 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     // (a file without a grid has none: the default {1,1,1} would silently mean 1).
     const auto g =
         std::find_if(a.from_grid.begin(), a.from_grid.end(), [&](const auto& p) { return p.first == field; });
-    if (g == a.from_grid.end() || !has_grid || c.grid.count() == 0)
+    const bool from_block = g != a.from_grid.end() && g->second == 'r';
+    if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    c.scalars[field] = KernelArg::u32(g->second == 'x' ? c.grid.x : g->second == 'y' ? c.grid.y : c.grid.z);
+    c.scalars[field] = KernelArg::u32(from_block         ? c.block.x / 8
+                                      : g->second == 'x' ? c.grid.x
+                                      : g->second == 'y' ? c.grid.y
+                                                         : c.grid.z);
   }
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
@@ -516,7 +594,9 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
   for (std::size_t i = 0; i < g.size(); ++i) {
     const double diff = std::fabs(g[i] - w[i]);
     const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
-    bool ok = both_nan || diff <= tol.abs + tol.rel * std::fabs(w[i]);
+    // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
+    // tolerance of ∞ would accept anything); a finite one within the tolerance.
+    bool ok = both_nan || (std::isfinite(w[i]) ? diff <= tol.abs + tol.rel * std::fabs(w[i]) : g[i] == w[i]);
     if (!ok && ulp_check) ok = bf16_ulps(gb[i].bits, wb[i].bits) <= tol.ulps;
     if (!both_nan) {
       r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);

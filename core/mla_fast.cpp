@@ -156,8 +156,9 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   // (the combine's loop over them), 32 four-tile splits 58.
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
-  const std::uint64_t slots = std::uint64_t{multiprocessors} * std::max(1u, per_sm(p.shared_bytes));
-  const std::uint64_t tiles = (max_keys + kTileKeys - 1) / kTileKeys;
+  // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
+  const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, per_sm(p.shared_bytes));
+  const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + kTileKeys - 1) / kTileKeys);
   const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + 3) / 4, 1, 4 * slots);
   std::uint64_t per = tiles, best = ~std::uint64_t{0};
   for (std::uint64_t n = 1; n <= max_splits; ++n) {

@@ -12,13 +12,31 @@ namespace metrale::emu {
 
 namespace {
 
-// The bytes from `addr` to the end of its allocation, as elements of `dtype`; empty when the
-// address is null or in no live allocation.
-std::optional<Tensor> snapshot(DevicePtr addr, Dtype dtype, const detail::AddressSpace& memory) {
+// Where the region of pointer argument `i` ends: the end of its allocation, or the first other
+// pointer argument further into the same allocation (a workspace holding two outputs, as the
+// split decode's o_partial and ml_partial), so that a replay's separate buffers hold the same.
+std::uint64_t region_end(std::size_t i, std::span<const KernelArg> args, const Registry::Entry& e,
+                         const detail::Allocation& a) {
+  const std::uint64_t begin = args[i].as_ptr().addr;
+  std::uint64_t end = a.base.addr + a.bytes;
+  for (std::size_t j = 0; j < e.params.size(); ++j) {
+    if (j == i || e.params[j].kind != ArgKind::ptr) continue;
+    const std::uint64_t other = args[j].as_ptr().addr;
+    if (other > begin && other < end) end = other;
+  }
+  return end;
+}
+
+// The bytes of pointer argument `i`'s region (region_end), as elements of its dtype; empty when
+// the address is null or in no live allocation.
+std::optional<Tensor> snapshot(std::size_t i, std::span<const KernelArg> args, const Registry::Entry& e,
+                               const detail::AddressSpace& memory) {
+  const DevicePtr addr = args[i].as_ptr();
+  const Dtype dtype = e.params[i].dtype;
   const detail::Allocation* a = addr ? memory.resolve(addr) : nullptr;
   if (a == nullptr || !a->live) return std::nullopt;
   const std::uint64_t off = addr.addr - a->base.addr;
-  const std::uint64_t n = (a->bytes - off) / dtype_size(dtype);
+  const std::uint64_t n = (region_end(i, args, e, *a) - addr.addr) / dtype_size(dtype);
   Tensor t{dtype, {static_cast<std::int64_t>(n)}, std::vector<std::byte>(n * dtype_size(dtype))};
   std::memcpy(t.data.data(), a->data + off, t.data.size());
   return t;
@@ -54,7 +72,7 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
     const ParamDecl& p = e.params[i];
     if (p.kind != ArgKind::ptr) {
       c.scalars[p.name] = args[i];
-    } else if (auto t = snapshot(args[i].as_ptr(), p.dtype, memory)) {
+    } else if (auto t = snapshot(i, args, e, memory)) {
       c.inputs[p.name] = std::move(*t);
     }
   }
@@ -67,7 +85,7 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     const ParamDecl& p = e.params[i];
     const auto in = c.inputs.find(p.name);
     if (p.kind != ArgKind::ptr || in == c.inputs.end()) continue;
-    auto now = snapshot(args[i].as_ptr(), p.dtype, memory);
+    auto now = snapshot(i, args, e, memory);
     if (!now || now->data == in->second.data) continue;
     c.tolerance[p.name] = same_arithmetic_tolerance(*now);
     c.expected[p.name] = std::move(*now);

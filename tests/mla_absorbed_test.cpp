@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "metrale/case_gen.hpp"
 #include "support.hpp"
@@ -142,6 +144,25 @@ TEST_CASE("the recorded kernel cases in cases/kernels replay and agree", "[kerne
     test::check_case(read_kernel_case(e.path()));
   }
   CHECK(n >= 10);
+}
+
+// A recorded split kernel's running maxima are −∞ for a chunk with no keys: equal infinities
+// must compare equal (∞ − ∞ is NaN), and nothing else may meet an infinite expectation (a
+// relative tolerance of ∞ once accepted 0 for +∞, and +∞ for −∞).
+TEST_CASE("check_output passes equal infinities and NaN pairs, nothing else non-finite", "[kernel_case]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto f32 = [](std::vector<float> v) {
+    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
+    std::memcpy(t.data.data(), v.data(), t.data.size());
+    return t;
+  };
+  const Tolerance tol{1e-6, 1e-6, 0};
+  CHECK(check_output("x", f32({-inf, inf, nan, 1.0f}), f32({-inf, inf, nan, 1.0f}), tol).pass);
+  for (const auto& [got, want] : std::vector<std::pair<float, float>>{
+           {inf, -inf}, {-inf, 0.0f}, {0.0f, inf}, {nan, inf}, {inf, nan}, {nan, 1.0f}}) {
+    INFO("got " << got << " want " << want);
+    CHECK(check_output("x", f32({got}), f32({want}), tol).bad == 1);
+  }
 }
 
 TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kernel_case][recorded]") {

@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <set>
 
 #include "metrale/case_gen.hpp"
 #include "metrale/mla_fast.hpp"
@@ -108,6 +110,11 @@ TEST_CASE("the split plan fills the device's block slots in whole rounds", "[mla
   const SplitPlan one = plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024);
   CHECK(one.num_splits == 8);
   CHECK(one.keys_per_split == 128);
+  // Degenerate but callable: a table of no keys, a device reported with no SMs.
+  a.max_blocks_per_seq = 0;
+  const SplitPlan none = plan_split_decode(a, KvFormat::fp8, 0, 0, 227 * 1024);
+  CHECK(none.num_splits == 1);
+  CHECK(none.keys_per_split == 32);
 }
 
 TEST_CASE("a split plan that cannot fit the device's shared memory says so", "[mla_fast][plan]") {
@@ -200,6 +207,40 @@ TEST_CASE("the staged and direct split kernels give bit-identical partials", "[m
     CHECK(results[0] == results[1]);
     if (split16) CHECK(results[0] == results[2]);
   }
+}
+
+// What --record writes for a split-path step (the split kernel, then the combine) replays: each
+// file names its launch shape only through grid and block (num_splits, num_seqs, rows per block).
+TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][recorded]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12;
+  p.num_blocks = 30, p.seq_lens = {150, 41};
+  p.num_q_heads = p.format == KvFormat::fp8 ? 16 : 40;  // the 16-head entry, and the split entry
+  if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
+  const auto dir = std::filesystem::temp_directory_path() / "metrale_split_recorder_test";
+  std::filesystem::remove_all(dir);
+  {
+    emu::EmulatorOptions o;
+    o.record_dir = dir;
+    emu::EmulatorBackend gpu(o);
+    run_kernel_case(gpu, gen::split_path_case(p));
+  }
+  const std::string f{to_string(p.format)};
+  const std::string split = (p.num_q_heads == 16 ? "mla_paged_decode_split16_" : "mla_paged_decode_split_") + f;
+  std::set<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const KernelCase rec = read_kernel_case(e.path());
+    entries.insert(rec.entry);
+    if (rec.entry == split) {
+      CHECK(rec.scalars.at("num_seqs").as_u32() == 2);
+      CHECK(rec.scalars.at("rows_per_block").as_u32() == (p.num_q_heads == 16 ? 16u : 48u));
+    }
+    CHECK(rec.expected.size() >= 1);
+    test::check_case(rec);
+  }
+  CHECK(entries == std::set<std::string>{split, "mla_paged_decode_combine"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("the dispatcher takes the seed kernel where the split path does not apply", "[mla_fast][dispatch]") {

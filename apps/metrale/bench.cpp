@@ -322,7 +322,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
   auto* sweep_flag = cmd->add_flag("--sweep", opts->sweep,
-                                   "the decode sweep: batch x context x heads, both caches, against the roofline");
+                                   "the decode sweep against the roofline: --cache x --batch x --context x --heads");
   cmd->add_option("--cache", opts->axes.caches, "sweep: KV cache formats")
       ->check(CLI::IsMember({"fp8", "nvfp4"}))
       ->delimiter(',')
@@ -348,7 +348,9 @@ void add_bench(CLI::App& app) {
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
     Bench bench(*gpu);
-    const double copy_bw = bench.copy_bandwidth();
+    // Every refusal before anything runs or a --json file is truncated.
+    if (opts->sweep && !bench.on_device())
+      fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
     ordered_json torch = ordered_json::object();
     if (!opts->torch.empty()) {
       std::ifstream in(opts->torch);
@@ -365,12 +367,12 @@ void add_bench(CLI::App& app) {
       json_out.open(opts->json);
       if (!json_out) fail(Errc::invalid_argument, "bench --json {}: cannot write the file", opts->json);
     }
+    const double copy_bw = bench.copy_bandwidth();
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
                bench.on_device() ? "" : " — emulator wall clock, small shapes");
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
-      if (!bench.on_device()) fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
       sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
     } else {
       // Each row is named before it runs, so --only can pick one (for a profiler, say).
