@@ -15,9 +15,11 @@
 // where the device's shared memory allows it), the tile's cache bytes are copied into shared
 // memory with cp.async, K and V as two groups: the next tile's K streams in under this tile's
 // Q·Kᵀ, softmax and V, and its V under this tile's P·V; row addresses are looked up a tile earlier
-// still. Without that room (where it would cost the SM a block, as for 16- and 32-head blocks of
+// still. Without that room (where it would cost the SM a block, as for 32-head blocks of
 // DeepSeek rows on sm_90, or does not fit), each half-tile is loaded into registers and
-// converted when it is needed. Both give bit-identical results.
+// converted when it is needed. 16-head blocks run on their own entries (split16), whose
+// 128-thread launch bound leaves each thread the registers to hold its share of a half-tile a
+// phase ahead of its conversion. All give bit-identical results.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
