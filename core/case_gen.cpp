@@ -8,6 +8,8 @@
 #include <random>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "metrale/formats.hpp"
 #include "metrale/reference.hpp"
 
@@ -165,7 +167,8 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     for (std::uint32_t d = 0; d < p.q_head_dim; ++d) sum += std::fabs(qf[row * p.q_head_dim + d]);
     q_l1 = std::max(q_l1, sum);
   }
-  const double delta = 4.0 * std::sqrt(static_cast<double>(p.q_head_dim)) * 0x1p-24 * q_l1 * kmax * std::fabs(p.inv_sqrt_d);
+  const double delta =
+      4.0 * std::sqrt(static_cast<double>(p.q_head_dim)) * 0x1p-24 * q_l1 * kmax * std::fabs(p.inv_sqrt_d);
   c.tolerance["o"] = {(1e-5 + 2.0 * delta) * vmax, 0x1p-8, 0};
   auto u32 = [&](const char* n, std::uint32_t v) { c.scalars[n] = KernelArg::u32(v); };
   u32("max_blocks_per_seq", p.max_blocks_per_seq), u32("num_q_heads", p.num_q_heads);
@@ -199,6 +202,101 @@ KernelCase split_path_case(const PagedSpec& spec) {
   }
   c.tolerance["o"].abs += 0x1p-9 * vmax;
   c.backend_tolerance["o"] = {0x1p-9 * vmax, 0, 1};
+  return c;
+}
+
+KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool sixteen) {
+  const KernelCase base = paged_decode_case(spec);  // the inputs, and the launch's scalars
+  const bool fp8 = spec.format == KvFormat::fp8;
+  const auto bytes = [&](const char* n) { return base.inputs.at(n).values<std::uint8_t>(); };
+  const auto qf = floats(base.inputs.at("q").values<Bf16>());
+  const auto k_pool = bytes("k_cache"), v_pool = bytes("v_cache");
+  const auto tables = base.inputs.at("block_tables").values<std::int32_t>();
+  const auto comp = base.inputs.count("comp_pool") ? bytes("comp_pool") : std::vector<std::uint8_t>{};
+  ref::PagedAttentionProblem r;
+  r.format = spec.format, r.q = qf, r.k_pool = k_pool, r.v_pool = v_pool, r.block_tables = tables;
+  r.seq_lens = spec.seq_lens, r.num_seqs = spec.num_seqs, r.max_blocks_per_seq = spec.max_blocks_per_seq;
+  r.num_q_heads = spec.num_q_heads, r.q_head_dim = spec.q_head_dim, r.kv_cache_dim = spec.kv_cache_dim;
+  r.block_size = spec.block_size, r.sliding_window = spec.sliding_window, r.comp_pool = comp;
+  r.comp_block_count = spec.comp_pool ? spec.comp_block_count : 0;
+  if (fp8) {
+    r.cache_stride = base.scalars.at("cache_stride").as_u64();
+  } else {
+    r.block_stride_bytes = base.scalars.at("block_stride_bytes").as_u64();
+    r.data_section_bytes = base.scalars.at("data_section_bytes").as_u64();
+  }
+  // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
+  const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
+  const std::uint32_t keys_per_split = 32 * tiles_per_split;
+  const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
+  const auto num_splits = static_cast<std::uint32_t>((max_keys + keys_per_split - 1) / keys_per_split + 1);  // a spare
+  const std::uint32_t rows = sixteen ? 16 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
+  const ref::SplitPartials want = ref::split_partials(r, logit_scale, keys_per_split, num_splits);
+
+  const std::string entry = std::string(sixteen ? "mla_paged_decode_split16_" : "mla_paged_decode_split_") +
+                            std::string(to_string(spec.format));
+  KernelCase c;
+  c.name = fmt::format("{} keys_per_split={} {}", entry, keys_per_split, spec.vars());
+  c.module = "mla_fast";
+  c.entry = entry;
+  for (const char* n : {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool"})
+    if (base.inputs.count(n) != 0 && (fp8 || std::string_view(n) != "comp_pool")) c.inputs[n] = base.inputs.at(n);
+  const std::int64_t slots = std::int64_t{spec.num_seqs} * spec.num_q_heads * num_splits;
+  c.inputs["o_partial"] = tensor<float>({slots, spec.kv_cache_dim}, std::vector<float>(want.o.size(), NAN));
+  c.inputs["ml_partial"] = tensor<float>({slots, 2}, std::vector<float>(want.ml.size(), NAN));
+  c.expected["o_partial"] = tensor<double>({slots, spec.kv_cache_dim}, want.o);
+  c.expected["ml_partial"] = tensor<double>({slots, 2}, want.ml);
+  // FP32 logits carry δ = 4·√q_head_dim ulps of Σ|q·k|·|scale| (paged_decode_case's model) plus
+  // the scaling's rounding; the exponentials 2δ relative; P is rounded to BF16 for P·V (2^-9
+  // relative, taken as 2^-8) and summed in FP32.
+  const double delta =
+      4.0 * std::sqrt(static_cast<double>(spec.q_head_dim)) * 0x1p-24 * want.max_abs_qk + 0x1p-23 * want.max_abs_logit;
+  const double sum = keys_per_split * 0x1p-23;
+  c.tolerance["o_partial"] = {(0x1p-8 + 3 * delta + sum) * want.max_weighted_abs_v + 1e-30, 0, 0};
+  c.tolerance["ml_partial"] = {1.01 * delta + 1e-30, 3 * delta + sum, 0};
+  for (const auto& [name, value] : base.scalars)
+    if (name != "inv_sqrt_d" && name != "k_scale" && name != "v_scale" && name != "num_kv_heads")
+      c.scalars[name] = value;
+  c.scalars["logit_scale"] = KernelArg::f32(logit_scale);
+  c.scalars["keys_per_split"] = KernelArg::u32(keys_per_split);
+  c.scalars["num_splits"] = KernelArg::u32(num_splits);
+  c.scalars["rows_per_block"] = KernelArg::u32(rows);
+  return c;
+}
+
+KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32_t dim, std::uint32_t num_splits,
+                        bool sinks, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::size_t slots = std::size_t{num_seqs} * heads * num_splits;
+  std::vector<float> o(slots * dim), ml(slots * 2), sink;
+  for (auto& x : o) x = uni(rng) * 20.0f;
+  for (std::size_t z = 0; z < slots; ++z) {
+    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O = 0
+    ml[2 * z] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
+    ml[2 * z + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
+    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(z * dim), dim, 0.0f);
+  }
+  if (sinks)
+    for (std::uint32_t h = 0; h < heads; ++h) sink.push_back(uni(rng) * 12.0f);  // from negligible to dominant
+  const float v_scale = 0.5f + std::fabs(uni(rng));
+  const ref::CombineResult want = ref::combine_partials(o, ml, sink, num_seqs, heads, num_splits, dim, v_scale);
+  KernelCase c = make_case(fmt::format("combine num_seqs={} heads={} dim={} num_splits={} sinks={} seed={}", num_seqs,
+                                       heads, dim, num_splits, sinks, seed),
+                           "mla_paged_decode_combine");
+  c.module = "mla_fast";
+  c.inputs["o_partial"] = tensor<float>({static_cast<std::int64_t>(slots), dim}, o);
+  c.inputs["ml_partial"] = tensor<float>({static_cast<std::int64_t>(slots), 2}, ml);
+  if (sinks) c.inputs["sinks"] = tensor<float>({heads}, sink);
+  c.inputs["o"] = tensor<Bf16>({num_seqs, heads, dim}, std::vector<Bf16>(want.o.size(), kNanBf16));
+  c.expected["o"] = tensor<double>({num_seqs, heads, dim}, want.o);
+  // BF16 output (2^-8 relative) and the FP32 sums, relative to Σ|weight·O|/denominator.
+  c.tolerance["o"] = {num_splits * 0x1p-22 * want.max_abs_terms + 1e-30, 0x1p-8, 0};
+  c.scalars = {{"num_q_heads", KernelArg::u32(heads)},
+               {"kv_cache_dim", KernelArg::u32(dim)},
+               {"num_splits", KernelArg::u32(num_splits)},
+               {"v_scale", KernelArg::f32(v_scale)},
+               {"num_seqs", KernelArg::u32(num_seqs)}};
   return c;
 }
 
@@ -586,6 +684,16 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     small.fill = std::numeric_limits<std::int32_t>::max(), small.seed = ++s;
     out.push_back(split_path_case(small));
   }
+  // The raw split kernels (both entries) on the model's rows, and the combine.
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
+    PagedSpec p;
+    p.format = f, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = f == KvFormat::fp8 ? 16 : 40;
+    p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41};
+    p.k_scale = 0.013f, p.v_scale = 0.021f, p.seed = ++s;
+    if (f == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
+    out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8));
+  }
+  out.push_back(combine_case(3, 5, 576, 7, true, ++s));
   for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path
     PagedSpec p;
     p.q_head_dim = 64, p.kv_cache_dim = 128, p.num_q_heads = 4, p.sinks = true, p.block_size = 4, p.num_seqs = 4;

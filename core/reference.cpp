@@ -101,38 +101,52 @@ std::vector<double> cache_row(const PagedAttentionProblem& p, std::span<const st
   return fp8_row(p, pool, static_cast<std::uint64_t>(slot) * p.cache_stride, kv_head, scale);
 }
 
+namespace {
+
+// The key set of sequence s for KV head kv_head, in order (compressed entries, then the window's
+// tokens), as rows of K and V with the given FP8 scales.
+std::pair<MatrixXd, MatrixXd> gather_keys(const PagedAttentionProblem& p, std::uint32_t s, std::uint32_t kv_head,
+                                          double k_scale, double v_scale) {
+  const std::int64_t cap = std::int64_t{p.max_blocks_per_seq} * p.block_size;
+  const std::int64_t len = std::clamp<std::int64_t>(p.seq_lens[s], 0, cap);
+  const std::int64_t start = p.sliding_window > 0 && len > p.sliding_window ? len - p.sliding_window : 0;
+  const std::uint32_t comp = p.comp_pool.empty() ? 0 : p.comp_block_count;
+  const auto n_keys = static_cast<Eigen::Index>(comp + (len - start));
+  MatrixXd k(n_keys, p.kv_cache_dim), v(n_keys, p.kv_cache_dim);
+  Eigen::Index row = 0;
+  auto put = [&](const std::vector<double>& kr, const std::vector<double>& vr) {
+    for (std::uint32_t d = 0; d < p.kv_cache_dim; ++d) {
+      k(row, d) = kr[d];
+      v(row, d) = vr[d];
+    }
+    ++row;
+  };
+  for (std::uint32_t c = 0; c < comp; ++c) {  // compressed entries: a K row, then its V row
+    const std::uint64_t entry = (std::uint64_t{s} * comp + c) * 2 * p.cache_stride;
+    put(fp8_row(p, p.comp_pool, entry, kv_head, k_scale),
+        fp8_row(p, p.comp_pool, entry + p.cache_stride, kv_head, v_scale));
+  }
+  for (std::int64_t t = start; t < len; ++t) {
+    const std::int32_t phys = p.block_tables[std::size_t{s} * p.max_blocks_per_seq + t / p.block_size];
+    const std::int64_t slot = std::int64_t{phys} * p.block_size + t % p.block_size;
+    put(cache_row(p, p.k_pool, slot, kv_head, k_scale), cache_row(p, p.v_pool, slot, kv_head, v_scale));
+  }
+  return {std::move(k), std::move(v)};
+}
+
+VectorXd query(const PagedAttentionProblem& p, std::uint32_t s, std::uint32_t h) {
+  return to_vec(p.q.subspan((std::size_t{s} * p.num_q_heads + h) * p.q_head_dim, p.q_head_dim));
+}
+
+}  // namespace
+
 std::vector<double> paged_attention(const PagedAttentionProblem& p) {
   std::vector<double> o(std::size_t{p.num_seqs} * p.num_q_heads * p.kv_cache_dim);
   const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
   for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int64_t cap = std::int64_t{p.max_blocks_per_seq} * p.block_size;
-    const std::int64_t len = std::clamp<std::int64_t>(p.seq_lens[s], 0, cap);
-    const std::int64_t start = p.sliding_window > 0 && len > p.sliding_window ? len - p.sliding_window : 0;
-    const std::uint32_t comp = p.comp_pool.empty() ? 0 : p.comp_block_count;
     for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
-      const std::uint32_t kvh = h / group;
-      const auto n_keys = static_cast<Eigen::Index>(comp + (len - start));
-      MatrixXd k(n_keys, p.kv_cache_dim), v(n_keys, p.kv_cache_dim);
-      Eigen::Index row = 0;
-      auto put = [&](const std::vector<double>& kr, const std::vector<double>& vr) {
-        for (std::uint32_t d = 0; d < p.kv_cache_dim; ++d) {
-          k(row, d) = kr[d];
-          v(row, d) = vr[d];
-        }
-        ++row;
-      };
-      for (std::uint32_t c = 0; c < comp; ++c) {  // compressed entries: a K row, then its V row
-        const std::uint64_t entry = (std::uint64_t{s} * comp + c) * 2 * p.cache_stride;
-        put(fp8_row(p, p.comp_pool, entry, kvh, p.k_scale),
-            fp8_row(p, p.comp_pool, entry + p.cache_stride, kvh, p.v_scale));
-      }
-      for (std::int64_t t = start; t < len; ++t) {
-        const std::int32_t phys = p.block_tables[std::size_t{s} * p.max_blocks_per_seq + t / p.block_size];
-        const std::int64_t slot = std::int64_t{phys} * p.block_size + t % p.block_size;
-        put(cache_row(p, p.k_pool, slot, kvh, p.k_scale), cache_row(p, p.v_pool, slot, kvh, p.v_scale));
-      }
-      const VectorXd q = to_vec(p.q.subspan((std::size_t{s} * p.num_q_heads + h) * p.q_head_dim, p.q_head_dim));
-      const VectorXd logits = k.leftCols(p.q_head_dim) * q * p.inv_sqrt_d;
+      const auto [k, v] = gather_keys(p, s, h / group, p.k_scale, p.v_scale);
+      const VectorXd logits = k.leftCols(p.q_head_dim) * query(p, s, h) * p.inv_sqrt_d;
       const bool has_sink = !p.sinks.empty();
       const VectorXd out = attend(logits, v, has_sink, has_sink ? p.sinks[h] : 0.0);
       std::copy(out.begin(), out.end(),
@@ -140,6 +154,76 @@ std::vector<double> paged_attention(const PagedAttentionProblem& p) {
     }
   }
   return o;
+}
+
+SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale, std::uint32_t keys_per_split,
+                             std::uint32_t num_splits) {
+  SplitPartials r;
+  const std::size_t slots = std::size_t{p.num_seqs} * p.num_q_heads * num_splits;
+  r.o.assign(slots * p.kv_cache_dim, 0.0);
+  r.ml.assign(slots * 2, 0.0);
+  const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
+  for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+    for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
+      const auto [k, v] = gather_keys(p, s, h / group, 1.0, 1.0);  // the raw values the kernel multiplies
+      const VectorXd q = query(p, s, h);
+      const VectorXd logits = k.leftCols(p.q_head_dim) * q * logit_scale;
+      const VectorXd qk_abs = k.leftCols(p.q_head_dim).cwiseAbs() * q.cwiseAbs();
+      if (qk_abs.size() > 0) r.max_abs_qk = std::max(r.max_abs_qk, qk_abs.maxCoeff() * std::fabs(logit_scale));
+      if (logits.size() > 0) r.max_abs_logit = std::max(r.max_abs_logit, logits.cwiseAbs().maxCoeff());
+      for (std::uint32_t z = 0; z < num_splits; ++z) {
+        const std::size_t slot = (std::size_t{s} * p.num_q_heads + h) * num_splits + z;
+        const Eigen::Index begin = std::min<Eigen::Index>(Eigen::Index{z} * keys_per_split, logits.size());
+        const Eigen::Index n = std::min<Eigen::Index>(keys_per_split, logits.size() - begin);
+        if (n == 0) {
+          r.ml[2 * slot] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        const VectorXd part = logits.segment(begin, n);
+        const double m = part.maxCoeff();
+        const VectorXd e = (part.array() - m).exp().matrix();
+        const VectorXd out = v.middleRows(begin, n).transpose() * e;
+        const VectorXd weighted_abs = v.middleRows(begin, n).cwiseAbs().transpose() * e;
+        r.max_weighted_abs_v = std::max(r.max_weighted_abs_v, weighted_abs.maxCoeff());
+        std::copy(out.begin(), out.end(), r.o.begin() + static_cast<std::ptrdiff_t>(slot * p.kv_cache_dim));
+        r.ml[2 * slot] = m;
+        r.ml[2 * slot + 1] = e.sum();
+      }
+    }
+  }
+  return r;
+}
+
+CombineResult combine_partials(std::span<const float> o_partial, std::span<const float> ml_partial,
+                               std::span<const float> sinks, std::uint32_t num_seqs, std::uint32_t num_q_heads,
+                               std::uint32_t num_splits, std::uint32_t kv_cache_dim, double v_scale) {
+  CombineResult r;
+  r.o.assign(std::size_t{num_seqs} * num_q_heads * kv_cache_dim, 0.0);
+  for (std::uint32_t s = 0; s < num_seqs; ++s)
+    for (std::uint32_t h = 0; h < num_q_heads; ++h) {
+      const std::size_t base = (std::size_t{s} * num_q_heads + h) * num_splits;
+      const bool has_sink = !sinks.empty();
+      double big = has_sink ? double{sinks[h]} : -std::numeric_limits<double>::infinity();
+      for (std::uint32_t z = 0; z < num_splits; ++z)
+        if (ml_partial[2 * (base + z) + 1] > 0) big = std::max(big, double{ml_partial[2 * (base + z)]});
+      double denom = has_sink ? std::exp(sinks[h] - big) : 0.0;
+      for (std::uint32_t z = 0; z < num_splits; ++z)
+        if (const double l = ml_partial[2 * (base + z) + 1]; l > 0)
+          denom += std::exp(ml_partial[2 * (base + z)] - big) * l;
+      if (denom == 0) continue;
+      for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
+        double num = 0, mag = 0;
+        for (std::uint32_t z = 0; z < num_splits; ++z) {
+          if (ml_partial[2 * (base + z) + 1] <= 0) continue;
+          const double w = std::exp(ml_partial[2 * (base + z)] - big), x = o_partial[(base + z) * kv_cache_dim + d];
+          num += w * x;
+          mag += std::fabs(w * x);
+        }
+        r.o[(std::size_t{s} * num_q_heads + h) * kv_cache_dim + d] = v_scale * num / denom;
+        r.max_abs_terms = std::max(r.max_abs_terms, v_scale * mag / denom);
+      }
+    }
+  return r;
 }
 
 DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {

@@ -35,6 +35,30 @@ TEST_CASE("the split path matches the float64 reference", "[mla_fast][split]") {
   test::check_case(gen::split_path_case(p));
 }
 
+// The raw kernels against their own references: the partials of each chunk (both split entries)
+// and the combine of random partials, empty chunks included.
+TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_fast][split]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  const bool sixteen = GENERATE(false, true);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 33}, p.k_scale = 0.013f;
+  SECTION("model rows") {}
+  SECTION("small rows, odd heads, window and compressed entries") {
+    p.q_head_dim = 32, p.kv_cache_dim = 64, p.num_q_heads = sixteen ? 16 : 37, p.block_size = 5;
+    p.max_blocks_per_seq = 20, p.seq_lens = {99, 1, 64};
+    if (p.format == KvFormat::fp8) p.sliding_window = 40, p.comp_pool = true, p.comp_block_count = 2;
+  }
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), sixteen));
+}
+
+TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
+  for (const bool sinks : {false, true})
+    for (auto [seqs, heads, dim, splits] :
+         {std::array<std::uint32_t, 4>{1, 1, 1, 1}, {2, 3, 64, 5}, {3, 16, 576, 12}, {1, 2, 300, 257}})
+      test::check_case(gen::combine_case(seqs, heads, dim, splits, sinks, 7 + splits));
+}
+
 TEST_CASE("the wide GEMV matches the float64 reference", "[mla_fast][gemv]") {
   for (auto [n, k, h, ip, op] :
        {std::array<std::uint32_t, 5>{1, 8, 1, 0, 0}, {7, 24, 3, 8, 5}, {65, 736, 2, 8, 1}, {512, 128, 16, 64, 64}}) {

@@ -47,6 +47,20 @@ KernelCase paged_decode_case(const PagedSpec& spec);
 /// 2^-9 (one P element rounding the other way) or one BF16 ulp.
 KernelCase split_path_case(const PagedSpec& spec);
 
+/// The raw split kernel over the inputs of paged_decode_case(spec) (one KV head, the split
+/// path's dimensions): entry mla_paged_decode_split_<format>, or the 16-head entry when
+/// `sixteen`; keys_per_split = 32·tiles_per_split, one chunk more than the table holds (a chunk
+/// with no keys). Expected: ref::split_partials. Tolerance: o_partial the BF16 rounding of P
+/// (2^-8) plus 3δ and the FP32 sum, of the largest Σ e^(s−m)·|v|; ml_partial δ and, for l,
+/// 3δ relative — δ the FP32 logit error (4·√q_head_dim ulps of Σ|q·k|·|scale|).
+KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool sixteen);
+
+/// The combine over random partials (a quarter of them empty chunks: m = −∞, l = 0), with
+/// or without sinks. Expected: ref::combine_partials. Tolerance: BF16 output (2^-8 relative)
+/// plus the FP32 sums' error of the largest Σ|weight·O| / denominator.
+KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32_t dim, std::uint32_t num_splits,
+                        bool sinks, std::uint64_t seed);
+
 /// `mla_batched_gemv` over [heads, n_out, k] with padded strides. Tolerance:
 /// BF16 output rounding plus k·2^-23·max Σ|w·x| for FP32 accumulation.
 KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,

@@ -46,6 +46,32 @@ struct PagedAttentionProblem {
 /// gather the key set, softmax (with the sink in the denominator), weighted sum.
 std::vector<double> paged_attention(const PagedAttentionProblem& p);
 
+/// The split decode's per-chunk partials (mla_paged_decode_split_*) by their definition: the
+/// key set of each sequence, in order, cut into chunks of `keys_per_split` keys; for chunk z of
+/// head h, with logits s_j = (q_h·k_j)·logit_scale over the raw cache values (E4M3 codes without
+/// k_scale and v_scale; NVFP4 with its block scales): m = max s_j, l = Σ e^(s_j − m),
+/// O = Σ e^(s_j − m)·v_j; a chunk with no keys has m = −∞, l = 0 and O = 0.
+struct SplitPartials {
+  std::vector<double> o;   // [num_seqs, num_q_heads, num_splits, kv_cache_dim]
+  std::vector<double> ml;  // [num_seqs, num_q_heads, num_splits, 2]: m, l
+  // Magnitudes for a tolerance: the largest Σ_i |q_i·k_ji|·|logit_scale| and |s_j| over every
+  // (sequence, head, key), and the largest Σ_j e^(s_j − m)·|v_jd| over every chunk and dim.
+  double max_abs_qk = 0, max_abs_logit = 0, max_weighted_abs_v = 0;
+};
+SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale, std::uint32_t keys_per_split,
+                             std::uint32_t num_splits);
+
+/// The combine of the split decode by its definition: per (sequence, head), over chunks with
+/// l > 0, M = max(max m_z, sink), o = v_scale·Σ e^(m_z−M)·O_z / (Σ e^(m_z−M)·l_z + e^(sink−M)),
+/// zeros when nothing counts. `max_abs_terms`: the largest v_scale·Σ e^(m_z−M)·|O_z| / denominator.
+struct CombineResult {
+  std::vector<double> o;  // [num_seqs, num_q_heads, kv_cache_dim]
+  double max_abs_terms = 0;
+};
+CombineResult combine_partials(std::span<const float> o_partial, std::span<const float> ml_partial,
+                               std::span<const float> sinks, std::uint32_t num_seqs, std::uint32_t num_q_heads,
+                               std::uint32_t num_splits, std::uint32_t kv_cache_dim, double v_scale);
+
 /// One K or V row of a cache pool decoded: `kv_cache_dim` values of KV head
 /// `kv_head` at slot `slot` (block·block_size + offset); `scale` is the FP8
 /// scale (unused for NVFP4). Errors: `internal` for a byte outside the pool.

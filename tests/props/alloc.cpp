@@ -9,7 +9,6 @@
 #include <cmath>
 #include <map>
 #include <optional>
-#include <set>
 
 #include <fmt/format.h>
 
@@ -39,17 +38,10 @@ void require_same(const Live& before, const Live& after, const std::string& what
 }
 
 // Every launcher once per case, each through its case file's path: upload, launch, download.
-// The raw split kernels and the combine (whose case files --record writes) are launched here
-// through the split-path entries, whose dispatcher calls exactly their launchers; no generator
-// makes their partials on their own.
 void every_launcher() {
   std::vector<KernelCase> cases;
   std::string names;
-  const std::set<std::string> inside_split_path = {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8",
-                                                   "mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4",
-                                                   "mla_paged_decode_combine"};
   for (const auto& [module, entry] : launchable_kernels()) {
-    if (inside_split_path.count(entry) != 0) continue;
     cases.push_back(arb_kernel_case(module, entry));
     names += cases.back().name + "\n";
   }

@@ -19,24 +19,34 @@ constexpr std::int32_t kI32Max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int32_t kI32Min = std::numeric_limits<std::int32_t>::min();
 
 std::uint32_t arb_block_size() {
-  return *rc::gen::oneOf(in_range<std::uint32_t>(1, 9), element<std::uint32_t>(15, 16, 17, 31, 32, 33, 63, 64, 127,
-                                                                              128, 255, 256, 511, 512));
+  return *rc::gen::oneOf(in_range<std::uint32_t>(1, 9),
+                         element<std::uint32_t>(15, 16, 17, 31, 32, 33, 63, 64, 127, 128, 255, 256, 511, 512));
 }
 
 // One sequence length against a table of `max_blocks` blocks of `bs` tokens: the edges first.
 std::int32_t arb_seq_len(std::uint32_t bs, std::uint32_t max_blocks) {
   const auto b = static_cast<std::int32_t>(bs), cap = static_cast<std::int32_t>(bs * max_blocks);
   switch (*in_range(0, 10)) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return b - 1;
-    case 3: return std::min(b, cap);
-    case 4: return std::min(b + 1, cap);
-    case 5: return b * *in_range<std::int32_t>(1, static_cast<std::int32_t>(max_blocks) + 1);  // a multiple
-    case 6: return cap;                                                                      // the maximum
-    case 7: return cap + *in_range<std::int32_t>(1, b + 2);  // past it: clamped by the kernel
-    case 8: return -*in_range<std::int32_t>(1, 1000);        // negative: treated as 0
-    default: return *in_range<std::int32_t>(0, cap + 1);
+    case 0:
+      return 0;
+    case 1:
+      return 1;
+    case 2:
+      return b - 1;
+    case 3:
+      return std::min(b, cap);
+    case 4:
+      return std::min(b + 1, cap);
+    case 5:
+      return b * *in_range<std::int32_t>(1, static_cast<std::int32_t>(max_blocks) + 1);  // a multiple
+    case 6:
+      return cap;  // the maximum
+    case 7:
+      return cap + *in_range<std::int32_t>(1, b + 2);  // past it: clamped by the kernel
+    case 8:
+      return -*in_range<std::int32_t>(1, 1000);  // negative: treated as 0
+    default:
+      return *in_range<std::int32_t>(0, cap + 1);
   }
 }
 
@@ -56,17 +66,24 @@ void arb_batch(gen::PagedSpec& p, std::uint32_t max_seqs, std::uint32_t max_tabl
   p.num_blocks = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, needed + *in_range<std::uint32_t>(0, 9)));
   p.fill = *rc::gen::oneOf(rc::gen::just(-1), rc::gen::just(kI32Max), rc::gen::just(kI32Min),
                            rc::gen::resize(100, rc::gen::arbitrary<std::int32_t>()));
-  p.inv_sqrt_d = *rc::gen::arbitrary<bool>() ? 1.0f / std::sqrt(static_cast<float>(p.q_head_dim))
-                                             : arb_scale(0.01f, 1.0f);
+  p.inv_sqrt_d =
+      *rc::gen::arbitrary<bool>() ? 1.0f / std::sqrt(static_cast<float>(p.q_head_dim)) : arb_scale(0.01f, 1.0f);
   const std::uint32_t cap = p.block_size * p.max_blocks_per_seq;
   if (p.format == KvFormat::fp8) {
     p.k_scale = arb_scale(0.005f, 2.0f);
     p.v_scale = arb_scale(0.005f, 2.0f);
     switch (*in_range(0, 4)) {  // windows that cover none, some or all of the keys
-      case 0: p.sliding_window = 0; break;
-      case 1: p.sliding_window = 1; break;
-      case 2: p.sliding_window = *in_range<std::uint32_t>(1, cap + 1); break;
-      default: p.sliding_window = cap + *in_range<std::uint32_t>(0, 5);
+      case 0:
+        p.sliding_window = 0;
+        break;
+      case 1:
+        p.sliding_window = 1;
+        break;
+      case 2:
+        p.sliding_window = *in_range<std::uint32_t>(1, cap + 1);
+        break;
+      default:
+        p.sliding_window = cap + *in_range<std::uint32_t>(0, 5);
     }
     p.sinks = *rc::gen::arbitrary<bool>();
     p.comp_pool = *rc::gen::arbitrary<bool>();
@@ -162,6 +179,12 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
   if (entry == "mla_paged_decode_nvfp4") return gen::paged_decode_case(arb_paged_spec(KvFormat::nvfp4));
   if (entry == "paged_decode_fp8_split_path") return gen::split_path_case(arb_split_spec(KvFormat::fp8));
   if (entry == "paged_decode_nvfp4_split_path") return gen::split_path_case(arb_split_spec(KvFormat::nvfp4));
+  if (entry.starts_with("mla_paged_decode_split")) {
+    const KvFormat format = entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4;
+    return gen::split_kernel_case(arb_split_spec(format), u(1, 4), entry.find("split16") != std::string::npos);
+  }
+  if (entry == "mla_paged_decode_combine")
+    return gen::combine_case(u(1, 3), u(1, 5), u(1, 80), u(1, 9), *rc::gen::arbitrary<bool>(), seed);
   if (entry == "mla_paged_cache_store_fp8" || entry == "mla_paged_cache_store_nvfp4") {
     const bool fp8 = entry == "mla_paged_cache_store_fp8";
     const std::uint32_t block_size = u(1, 5), num_blocks = u(1, 4), width = fp8 ? u(1, 40) : 16 * u(1, 3);
@@ -170,8 +193,7 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
   }
   if (entry == "k3_mla_maybe_rope_f32") {
     const std::uint32_t nope = u(0, 8), rope = u(nope == 0 ? 1 : 0, 8);
-    return gen::k3_rope_case(u(1, 9), nope, rope, u(0, 5000), arb_scale(100, 1e5f), *rc::gen::arbitrary<bool>(),
-                             seed);
+    return gen::k3_rope_case(u(1, 9), nope, rope, u(0, 5000), arb_scale(100, 1e5f), *rc::gen::arbitrary<bool>(), seed);
   }
   if (entry == "k3_mla_sdpa_gate_f32")
     return gen::k3_sdpa_case(u(1, 5), u(1, 40), u(1, 40), u(0, 20), *rc::gen::arbitrary<bool>(), seed);
