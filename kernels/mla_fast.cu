@@ -276,24 +276,28 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   // into sm.kv (zeros past the end). kHeld covers every unit: 32 keys · 36 parts / 128 threads.
   typename Rows::Raw held[kHeld > 0 ? kHeld : 1];
   auto load_held = [&](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
-    const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
-    UnitWalk w = part_walk;
+    if constexpr (kHeld > 0) {
+      const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
+      UnitWalk w = part_walk;
 #pragma unroll
-    for (uint32_t b = 0; b < kHeld; ++b, w.next())
-      if (w.key < live) held[b] = layout.load(rows + 4 * w.key, w.part, h);
+      for (uint32_t b = 0; b < kHeld; ++b, w.next())
+        if (w.key < live) held[b] = layout.load(rows + 4 * w.key, w.part, h);
+    }
   };
   auto store_held = [&](uint32_t tile) {
-    const uint32_t live = min(kTileKeys, end - tile);
-    UnitWalk w = part_walk;
+    if constexpr (kHeld > 0) {
+      const uint32_t live = min(kTileKeys, end - tile);
+      UnitWalk w = part_walk;
 #pragma unroll
-    for (uint32_t b = 0; b < kHeld; ++b, w.next()) {
-      if (w.key >= kTileKeys) break;
-      __nv_bfloat16* dst = sm.kv + w.key * sm.pitch + w.part * 16;
-      if (w.key < live) {
-        layout.convert(held[b], dst);
-      } else {
-        st_shared_v4(dst, 0, 0, 0, 0);
-        st_shared_v4(dst + 8, 0, 0, 0, 0);
+      for (uint32_t b = 0; b < kHeld; ++b, w.next()) {
+        if (w.key >= kTileKeys) break;
+        __nv_bfloat16* dst = sm.kv + w.key * sm.pitch + w.part * 16;
+        if (w.key < live) {
+          layout.convert(held[b], dst);
+        } else {
+          st_shared_v4(dst, 0, 0, 0, 0);
+          st_shared_v4(dst + 8, 0, 0, 0, 0);
+        }
       }
     }
   };

@@ -321,8 +321,9 @@ void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
-  auto* sweep_flag = cmd->add_flag("--sweep", opts->sweep,
-                                   "the decode sweep against the roofline: --cache x --batch x --context x --heads");
+  auto* sweep_flag =
+      cmd->add_flag("--sweep", opts->sweep,
+                    "the decode sweep against the roofline (needs a GPU): --cache x --batch x --context x --heads");
   cmd->add_option("--cache", opts->axes.caches, "sweep: KV cache formats")
       ->check(CLI::IsMember({"fp8", "nvfp4"}))
       ->delimiter(',')
