@@ -203,19 +203,21 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
 }
 
 // The split decode over any cache format. A tile is dequantised in two halves, h = 0 (K) and
-// h = 1 (V). `Rows` gives, for key j: `entry(j)` its block-table entry and
-// `locate(j, entry, rows)` its four row pointers; direct: `load(rows, part, h)` fetches elements
-// [16·part, 16·part+16) of half h's row as a `Raw`; staged: `stage(rows, dst, u, h)` copies unit
-// u of half h's `copy_units()` into the key's `raw_pitch()` bytes of shared memory and
-// `staged(src, part, h)` reads a `Raw` back; `convert(raw, dst)` writes 16 BF16 values.
+// h = 1 (V). `Rows` holds the sequence's key set (`keys`) and gives, for key j: `entry(j)` its
+// block-table entry and `locate(j, entry, rows)` its four row pointers; direct:
+// `load(rows, part, h)` fetches elements [16·part, 16·part+16) of half h's row as a `Raw`;
+// staged: `stage(rows, dst, u, h)` copies unit u of half h's `copy_units()` into the key's
+// `raw_pitch()` bytes of shared memory and `staged(src, part, h)` reads a `Raw` back;
+// `convert(raw, dst)` writes 16 BF16 values.
 // kHeld > 0 (the 16-head entries, 128 threads with room for more registers): each thread holds
 // its kHeld units of a half-tile in registers, loaded a phase before they are converted — V
 // under Q·Kᵀ and the softmax, the next tile's K under P·V — instead of staging or loading them
 // when needed.
 template <uint32_t kHeld, class Rows>
 __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
-                             uint32_t q_head_dim, uint32_t dim, float logit_scale, const KeySet& keys,
-                             uint32_t keys_per_split, const Rows& layout) {
+                             uint32_t q_head_dim, uint32_t dim, float logit_scale, uint32_t keys_per_split,
+                             const Rows& layout) {
+  const KeySet& keys = layout.keys;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
   const Smem sm = carve(smem_raw, G, dim, layout.raw_pitch());
@@ -441,7 +443,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     __syncthreads();  // the next tile rewrites K (V's buffer) and P, and reads the rows
   }
   if (staged) cp_async_wait_all();  // nothing left in flight past the end (empty groups)
-    // The block's partial: unnormalised O with its running max and sum, per head.
+                                    // The block's partial: unnormalised O with its running max and sum, per head.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t h = head0 + 16 * r + lane / 4 + 8 * i;
@@ -603,8 +605,7 @@ extern "C" __global__ void __launch_bounds__(512)
                                uint32_t keys_per_split) {
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
-                  keys_per_split, rows);
+  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_split16_fp8: the same for 16-head blocks (R = 1, block 128), each thread
@@ -619,8 +620,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
                                  uint32_t comp_block_count, uint32_t keys_per_split) {
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
-                        keys_per_split, rows);
+  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split,
+                        rows);
 }
 
 // ---------------------------------------------------------------------------
@@ -634,8 +635,7 @@ extern "C" __global__ void __launch_bounds__(512)
                                  uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
-  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
-                  keys_per_split, rows);
+  split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_split16_nvfp4: the 16-head entry over an NVFP4 cache, as split16_fp8.
@@ -647,8 +647,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
                                    uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
-  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, rows.keys,
-                        keys_per_split, rows);
+  split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split,
+                        rows);
 }
 
 // ---------------------------------------------------------------------------
