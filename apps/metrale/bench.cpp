@@ -324,26 +324,18 @@ void add_bench(CLI::App& app) {
   auto* sweep_flag =
       cmd->add_flag("--sweep", opts->sweep,
                     "the decode sweep against the roofline (needs a GPU): --cache x --batch x --context x --heads");
-  cmd->add_option("--cache", opts->axes.caches, "sweep: KV cache formats")
-      ->check(CLI::IsMember({"fp8", "nvfp4"}))
-      ->delimiter(',')
-      ->capture_default_str()
-      ->needs(sweep_flag);
-  cmd->add_option("--batch", opts->axes.batch, "sweep: batch sizes")
-      ->check(CLI::Range(1u, 1024u))
-      ->delimiter(',')
-      ->capture_default_str()
-      ->needs(sweep_flag);
-  cmd->add_option("--context", opts->axes.context, "sweep: context lengths in tokens")
-      ->check(CLI::Range(1u, 1u << 20))
-      ->delimiter(',')
-      ->capture_default_str()
-      ->needs(sweep_flag);
-  cmd->add_option("--heads", opts->axes.heads, "sweep: query head counts")
-      ->check(CLI::Range(1u, 1024u))
-      ->delimiter(',')
-      ->capture_default_str()
-      ->needs(sweep_flag);
+  // A sweep axis: a comma-separated list, each value checked, only with --sweep.
+  auto axis = [&](const char* name, auto& values, const char* what, const CLI::Validator& check) {
+    cmd->add_option(name, values, fmt::format("sweep: {}", what))
+        ->check(check)
+        ->delimiter(',')
+        ->capture_default_str()
+        ->needs(sweep_flag);
+  };
+  axis("--cache", opts->axes.caches, "KV cache formats", CLI::IsMember({"fp8", "nvfp4"}));
+  axis("--batch", opts->axes.batch, "batch sizes", CLI::Range(1u, 1024u));
+  axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
+  axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
   cmd->add_option("--torch", opts->torch, "ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)");
   cmd->callback([opts] {
