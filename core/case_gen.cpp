@@ -62,7 +62,7 @@ std::string PagedSpec::vars() const {
   s << "format=" << to_string(format) << " num_seqs=" << num_seqs << " num_q_heads=" << num_q_heads
     << " num_kv_heads=" << num_kv_heads << " q_head_dim=" << q_head_dim << " kv_cache_dim=" << kv_cache_dim
     << " block_size=" << block_size << " max_blocks_per_seq=" << max_blocks_per_seq << " num_blocks=" << num_blocks
-    << " fill=" << fill << " inv_sqrt_d=" << inv_sqrt_d << " k_scale=" << k_scale << " v_scale=" << v_scale
+    << " fill=" << fill << " inv_sqrt_d=" << inv_sqrt_d << " q_range=" << q_range << " k_scale=" << k_scale << " v_scale=" << v_scale
     << " cache_stride=" << cache_stride << " sliding_window=" << sliding_window << " sinks=" << sinks
     << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
     << " zero_groups_every=" << zero_groups_every << " seed=" << seed << " seq_lens=[";
@@ -76,7 +76,7 @@ KernelCase paged_decode_case(const PagedSpec& p) {
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const std::uint64_t width = std::uint64_t{p.num_kv_heads} * p.kv_cache_dim;
   const std::uint64_t stride = p.cache_stride != 0 ? p.cache_stride : width;
-  const auto q = random_bf16(std::size_t{p.num_seqs} * p.num_q_heads * p.q_head_dim, rng);
+  const auto q = random_bf16(std::size_t{p.num_seqs} * p.num_q_heads * p.q_head_dim, rng, -p.q_range, p.q_range);
 
   std::vector<std::uint8_t> k_pool, v_pool;
   std::uint64_t data_section = 0, block_stride = 0;
@@ -247,13 +247,15 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   c.expected["o_partial"] = tensor<double>({slots, spec.kv_cache_dim}, want.o);
   c.expected["ml_partial"] = tensor<double>({slots, 2}, want.ml);
   // FP32 logits carry δ = 4·√q_head_dim ulps of Σ|q·k|·|scale| (paged_decode_case's model) plus
-  // the scaling's rounding; the exponentials 2δ relative; P is rounded to BF16 for P·V (2^-9
-  // relative, taken as 2^-8) and summed in FP32.
+  // the scaling's rounding; the exponentials 2δ relative; P is rounded to FP16 for P·V (2^-11
+  // relative, taken as 2^-10) and summed in FP32. Against another backend the same: its
+  // exponentials and FP32 order differ within δ, and a P element may round the other way.
   const double delta =
       4.0 * std::sqrt(static_cast<double>(spec.q_head_dim)) * 0x1p-24 * want.max_abs_qk + 0x1p-23 * want.max_abs_logit;
   const double sum = keys_per_split * 0x1p-23;
-  c.tolerance["o_partial"] = {(0x1p-8 + 3 * delta + sum) * want.max_weighted_abs_v + 1e-30, 0, 0};
+  c.tolerance["o_partial"] = {(0x1p-10 + 3 * delta + sum) * want.max_weighted_abs_v + 1e-30, 0, 0};
   c.tolerance["ml_partial"] = {1.01 * delta + 1e-30, 3 * delta + sum, 0};
+  c.backend_tolerance = c.tolerance;
   for (const auto& [name, value] : base.scalars)
     if (name != "inv_sqrt_d" && name != "k_scale" && name != "v_scale" && name != "num_kv_heads")
       c.scalars[name] = value;

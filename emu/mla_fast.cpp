@@ -1,5 +1,6 @@
 // Ports of module mla_fast (kernels/mla_fast.cu). They follow the kernels' phases and rounding
-// points — K and V dequantised to BF16, P rounded to BF16 for P·V, FP32 accumulation — but not
+// points — K and V dequantised to FP16 (exact), Q rounded to FP16 after its row's power-of-two
+// scaling, P rounded to FP16 for P·V, FP32 accumulation — but not
 // the MMA fragment layouts, which only change the order of FP32 additions, nor the split
 // kernels' staging of tiles through shared memory (cp.async), which changes only when bytes
 // arrive: one port serves both.
@@ -24,8 +25,15 @@ namespace {
 constexpr std::uint32_t kTileKeys = 32;
 constexpr std::uint32_t kGroupRows = 16;
 
+// The kernel's q_scale_of: the power of two 2^e that brings a Q row's largest BF16 magnitude
+// (bits `big`, NaN above inf) into [2^14, 2^15) for FP16, e in [-114, 126].
+int q_scale_exponent(std::uint32_t big) {
+  const int field = std::max(1, static_cast<int>(big >> 7));
+  return std::min(126, 141 - field);
+}
+
 // The split decode over any cache format: `dequant(j, k_row, v_row)` fills key j's rows as the
-// BF16 values the kernel's shared memory holds (exact for both formats).
+// FP16 values the kernel's shared memory holds (exact for both formats).
 template <class Dequant>
 void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Global<float> ml_partial,
                   std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale,
@@ -38,10 +46,15 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       static_cast<std::uint32_t>(std::min<std::uint64_t>(keys.count, std::uint64_t{begin} + keys_per_split));
 
   std::vector<std::vector<float>> q_s(G, std::vector<float>(q_head_dim, 0.0f));  // shared
+  std::vector<float> q_down(G, 0x1p-126f);  // a row of zeros: e = 126
   for (std::uint32_t row = 0; row < G; ++row) {
     if (head0 + row >= num_q_heads) continue;
     const auto qr = q.read((std::uint64_t{s} * num_q_heads + head0 + row) * q_head_dim, q_head_dim);
-    for (std::uint32_t d = 0; d < q_head_dim; ++d) q_s[row][d] = qr[d].to_float();
+    std::uint32_t big = 0;
+    for (const Bf16 x : qr) big = std::max<std::uint32_t>(big, x.bits & 0x7FFFu);
+    const int e = q_scale_exponent(big);
+    for (std::uint32_t d = 0; d < q_head_dim; ++d) q_s[row][d] = f16_round(qr[d].to_float() * std::ldexp(1.0f, e));
+    q_down[row] = std::ldexp(1.0f, -e);
   }
   std::vector<std::vector<float>> acc(G, std::vector<float>(dim, 0.0f));
   std::vector<float> m(G, -std::numeric_limits<float>::infinity()), l(G, 0.0f);
@@ -62,9 +75,9 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       for (std::uint32_t key = 0; key < kTileKeys; ++key) {
         float dot = 0.0f;
         for (std::uint32_t d = 0; d < q_head_dim; ++d) dot += q_s[row][d] * k_s[key][d];
-        sv[key] = tile + key < end ? dot * logit_scale : -std::numeric_limits<float>::infinity();
+        sv[key] = tile + key < end ? dot * q_down[row] * logit_scale : -std::numeric_limits<float>::infinity();
       }
-      // Phase C: online softmax; P is rounded to BF16 for P·V, the sum keeps FP32.
+      // Phase C: online softmax; P is rounded to FP16 for P·V, the sum keeps FP32.
       const float m_new = std::max(m[row], *std::max_element(sv.begin(), sv.end()));
       const float alpha = std::exp(m[row] - m_new);
       std::array<float, kTileKeys> p{};
@@ -78,7 +91,7 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       // Phase D: O = O·alpha + P·V.
       for (std::uint32_t d = 0; d < dim; ++d) {
         float a = acc[row][d] * alpha;
-        for (std::uint32_t key = 0; key < kTileKeys; ++key) a += bf16_round(p[key]) * v_s[key][d];
+        for (std::uint32_t key = 0; key < kTileKeys; ++key) a += f16_round(p[key]) * v_s[key][d];
         acc[row][d] = a;
       }
     }

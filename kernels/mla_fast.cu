@@ -2,10 +2,12 @@
 // mla_absorbed, which keep the ABI. Each kernel reads like its port in emu/mla_fast.cpp.
 //
 // The head-grouped split-KV paged decode: a block takes G = 16·R query heads of one sequence
-// against one chunk of its keys, dequantises each 32-key tile once into shared memory as BF16
-// (exact: E4M3 and E2M1·E4M3 values fit BF16) and serves all G heads from it with mma.sync
-// m16n8k16 (BF16 in, FP32 accumulate; sm_80 and later, so it builds for sm_90 and sm_121
-// alike). K and V take turns in one BF16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
+// against one chunk of its keys, dequantises each 32-key tile once into shared memory as FP16
+// (exact: E4M3 and E2M1·E4M3 values fit FP16; E4M3 converts in one instruction per pair, where
+// BF16 took four) and serves all G heads from it with mma.sync m16n8k16 (FP16 in, FP32
+// accumulate; sm_80 and later, so it builds for sm_90 and sm_121 alike). Q enters FP16 scaled
+// per row by a power of two that keeps it in range (q_scale_of), P as FP16 (finer than BF16 on
+// [0, 1]). K and V take turns in one FP16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
 // the block's footprint. Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the
 // output dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online
 // softmax runs across tiles; the block writes its unnormalised partial output with the running
@@ -21,6 +23,7 @@
 // 128-thread launch bound leaves each thread the registers to hold its share of a half-tile a
 // phase ahead of its conversion. All give bit-identical results.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -40,7 +43,8 @@ constexpr uint32_t kTileKeys = 32;                  // keys per shared-memory ti
 constexpr uint32_t kGroupRows = 16;                 // heads per MMA row group
 constexpr uint32_t kMaxDim = 576;                   // kv_cache_dim the register budget allows
 constexpr uint32_t kMaxDimTiles = kMaxDim / 4 / 8;  // n8 tiles of one warp's quarter of the dims
-constexpr uint32_t kPad = 8;                        // BF16 elements of row padding: ldmatrix without bank conflicts
+constexpr uint32_t kMaxQUnits = (kMaxDim / 8 + kWarp - 1) / kWarp;  // 16-byte units of a Q row per lane
+constexpr uint32_t kPad = 8;                        // FP16 elements of row padding: ldmatrix without bank conflicts
 constexpr uint32_t kPRow = kTileKeys + kPad;
 
 __device__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -57,10 +61,10 @@ __device__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
-// d += a·b for one 16×8 tile: a 16×16 BF16 (row), b 16×8 BF16 (col), d FP32.
-__device__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// d += a·b for one 16×8 tile: a 16×16 FP16 (row), b 16×8 FP16 (col), d FP32.
+__device__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -123,16 +127,18 @@ __device__ uint32_t dynamic_smem_bytes() {
   return r;
 }
 
-__device__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+__device__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The shared-memory carve-up; the host computes the same totals (core/mla_fast.cpp,
 // split_shared_bytes). `raw` is null when the launch gave no room for a raw tile.
 struct Smem {
-  __nv_bfloat16 *q, *kv, *p;  // kv: the tile's K, then its V
+  __half *q, *kv, *p;  // kv: the tile's K, then its V
   float *red_max, *red_sum;
+  float* q_unscale;      // per row: 2^-e, the inverse of the power of two Q was scaled by; the
+                         // head of red_max, read into registers before the first tile's barrier
   const uint8_t** rows;  // per tile key: K data, K scales, V data, V scales; two tiles (row_set)
   uint8_t* raw;          // a tile's cache bytes, raw_pitch per key
   uint32_t pitch;        // of q and kv rows, in elements
@@ -141,45 +147,62 @@ struct Smem {
 __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint32_t raw_pitch) {
   Smem s;
   s.pitch = dim + kPad;
-  s.q = reinterpret_cast<__nv_bfloat16*>(base);
+  s.q = reinterpret_cast<__half*>(base);
   s.kv = s.q + rows_per_block * s.pitch;
   s.p = s.kv + kTileKeys * s.pitch;
   s.red_max = reinterpret_cast<float*>(s.p + rows_per_block * kPRow);
   s.red_sum = s.red_max + rows_per_block * 4;
+  s.q_unscale = s.red_max;
   s.rows = reinterpret_cast<const uint8_t**>(s.red_sum + rows_per_block * 4);
   s.raw = reinterpret_cast<uint8_t*>(s.rows + 2 * 4 * kTileKeys);
   if (dynamic_smem_bytes() < static_cast<uint32_t>(s.raw - base) + kTileKeys * raw_pitch) s.raw = nullptr;
   return s;
 }
 
+// The power of two 2^e a Q row is scaled by on its way to FP16, and 2^-e, from the row's largest
+// BF16 magnitude bits `big`: the largest magnitude lands in [2^14, 2^15), so the row converts
+// without overflow, every BF16 value of it that lands in FP16's normal range exactly, and the
+// logits are scaled back exactly (both factors normal FP32: e in [-114, 126]; a row of zeros,
+// an inf or a NaN stays zeros, inf or NaN).
+struct QScale {
+  float up, down;
+};
+__device__ QScale q_scale_of(uint32_t big) {
+  const int field = max(1, static_cast<int>(big >> 7));  // BF16 exponent field; subnormals as 1
+  const int e = min(126, 141 - field);                    // 14 − (field − 127)
+  return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
+}
+
 // Row set `i` (0 or 1) of the two tiles' row pointers.
 __device__ const uint8_t** row_set(const Smem& s, uint32_t i) { return s.rows + i * 4 * kTileKeys; }
 
-// 16 E4M3 codes (loaded as one 16-byte word) to 16 BF16 values at `dst`.
-__device__ void fp8x16_to_bf16(const uint4 raw, __nv_bfloat16* dst) {
+// Two E4M3 codes (the low and high byte of `pair`) as an FP16 pair, exactly: one conversion.
+__device__ __half2 e4m3x2_to_f16x2(uint32_t pair) {
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFF), __NV_E4M3));
+}
+__device__ uint32_t bits_of(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// 16 E4M3 codes (loaded as one 16-byte word) to 16 FP16 values at `dst` (exact).
+__device__ void fp8x16_to_f16(const uint4 raw, __half* dst) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t out[8];
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2 pair = __half2(
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * h)) & 0xFFFF), __NV_E4M3));
-      const float2 f = __half22float2(pair);
-      out[w * 2 + h] = pack_bf16(f.x, f.y);
-    }
+    out[w * 2] = bits_of(e4m3x2_to_f16x2(words[w]));
+    out[w * 2 + 1] = bits_of(e4m3x2_to_f16x2(words[w] >> 16));
   }
   st_shared_v4(dst, out[0], out[1], out[2], out[3]);
   st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
 }
 
-// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 BF16 values at `dst`. Each E2M1
+// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 FP16 values at `dst`. Each E2M1
 // code s·ee·m becomes the E4M3 code s·00ee·m00, which is the same value times 2^-6 (subnormal
 // codes included), so the hardware's E4M3 pair conversion decodes eight codes in four
-// instructions; the scale, times 64, restores it. Every product has at most 6 significant
-// bits: exact in FP32 and BF16, the values of e2m1_decode · e4m3_decode.
-__device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloat16* dst) {
-  const float scale = metrale::e4m3_decode(scale_code) * 64.0f;
+// instructions; the scale, times 64 (at most 28672, at least 2^-3), restores it in one FP16
+// multiply per pair. Every product has at most 6 significant bits and lies in [2^-10, 2688]:
+// exact in FP16, the values of e2m1_decode · e4m3_decode.
+__device__ void nvfp4x16_to_f16(const uint2 raw, uint8_t scale_code, __half* dst) {
+  const __half2 scale = __hmul2(e4m3x2_to_f16x2(scale_code * 0x0101u), __float2half2_rn(64.0f));  // in both halves
   const uint32_t words[2] = {raw.x, raw.y};
   uint32_t out[8];
 #pragma unroll
@@ -191,11 +214,7 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float2 f = __half22float2(__half2(
-            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((pairs[p] >> (16 * h)) & 0xFFFF), __NV_E4M3)));
-        out[w * 4 + p * 2 + h] = pack_bf16(f.x * scale, f.y * scale);
-      }
+      for (int h = 0; h < 2; ++h) out[w * 4 + p * 2 + h] = bits_of(__hmul2(e4m3x2_to_f16x2(pairs[p] >> (16 * h)), scale));
     }
   }
   st_shared_v4(dst, out[0], out[1], out[2], out[3]);
@@ -208,7 +227,7 @@ __device__ void nvfp4x16_to_bf16(const uint2 raw, uint8_t scale_code, __nv_bfloa
 // `load(rows, part, h)` fetches elements [16·part, 16·part+16) of half h's row as a `Raw`;
 // staged: `stage(rows, dst, u, h)` copies unit u of half h's `copy_units()` into the key's
 // `raw_pitch()` bytes of shared memory and `staged(src, part, h)` reads a `Raw` back;
-// `convert(raw, dst)` writes 16 BF16 values.
+// `convert(raw, dst)` writes 16 FP16 values.
 // kHeld > 0 (the 16-head entries, 128 threads with room for more registers): each thread holds
 // its kHeld units of a half-tile in registers, loaded a phase before they are converted — V
 // under Q·Kᵀ and the softmax, the next tile's K under P·V — instead of staging or loading them
@@ -242,7 +261,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       layout.stage(rows + 4 * w.key, sm.raw + w.key * layout.raw_pitch(), w.part, h);
     cp_async_commit();
   };
-  // Half h of the tile as BF16 in sm.kv, dequantised once for all G heads; zeros for a key past
+  // Half h of the tile as FP16 in sm.kv, dequantised once for all G heads; zeros for a key past
   // the end, not garbage: 0 · NaN would poison P·V. Rows::kBatch units per thread (as many as
   // the registers allow): all their loads, from the staged tile or from global memory, are
   // issued before the first conversion.
@@ -274,7 +293,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
   };
 
-  // kHeld > 0: the thread's units of half h of the tile into registers, and from there as BF16
+  // kHeld > 0: the thread's units of half h of the tile into registers, and from there as FP16
   // into sm.kv (zeros past the end). kHeld covers every unit: 32 keys · 36 parts / 128 threads.
   typename Rows::Raw held[kHeld > 0 ? kHeld : 1];
   auto load_held = [&](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
@@ -293,7 +312,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 #pragma unroll
       for (uint32_t b = 0; b < kHeld; ++b, w.next()) {
         if (w.key >= kTileKeys) break;
-        __nv_bfloat16* dst = sm.kv + w.key * sm.pitch + w.part * 16;
+        __half* dst = sm.kv + w.key * sm.pitch + w.part * 16;
         if (w.key < live) {
           layout.convert(held[b], dst);
         } else {
@@ -304,12 +323,31 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
   };
 
-  // Q rows of this head group (rows past num_q_heads are zero).
-  for (uint32_t u = tid; u < G * (q_head_dim / 8); u += blockDim.x) {
-    const uint32_t row = u / (q_head_dim / 8), part = u % (q_head_dim / 8), h = head0 + row;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (h < num_q_heads) v = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim)[part];
-    reinterpret_cast<uint4*>(sm.q + row * sm.pitch)[part] = v;
+  // Q rows of this head group as FP16, a warp per row (rows past num_q_heads are zero).
+  for (uint32_t row = warp; row < G; row += blockDim.x / kWarp) {
+    const uint32_t h = head0 + row;
+    const uint4* src = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim);
+    uint4 v[kMaxQUnits];
+    uint32_t big = 0;  // the row's largest BF16 magnitude bits (NaN above inf)
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxQUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      v[i] = h < num_q_heads && part < q_head_dim / 8 ? src[part] : make_uint4(0, 0, 0, 0);
+      for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
+    }
+    const QScale qs = q_scale_of(__reduce_max_sync(0xFFFFFFFFu, big));
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxQUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      if (part >= q_head_dim / 8) break;
+      uint32_t out[4];
+      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        out[w] = pack_f16(__uint_as_float(words[w] << 16) * qs.up, __uint_as_float(words[w] & 0xFFFF0000u) * qs.up);
+      st_shared_v4(sm.q + row * sm.pitch + 8 * part, out[0], out[1], out[2], out[3]);
+    }
+    if (lane == 0) sm.q_unscale[row] = qs.down;
   }
   // Prologue: the rows of tile 0 (rows_ahead: and of tile 1); staged, tile 0's K and V in flight
   // and its K landed; held, its K in registers.
@@ -328,9 +366,10 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 
   float acc[kMaxDimTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
+  const float q_down[2] = {sm.q_unscale[16 * r + lane / 4], sm.q_unscale[16 * r + lane / 4 + 8]};
   const uint32_t dim_tiles = dim / 4 / 8;
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    // Phase A: the tile's K as BF16 in shared memory (its rows, and staged its bytes, are there
+    // Phase A: the tile's K as FP16 in shared memory (its rows, and staged its bytes, are there
     // since the last barrier).
     const uint32_t cur = i % 2;
     if constexpr (kHeld > 0) {
@@ -352,15 +391,15 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       uint32_t b[4], a[4];
       ldmatrix_x4(b, sm.kv + (8 * c + lane % 8) * sm.pitch + k0 + (lane / 8) * 8);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + (lane / 16) * 8);
-      mma_bf16(sacc[0], a, b[0], b[1]);
+      mma_f16(sacc[0], a, b[0], b[1]);
       ldmatrix_x4(a, sm.q + (16 * r + lane % 16) * sm.pitch + k0 + 16 + (lane / 16) * 8);
-      mma_bf16(sacc[1], a, b[2], b[3]);
+      mma_f16(sacc[1], a, b[2], b[3]);
     }
     const uint32_t key0 = 8 * c + 2 * (lane % 4);
     float sv[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      sv[e] = tile + key0 + (e % 2) < end ? (sacc[0][e] + sacc[1][e]) * logit_scale : -INFINITY;
+      sv[e] = tile + key0 + (e % 2) < end ? (sacc[0][e] + sacc[1][e]) * q_down[e / 2] * logit_scale : -INFINITY;
     // Phase C: online softmax across the row group's four warps.
     float mx[2] = {fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3])};
 #pragma unroll
@@ -390,8 +429,8 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       sm.red_sum[row0 * 4 + c] = ps[0];
       sm.red_sum[(row0 + 8) * 4 + c] = ps[1];
     }
-    *reinterpret_cast<uint32_t*>(sm.p + row0 * kPRow + key0) = pack_bf16(p[0], p[1]);
-    *reinterpret_cast<uint32_t*>(sm.p + (row0 + 8) * kPRow + key0) = pack_bf16(p[2], p[3]);
+    *reinterpret_cast<uint32_t*>(sm.p + row0 * kPRow + key0) = pack_f16(p[0], p[1]);
+    *reinterpret_cast<uint32_t*>(sm.p + (row0 + 8) * kPRow + key0) = pack_f16(p[2], p[3]);
     // Staged, the groups in flight are this tile's V and the next tile's K: wait for V. The
     // barrier also ends phase B everywhere, so K's buffer is free for V (and direct, set 0's
     // rows are read for the last time below).
@@ -431,8 +470,8 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         uint32_t b[4];
         const uint32_t n0 = c * (dim / 4) + 8 * t;
         ldmatrix_x4_trans(b, sm.kv + (kk + lane % 8 + ((lane / 8) % 2) * 8) * sm.pitch + n0 + (lane / 16) * 8);
-        mma_bf16(acc[t], a, b[0], b[1]);
-        mma_bf16(acc[t + 1], a, b[2], b[3]);
+        mma_f16(acc[t], a, b[0], b[1]);
+        mma_f16(acc[t + 1], a, b[2], b[3]);
       }
     }
     // The rows of `next_rows` (their set's loads and copies are all issued); staged, the next
@@ -499,7 +538,7 @@ struct Fp8Rows {
   __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
     return *reinterpret_cast<const uint4*>(src + h * dim + part * 16);
   }
-  __device__ void convert(const Raw& raw, __nv_bfloat16* dst) const { fp8x16_to_bf16(raw, dst); }
+  __device__ void convert(const Raw& raw, __half* dst) const { fp8x16_to_f16(raw, dst); }
 };
 
 struct Nvfp4Rows {
@@ -541,7 +580,7 @@ struct Nvfp4Rows {
   __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
     return {*reinterpret_cast<const uint2*>(src + h * dim / 2 + part * 8), src[dim + h * dim / 16 + part]};
   }
-  __device__ void convert(const Raw& raw, __nv_bfloat16* dst) const { nvfp4x16_to_bf16(raw.data, raw.scale, dst); }
+  __device__ void convert(const Raw& raw, __half* dst) const { nvfp4x16_to_f16(raw.data, raw.scale, dst); }
 };
 
 // The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).

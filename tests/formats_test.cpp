@@ -364,6 +364,71 @@ TEST_CASE("bf16 agrees with a brute-force nearest-even choice", "[formats][bf16]
   });
 }
 
+// ---- FP16 ---------------------------------------------------------------------
+
+namespace {
+
+// IEEE binary16 by its definition: exponent field e, mantissa m, bias 15.
+double f16_value(std::uint32_t bits) {
+  const std::uint32_t e = (bits >> 10) & 0x1F, m = bits & 0x3FF;
+  const double v = e == 0 ? std::ldexp(static_cast<double>(m), -24) : std::ldexp(1.0 + m / 1024.0, static_cast<int>(e) - 15);
+  return (bits & 0x8000) != 0 ? -v : v;
+}
+
+// The nearest binary16 value of a finite x by search over the positive codes 0..0x7BFF, ties to
+// the even code; from 65520 (half an ulp past 65504) ±inf.
+double ref_f16(float x) {
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  std::uint32_t lo = 0, hi = 0x7BFF;  // largest code with value ≤ a
+  while (lo < hi) {
+    const std::uint32_t mid = (lo + hi + 1) / 2;
+    if (f16_value(mid) <= a) lo = mid; else hi = mid - 1;
+  }
+  const double vlo = f16_value(lo), vhi = lo == 0x7BFF ? 65536.0 : f16_value(lo + 1);
+  const double d_lo = a - vlo, d_hi = vhi - a;
+  const double r = d_lo < d_hi || (d_lo == d_hi && lo % 2 == 0) ? vlo : vhi;
+  return std::copysign(r, x);
+}
+
+}  // namespace
+
+TEST_CASE("f16 rounds to nearest even, subnormals and overflow included", "[formats][f16]") {
+  // Worked out by hand.
+  CHECK(metrale::f16_round(1.0f) == 1.0f);
+  CHECK(metrale::f16_round(1.0f + 0x1p-11f) == 1.0f);                  // tie, even stays
+  CHECK(metrale::f16_round(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f);    // tie, odd goes up
+  CHECK(metrale::f16_round(1.0f + 0x1p-11f + 0x1p-20f) == 1.0f + 0x1p-10f);
+  CHECK(metrale::f16_round(65504.0f) == 65504.0f);
+  CHECK(metrale::f16_round(65519.99f) == 65504.0f);
+  CHECK(std::isinf(metrale::f16_round(65520.0f)));
+  CHECK(metrale::f16_round(-65520.0f) == -std::numeric_limits<float>::infinity());
+  CHECK(metrale::f16_round(0x1p-24f) == 0x1p-24f);                     // smallest subnormal
+  CHECK(metrale::f16_round(0x1p-25f) == 0.0f);                         // tie with 0, even
+  CHECK(metrale::f16_round(3 * 0x1p-25f) == 0x1p-23f);                 // tie, odd goes up
+  CHECK(metrale::f16_round(0x1p-14f - 0x1p-26f) == 0x1p-14f);          // into the normals
+  CHECK(std::signbit(metrale::f16_round(-0x1p-30f)));                  // −0 keeps its sign
+  CHECK(std::isnan(metrale::f16_round(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isinf(metrale::f16_round(std::numeric_limits<float>::infinity())));
+}
+
+TEST_CASE("f16 agrees with a nearest-even search over every binary16 value", "[formats][f16][property]") {
+  // Every code's value, midpoint and their float neighbours.
+  for (std::uint32_t code = 0; code < 0x7C00; ++code) {
+    const float v = static_cast<float>(f16_value(code));
+    const float mid = static_cast<float>((f16_value(code) + (code == 0x7BFF ? 65536.0 : f16_value(code + 1))) / 2);
+    for (float x : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), -mid}) {
+      INFO("x " << x);
+      REQUIRE(static_cast<double>(metrale::f16_round(x)) == ref_f16(x));
+    }
+  }
+  rc::prop("any finite bit pattern", [](std::uint32_t bits) {
+    const float x = from_bits(bits);
+    RC_PRE(std::isfinite(x));
+    RC_ASSERT(static_cast<double>(metrale::f16_round(x)) == ref_f16(x));
+  });
+}
+
 // ---- NVFP4 --------------------------------------------------------------------
 
 namespace {

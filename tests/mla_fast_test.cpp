@@ -27,6 +27,13 @@ TEST_CASE("the split path matches the float64 reference", "[mla_fast][split]") {
     p.fill = std::numeric_limits<std::int32_t>::max();
   }
   SECTION("128 heads: two groups of 64") { p.num_q_heads = 128, p.seq_lens = {70}; }
+  // The kernel's MMA takes Q as FP16 (range ±65504, normals from 2^-14), each row scaled by a
+  // power of two: unscaled, the first would overflow to inf and the second flush to zeros (a
+  // uniform softmax), both far outside the tolerance. The logits are the usual ones.
+  SECTION("Q beyond FP16's range") { p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 0x1p40f, p.inv_sqrt_d = 0x1p-43f; }
+  SECTION("Q below FP16's normals") {
+    p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 0x1p-40f, p.inv_sqrt_d = 0x1p37f;
+  }
   SECTION("window, sinks and compressed entries") {
     p.num_q_heads = 4, p.num_seqs = 3, p.seq_lens = {60, 5, 0}, p.sliding_window = 9, p.sinks = true;
     p.comp_pool = true, p.comp_block_count = 3;
@@ -85,7 +92,7 @@ TEST_CASE("the split plan covers every key with whole tiles and fits the device'
   CHECK(p.rows_per_block * p.head_groups >= a.num_q_heads);
   CHECK(p.threads == 8 * p.rows_per_block);
   CHECK(p.shared_bytes <= limit);
-  // Shared memory, from the kernel's carve-up: q, one tile buffer (K, then V), P (BF16, rows
+  // Shared memory, from the kernel's carve-up: q, one tile buffer (K, then V), P (FP16, rows
   // padded by 8), the softmax exchange, two tiles' row pointers, and a raw tile when staged.
   const std::uint32_t pitch = a.kv_cache_dim + 8, raw = format == KvFormat::fp8 ? 2 * a.kv_cache_dim : 0;
   const std::uint32_t fixed =

@@ -23,6 +23,7 @@ struct PagedSpec {
   std::vector<std::int32_t> seq_lens;  // one per sequence; may be negative or past the table
   std::int32_t fill = -1;              // unused block-table columns
   float inv_sqrt_d = 0.125f;
+  float q_range = 1.0f;  // q drawn from [−q_range, q_range], then rounded to BF16
   float k_scale = 0.75f, v_scale = 1.25f;  // FP8
   std::uint64_t cache_stride = 0;          // FP8; 0: the row width
   std::uint32_t sliding_window = 0;        // FP8
@@ -42,17 +43,19 @@ struct PagedSpec {
 KernelCase paged_decode_case(const PagedSpec& spec);
 
 /// The same launch through the split path of module mla_fast (entry
-/// paged_decode_<format>_split_path). Tolerance: the reference's plus the BF16
-/// rounding of P (≤ 2^-9 of the largest |V|); against another backend, the same
-/// 2^-9 (one P element rounding the other way) or one BF16 ulp.
+/// paged_decode_<format>_split_path). Tolerance: the reference's plus the rounding
+/// of P (≤ 2^-9 of the largest |V|, BF16's; the kernel rounds P to FP16, finer);
+/// against another backend, the same 2^-9 (one P element rounding the other way)
+/// or one BF16 ulp.
 KernelCase split_path_case(const PagedSpec& spec);
 
 /// The raw split kernel over the inputs of paged_decode_case(spec) (one KV head, the split
 /// path's dimensions): entry mla_paged_decode_split_<format>, or the 16-head entry when
 /// `sixteen`; keys_per_split = 32·tiles_per_split, one chunk more than the table holds (a chunk
-/// with no keys). Expected: ref::split_partials. Tolerance: o_partial the BF16 rounding of P
-/// (2^-8) plus 3δ and the FP32 sum, of the largest Σ e^(s−m)·|v|; ml_partial δ and, for l,
-/// 3δ relative — δ the FP32 logit error (4·√q_head_dim ulps of Σ|q·k|·|scale|).
+/// with no keys). Expected: ref::split_partials. Tolerance, against the reference and against
+/// another backend alike: o_partial the FP16 rounding of P (2^-10) plus 3δ and the FP32 sum, of
+/// the largest Σ e^(s−m)·|v|; ml_partial δ and, for l, 3δ relative — δ the FP32 logit error
+/// (4·√q_head_dim ulps of Σ|q·k|·|scale|).
 KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool sixteen);
 
 /// The combine over random partials (a quarter of them empty chunks: m = −∞, l = 0), with

@@ -35,6 +35,22 @@ struct Bf16 {
 /// `f` rounded to the nearest BF16 value, as a float.
 constexpr float bf16_round(float f) { return Bf16::from_float(f).to_float(); }
 
+// ---- FP16 (IEEE binary16) ---------------------------------------------------
+
+/// `f` rounded to the nearest FP16 value (ties to even, subnormals kept, beyond
+/// 65504 + half an ulp to ±inf, NaN stays NaN), as a float: what CUDA's
+/// `__float2half_rn` gives. The fast decode's MMA operands (kernels/mla_fast.cu).
+inline float f16_round(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7FFF'FFFFu) >= 0x7F80'0000u) return f;       // inf, NaN
+  if (std::fabs(f) < 0x1p-14f) {                           // subnormal range: step 2^-24
+    return std::nearbyint(f * 0x1p24f) * 0x1p-24f;         // exact scaling; nearbyint ties to even
+  }
+  const std::uint32_t rounded = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;  // 10 mantissa bits
+  const float r = std::bit_cast<float>(rounded);
+  return std::fabs(r) > 65504.0f ? std::copysign(std::numeric_limits<float>::infinity(), f) : r;
+}
+
 // ---- E4M3 (float8_e4m3fn) ---------------------------------------------------
 
 inline constexpr float kE4m3Max = 448.0f;
