@@ -16,7 +16,7 @@ KernelLaunch& KernelLaunch::push(KernelArg a) {
 void KernelLaunch::launch(Stream stream) {
   with_context(gpu_.kernel_name(kernel_), [&] {
     if (overflow_) fail(Errc::internal, "more than {} kernel arguments", kMaxArgs);
-    gpu_.launch(kernel_, grid_, block_, std::span(args_.data(), count_), stream, shared_);
+    gpu_.launch(kernel_, grid_, block_, std::span(args_.data(), count_), stream, shared_, early_start_);
   });
 }
 

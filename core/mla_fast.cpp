@@ -55,6 +55,7 @@ KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat for
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
       .block({8 * a.rows_per_block, 1, 1})
       .shared_bytes(split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
+      .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
       .arg_ptr(a.v_cache)
@@ -255,6 +256,7 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
   KernelLaunch(gpu, kernel)
       .grid({a.num_q_heads, a.num_seqs, 1})
       .block({256, 1, 1})
+      .early_start()  // the kernel waits for the split kernel before it reads the partials
       .arg_ptr(a.o_partial)
       .arg_ptr(a.ml_partial)
       .arg_ptr(a.sinks)
@@ -266,7 +268,8 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
       .launch(stream);
 }
 
-void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
+void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream,
+                           GemvStart start) {
   const Validator v{"mla_batched_gemv_wide"};
   v.non_null({{"input", a.input}, {"weight", a.weight}, {"output", a.output}});
   v.positive({{"n_out", a.n_out}, {"k", a.k}, {"num_heads", a.num_heads}});
@@ -277,6 +280,7 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.n_out, gemv_wide_rows_per_block(a.k)), a.num_heads, 1})
       .block({256, 1, 1})
+      .early_start(start == GemvStart::early)
       .arg_ptr(a.input)
       .arg_ptr(a.weight)
       .arg_ptr(a.output)
@@ -326,10 +330,10 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
 }
 
 bool batched_gemv(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast, const BatchedGemvArgs& a,
-                  Stream stream) {
+                  Stream stream, GemvStart start) {
   const bool wide = a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
   if (wide) {
-    mla_batched_gemv_wide(gpu, fast.gemv_wide, a, stream);
+    mla_batched_gemv_wide(gpu, fast.gemv_wide, a, stream, start);
   } else {
     mla_batched_gemv(gpu, seed.batched_gemv, a, stream);
   }

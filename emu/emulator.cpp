@@ -537,7 +537,8 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
 std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
 
 void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                                Stream /*stream: blocks run synchronously*/, std::uint32_t shared_bytes) {
+                                Stream /*stream: blocks run synchronously*/, std::uint32_t shared_bytes,
+                                bool /*early_start: as soon as the launch before has ended*/) {
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::launch);
   const auto& e = impl_->entry(kernel);

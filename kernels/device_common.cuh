@@ -7,6 +7,22 @@ namespace metrale {
 
 constexpr uint32_t kWarp = 32;
 
+// Programmatic dependent launch (sm_90 and later; GpuBackend::launch's `early_start`). A kernel
+// launched early waits here for the kernel ahead of it on the stream to finish (its writes
+// visible) before touching what that kernel writes; launched as usual, or before sm_90, it
+// returns at once. No port: the emulator runs each launch after the one before has ended.
+__device__ inline void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the kernel behind this one on the stream, launched early, start its blocks now.
+__device__ inline void allow_next_kernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // The butterfly sum the ports reproduce lane for lane; every lane ends with the total.
 __device__ inline float warp_sum(float v) {
   for (uint32_t off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);

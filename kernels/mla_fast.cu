@@ -34,7 +34,9 @@
 using metrale::key_set;
 using metrale::KeySet;
 using metrale::kWarp;
+using metrale::allow_next_kernel;
 using metrale::segment_sum;
+using metrale::wait_for_previous_kernel;
 using metrale::warp_sum;
 
 namespace {
@@ -237,6 +239,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, uint32_t keys_per_split,
                              const Rows& layout) {
   const KeySet& keys = layout.keys;
+  allow_next_kernel();  // the combine, launched early, waits for this grid to end
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
   const Smem sm = carve(smem_raw, G, dim, layout.raw_pitch());
@@ -642,6 +645,7 @@ extern "C" __global__ void __launch_bounds__(512)
                                uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t cache_stride,
                                uint32_t sliding_window, const uint8_t* comp_pool, uint32_t comp_block_count,
                                uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
   split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split, rows);
@@ -657,6 +661,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
                                  uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
                                  uint64_t cache_stride, uint32_t sliding_window, const uint8_t* comp_pool,
                                  uint32_t comp_block_count, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
   split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split,
@@ -672,6 +677,7 @@ extern "C" __global__ void __launch_bounds__(512)
                                  const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
                                  uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
                                  uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
   split_decode<0>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split, rows);
@@ -684,6 +690,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
                                    const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
                                    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
                                    uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
   split_decode<kHeld16>(q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys_per_split,
@@ -700,6 +707,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks,
                                                     __nv_bfloat16* o, uint32_t num_q_heads, uint32_t kv_cache_dim,
                                                     uint32_t num_splits, float v_scale) {
+  wait_for_previous_kernel();  // the split kernel's partials (launched early)
+  allow_next_kernel();
   const uint32_t h = blockIdx.x, s = blockIdx.y;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const bool has_sink = sinks != nullptr;
@@ -730,6 +739,8 @@ extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, cons
 // the segment. Warp w takes kGemvSteps steps of 32/S rows each, their loads in flight together:
 // step t, segment g is row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g, with
 // rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp, gemv_wide_rows_per_block).
+// Launched early (GpuBackend::launch's early_start), it loads its first weights before waiting
+// for the kernel ahead of it, which therefore must not write `weight`.
 // Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
 extern "C" __global__ void __launch_bounds__(256)
@@ -742,14 +753,16 @@ extern "C" __global__ void __launch_bounds__(256)
   const uint32_t h = blockIdx.y, sub = lane % S;
   const uint32_t row0 = (blockIdx.x * (blockDim.x / kWarp) + warp) * kGemvSteps * per_step + lane / S;
   const uint4* x = reinterpret_cast<const uint4*>(input + uint64_t{h} * input_stride);
+  allow_next_kernel();
   float acc[kGemvSteps] = {};
-  for (uint32_t ch = sub; ch < k / 8; ch += S) {
+  for (uint32_t ch = sub; ch < k / 8; ch += S) {  // at least once: sub < S ≤ k/8
     uint4 wv[kGemvSteps];
 #pragma unroll
     for (uint32_t t = 0; t < kGemvSteps; ++t) {
       const uint32_t n = row0 + t * per_step;
-      if (n < n_out) wv[t] = reinterpret_cast<const uint4*>(weight + (uint64_t{h} * n_out + n) * k)[ch];
+      if (n < n_out) wv[t] = ld_stream16(weight + ((uint64_t{h} * n_out + n) * k + 8 * ch));
     }
+    if (ch == sub) wait_for_previous_kernel();  // launched early: the first weights are in flight
     const uint4 xv = x[ch];
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll

@@ -204,8 +204,16 @@ Row bench_paged(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std:
           fmt::format("B={} L={} H={}", B, L, H), us, p.bytes(H), p.flops(H)};
 }
 
+// The GEMV kernels: the seed's, the wide one, and the wide one started early (its weights
+// streaming in while the launch ahead of it finishes: GemvStart::early).
+enum class GemvKernel { seed, wide, wide_early };
+
+std::string to_string(GemvKernel g) {
+  return g == GemvKernel::seed ? "seed" : g == GemvKernel::wide ? "wide" : "wide, early start";
+}
+
 // All heads' GEMV in one launch, rotating over enough weight copies to defeat the L2.
-Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_out, std::uint32_t k, bool wide) {
+Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_out, std::uint32_t k, GemvKernel g) {
   const std::size_t w_bytes = std::size_t{H} * n_out * k * 2;
   const std::size_t copies = bench.on_device() ? std::max<std::size_t>(1, (256u << 20) / w_bytes) : 1;
   std::vector<DeviceBuffer> w;
@@ -216,11 +224,12 @@ Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_o
   std::size_t next = 0;
   const double us = bench.median_us([&] {
     const BatchedGemvArgs a{x.ptr(), w[next++ % copies].ptr(), y.ptr(), n_out, k, H, k, n_out};
-    wide ? mla_batched_gemv_wide(gpu, fast.gemv_wide, a) : mla_batched_gemv(gpu, seed.batched_gemv, a);
+    if (g == GemvKernel::seed) return mla_batched_gemv(gpu, seed.batched_gemv, a);
+    mla_batched_gemv_wide(gpu, fast.gemv_wide, a, 0, g == GemvKernel::wide_early ? GemvStart::early : GemvStart::after);
   });
   const double bytes = static_cast<double>(w_bytes) + 2.0 * H * (k + n_out);
-  return {wide ? "batched_gemv (wide)" : "batched_gemv (seed)", fmt::format("H={} n_out={} k={}", H, n_out, k), us,
-          bytes, 2.0 * H * n_out * k};
+  return {fmt::format("batched_gemv ({})", to_string(g)), fmt::format("H={} n_out={} k={}", H, n_out, k), us, bytes,
+          2.0 * H * n_out * k};
 }
 
 // The K3 SDPA with gate over a resident history of `seq` tokens.
@@ -241,10 +250,10 @@ Row bench_k3_sdpa(Bench& bench, GpuBackend& gpu, std::uint32_t heads, std::uint3
 }
 
 void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
-  fmt::print("{:<26} {:<32} {:>12} {:>10} {:>8} {:>10}\n", "kernel", "shape", "us/launch", "GB/s", "% copy", "TFLOP/s");
+  fmt::print("{:<33} {:<32} {:>12} {:>10} {:>8} {:>10}\n", "kernel", "shape", "us/launch", "GB/s", "% copy", "TFLOP/s");
   for (const auto& r : rows) {
     const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-    fmt::print("{:<26} {:<32} {:>12.1f} {:>10.1f} {:>7.1f}% {:>10.2f}\n", r.kernel, r.shape, r.us, gbps,
+    fmt::print("{:<33} {:<32} {:>12.1f} {:>10.1f} {:>7.1f}% {:>10.2f}\n", r.kernel, r.shape, r.us, gbps,
                100.0 * gbps * 1e9 / copy_bw, r.flops / (r.us * 1e-6) / 1e12);
     j["rows"].push_back({{"kernel", r.kernel},
                          {"shape", r.shape},
@@ -375,10 +384,11 @@ void add_bench(CLI::App& app) {
             fmt::format("paged_decode_{} ({}) B={} L={} H={}", to_string(f), split ? "split" : "seed", B, L, H),
             [&bench, &gpu, f, B, L, H, split] { return bench_paged(bench, *gpu, f, B, L, H, split); });
       };
-      auto gemv = [&](std::uint32_t H, std::uint32_t n, std::uint32_t k, bool wide) {
-        plan.emplace_back(fmt::format("batched_gemv ({}) H={} n_out={} k={}", wide ? "wide" : "seed", H, n, k),
-                          [&bench, &gpu, H, n, k, wide] { return bench_gemv(bench, *gpu, H, n, k, wide); });
+      auto gemv = [&](std::uint32_t H, std::uint32_t n, std::uint32_t k, GemvKernel g) {
+        plan.emplace_back(fmt::format("batched_gemv ({}) H={} n_out={} k={}", to_string(g), H, n, k),
+                          [&bench, &gpu, H, n, k, g] { return bench_gemv(bench, *gpu, H, n, k, g); });
       };
+      constexpr GemvKernel kGemvKernels[] = {GemvKernel::seed, GemvKernel::wide, GemvKernel::wide_early};
       auto sdpa = [&](std::uint32_t heads, std::uint32_t seq) {
         plan.emplace_back(fmt::format("k3_sdpa_gate heads={} seq={}", heads, seq),
                           [&bench, &gpu, heads, seq] { return bench_k3_sdpa(bench, *gpu, heads, seq, 192, 128); });
@@ -389,12 +399,12 @@ void add_bench(CLI::App& app) {
             for (std::uint32_t L : {1024u, 4096u})
               for (std::uint32_t H : {16u, 128u})
                 for (bool split : {false, true}) paged(f, B, L, H, split);
-        for (bool wide : {false, true}) gemv(128, 512, 128, wide), gemv(128, 128, 512, wide);
+        for (GemvKernel g : kGemvKernels) gemv(128, 512, 128, g), gemv(128, 128, 512, g);
         for (std::uint32_t seq : {1024u, 4096u, 16384u}) sdpa(64, seq);
       } else {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
           for (bool split : {false, true}) paged(f, 1, 256, 16, split);
-        for (bool wide : {false, true}) gemv(16, 512, 128, wide);
+        for (GemvKernel g : kGemvKernels) gemv(16, 512, 128, g);
         sdpa(8, 256);
       }
       std::vector<Row> rows;

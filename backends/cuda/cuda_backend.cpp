@@ -24,7 +24,7 @@ namespace {
   X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
       X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)   \
           X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData)              \
-              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuStreamSynchronize) \
+              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuStreamSynchronize) \
                   X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)       \
                       X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)
 
@@ -118,6 +118,7 @@ struct Kernel {
 struct CudaBackend::Impl {
   CUdevice device{};
   CUcontext context{};
+  int compute_capability = 0;  // major·10 + minor
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
   std::vector<Kernel> kernels;  // handle id = index + 1
@@ -154,6 +155,7 @@ CudaBackend::CudaBackend(int ordinal) : impl_(std::make_unique<Impl>()) {
   METRALE_CU(cuDeviceGet(&impl_->device, ordinal));
   METRALE_CU(cuDevicePrimaryCtxRetain(&impl_->context, impl_->device));
   METRALE_CU(cuCtxSetCurrent(impl_->context));
+  impl_->compute_capability = compute_capability();
 }
 
 CudaBackend::~CudaBackend() {
@@ -216,7 +218,7 @@ std::string CudaBackend::kernel_name(KernelHandle kernel) const {
 }
 
 void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                            Stream stream, std::uint32_t shared_bytes) {
+                            Stream stream, std::uint32_t shared_bytes, bool early_start) {
   if (kernel.id == 0 || kernel.id > impl_->kernels.size())
     fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
   Kernel& k = impl_->kernels[kernel.id - 1];
@@ -237,8 +239,20 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
     storage[i] = args[i].bits;  // little-endian: a 4-byte argument is the low half
     params[i] = &storage[i];
   }
-  METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes,
-                            reinterpret_cast<CUstream>(stream), params.data(), nullptr));
+  if (!early_start || impl_->compute_capability < 90) {
+    METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes,
+                              reinterpret_cast<CUstream>(stream), params.data(), nullptr));
+    return;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+  config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+  config.sharedMemBytes = shared_bytes, config.hStream = reinterpret_cast<CUstream>(stream);
+  config.attrs = &attr, config.numAttrs = 1;
+  METRALE_CU(cuLaunchKernelEx(&config, k.function, params.data(), nullptr));
 }
 
 void CudaBackend::synchronize(Stream stream) { METRALE_CU(cuStreamSynchronize(reinterpret_cast<CUstream>(stream))); }

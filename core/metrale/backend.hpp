@@ -45,9 +45,14 @@ class GpuBackend {
   /// when the arguments or block shape disagree with the kernel's declared
   /// parameters or the shared memory exceeds the device's limit;
   /// `device_fault` for a faulting kernel.
+  /// `early_start`: programmatic dependent launch (CUDA, sm_90 and later): the kernel may
+  /// start before the kernel ahead of it on `stream` has finished, and must wait for it
+  /// (`griddepcontrol.wait`) before it touches anything that kernel writes; what it reads
+  /// before the wait must not be written by that kernel. Backends without it (the
+  /// emulator, which runs launches one after the other) launch as usual: the same result.
   void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-              std::uint32_t shared_bytes = 0) {
-    do_launch(kernel, grid, block, args, stream, shared_bytes);
+              std::uint32_t shared_bytes = 0, bool early_start = false) {
+    do_launch(kernel, grid, block, args, stream, shared_bytes, early_start);
   }
   /// Wait for the work queued on `stream`. Errors: `device_fault`.
   virtual void synchronize(Stream stream) = 0;
@@ -65,7 +70,7 @@ class GpuBackend {
  protected:
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;
   virtual void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                         std::uint32_t shared_bytes) = 0;
+                         std::uint32_t shared_bytes, bool early_start) = 0;
 };
 
 }  // namespace metrale

@@ -26,6 +26,8 @@ class KernelLaunch {
   KernelLaunch& block(Dim3 b) { block_ = b; return *this; }
   /// Dynamic shared memory per block, in bytes.
   KernelLaunch& shared_bytes(std::uint32_t n) { shared_ = n; return *this; }
+  /// Programmatic dependent launch (GpuBackend::launch's `early_start`).
+  KernelLaunch& early_start(bool on = true) { early_start_ = on; return *this; }
   KernelLaunch& arg_ptr(DevicePtr v) { return push(KernelArg::ptr(v)); }
   KernelLaunch& arg_u32(std::uint32_t v) { return push(KernelArg::u32(v)); }
   KernelLaunch& arg_i32(std::int32_t v) { return push(KernelArg::i32(v)); }
@@ -43,6 +45,7 @@ class KernelLaunch {
   KernelHandle kernel_;
   Dim3 grid_{}, block_{};
   std::uint32_t shared_ = 0;
+  bool early_start_ = false;
   std::array<KernelArg, kMaxArgs> args_{};
   std::size_t count_ = 0;
   bool overflow_ = false;

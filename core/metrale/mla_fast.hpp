@@ -85,7 +85,9 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 /// staged). `kernel` is the module's split entry of the format, or its 16-head entry
 /// (mla_paged_decode_split16_*) when rows_per_block is 16 and `staged` is false — any other
 /// block size is refused by the backend's launch. Staged or not, on either entry, the results
-/// are bit-identical. Errors (`invalid_argument`):
+/// are bit-identical. Launched early (programmatic dependent launch on sm_90 and later): the
+/// kernel waits for the kernel ahead of it on the stream before it touches memory, and lets the
+/// combine behind it start. Errors (`invalid_argument`):
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
 /// keys_per_split not a multiple of 32; the split path's dimension and alignment rules.
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
@@ -103,14 +105,22 @@ struct CombineArgs {
   float v_scale = 1.0f;
   std::uint32_t num_seqs = 0;
 };
-/// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): a null pointer other
-/// than sinks; a zero count; v_scale not finite or ≤ 0.
+/// Grid [num_q_heads, num_seqs], block 256; launched early, it waits for the split kernel ahead
+/// of it before it reads the partials. Errors (`invalid_argument`): a null pointer other than
+/// sinks; a zero count; v_scale not finite or ≤ 0.
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
+
+/// When the wide GEMV may start: after the kernel ahead of it on the stream (`after`), or while
+/// that kernel finishes (`early`, programmatic dependent launch on sm_90 and later: the GEMV
+/// streams its first weights in before it waits for that kernel, which therefore must not
+/// write `weight`; it reads `input` and writes `output` only after the wait).
+enum class GemvStart { after, early };
 
 /// Grid [⌈n_out/gemv_wide_rows_per_block(k)⌉, num_heads], block 256. Errors
 /// (`invalid_argument`): those of mla_batched_gemv, plus k or input_stride not a multiple of 8
 /// (16-byte loads).
-void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
+void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0,
+                           GemvStart start = GemvStart::after);
 /// Output rows per block of the wide GEMV: 32·(32/S), a row summed by S lanes, S the largest
 /// power of two ≤ min(32, k/8) (k = 128: 64 rows; k ≥ 256: 32).
 std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
@@ -126,8 +136,9 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                               const PagedDecodeNvfp4Args& a, DecodeWorkspace& ws, Stream stream = 0);
 /// Batched GEMV: the wide kernel when k and input_stride are multiples of 8 and the pointers
-/// 16-byte aligned, else the seed kernel. Returns whether the wide kernel ran.
+/// 16-byte aligned (started as `start` says), else the seed kernel. Returns whether the wide
+/// kernel ran.
 bool batched_gemv(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast, const BatchedGemvArgs& a,
-                  Stream stream = 0);
+                  Stream stream = 0, GemvStart start = GemvStart::after);
 
 }  // namespace metrale

@@ -125,8 +125,9 @@ class EmulatorBackend final : public GpuBackend {
  protected:
   DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
   /// Also rejects more dynamic shared memory than options.max_shared_bytes_per_block.
+  /// `early_start` changes nothing: each launch runs to its end before the next starts.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                 std::uint32_t shared_bytes) override;
+                 std::uint32_t shared_bytes, bool early_start) override;
 
  private:
   struct Impl;

@@ -54,9 +54,11 @@ class CudaBackend final : public GpuBackend {
   /// Checks the argument count and each argument's size against the kernel
   /// image (cuFuncGetParamInfo) first, and raises the kernel's dynamic shared
   /// memory limit when a launch asks for more than 48 KiB. Errors:
-  /// `launch_failed` naming the argument; the driver's launch errors.
+  /// `launch_failed` naming the argument; the driver's launch errors. `early_start` launches
+  /// with programmatic stream serialization (cuLaunchKernelEx) on sm_90 and later, and as
+  /// usual before.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                 std::uint32_t shared_bytes) override;
+                 std::uint32_t shared_bytes, bool early_start) override;
 
  private:
   struct Impl;
