@@ -615,13 +615,13 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
   return r;
 }
 
-Tolerance same_arithmetic_tolerance(const Tensor& want) {
+Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
   if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64) return {};
   double peak = 0;
   for (double v : to_doubles(want))
     if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
-  if (want.dtype == Dtype::bf16) return {1e-6 * peak, 0, 1};
-  return {1e-6 * peak, 1e-6, 0};
+  if (want.dtype == Dtype::bf16) return {floor * peak, 0, 1};
+  return {floor * peak, 1e-6, 0};
 }
 
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {

@@ -53,4 +53,20 @@ const Registry::Entry* Registry::find(std::string_view module, std::string_view 
   return nullptr;
 }
 
+void Registry::set_recorded_floor(std::string_view module, std::string_view entry, std::string output, double floor) {
+  for (auto& e : entries_) {
+    if (e.module == module && e.entry == entry) {
+      e.recorded_floor.emplace_back(std::move(output), floor);
+      return;
+    }
+  }
+  fail(Errc::internal, "set_recorded_floor: no kernel {}.{} registered", module, entry);
+}
+
+double Registry::Entry::floor_of(std::string_view name) const {
+  for (const auto& [output, floor] : recorded_floor)
+    if (output == name) return floor;
+  return 1e-6;
+}
+
 }  // namespace metrale::emu

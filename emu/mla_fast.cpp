@@ -271,6 +271,12 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
   r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
+  // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
+  // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
+  // |o_partial| for a recorded case.
+  for (const char* e : {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8", "mla_paged_decode_split_nvfp4",
+                        "mla_paged_decode_split16_nvfp4"})
+    r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",
       {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},

@@ -239,7 +239,6 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
                              uint32_t q_head_dim, uint32_t dim, float logit_scale, uint32_t keys_per_split,
                              const Rows& layout) {
   const KeySet& keys = layout.keys;
-  allow_next_kernel();  // the combine, launched early, waits for this grid to end
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t R = blockDim.x / (4 * kWarp), G = R * kGroupRows;
   const Smem sm = carve(smem_raw, G, dim, layout.raw_pitch());
@@ -712,20 +711,28 @@ extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, cons
   const uint32_t h = blockIdx.x, s = blockIdx.y;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const bool has_sink = sinks != nullptr;
+  // The loops over the chunks select instead of branching and are unrolled, so that eight
+  // chunks' loads are in flight together: at one sequence a head has hundreds of chunks.
   float big = has_sink ? sinks[h] : -INFINITY;
-  for (uint32_t z = 0; z < num_splits; ++z)
-    if (ml_partial[2 * (base + z) + 1] > 0.0f) big = fmaxf(big, ml_partial[2 * (base + z)]);
-  float denom = has_sink ? expf(sinks[h] - big) : 0.0f;
+#pragma unroll 8
   for (uint32_t z = 0; z < num_splits; ++z) {
-    const float l = ml_partial[2 * (base + z) + 1];
-    if (l > 0.0f) denom += expf(ml_partial[2 * (base + z)] - big) * l;
+    const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
+    big = l > 0.0f ? fmaxf(big, m) : big;
+  }
+  float denom = has_sink ? expf(sinks[h] - big) : 0.0f;
+#pragma unroll 8
+  for (uint32_t z = 0; z < num_splits; ++z) {
+    const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
+    denom += l > 0.0f ? expf(m - big) * l : 0.0f;
   }
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   for (uint32_t d = threadIdx.x; d < kv_cache_dim; d += blockDim.x) {
     float num = 0.0f;
+#pragma unroll 8
     for (uint32_t z = 0; z < num_splits; ++z) {
-      const float l = ml_partial[2 * (base + z) + 1];
-      if (l > 0.0f) num += expf(ml_partial[2 * (base + z)] - big) * o_partial[(base + z) * kv_cache_dim + d];
+      const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
+      const float v = o_partial[(base + z) * kv_cache_dim + d];  // loaded for every chunk, counted where l > 0
+      num += l > 0.0f ? expf(m - big) * v : 0.0f;
     }
     o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(num * inv);
   }

@@ -312,6 +312,14 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     if (rec.entry == split) {
       CHECK(rec.scalars.at("num_seqs").as_u32() == 2);
       CHECK(rec.scalars.at("rows_per_block").as_u32() == (p.num_q_heads == 16 ? 16u : 48u));
+      // A GPU's expf may round a P element to FP16 the other way than the port's std::exp: the
+      // partial outputs get a floor of 2^-10 of their largest value, here and between backends.
+      double peak = 0;
+      for (float v : rec.expected.at("o_partial").values<float>()) peak = std::max(peak, std::fabs(double{v}));
+      CHECK(rec.tolerance.at("o_partial").abs == 0x1p-10 * peak);
+      CHECK(rec.backend_tolerance.at("o_partial").abs == 0x1p-10 * peak);
+      CHECK(rec.tolerance.at("ml_partial").rel == 1e-6);
+      CHECK(rec.backend_tolerance.count("ml_partial") == 0);
     }
     CHECK(rec.expected.size() >= 1);
     test::check_case(rec);

@@ -87,9 +87,10 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
 
 /// The tolerance of one backend's result against another's for the same
 /// arithmetic: BF16 within one ulp, FP32 within 1e-6 relative, integers and
-/// bytes exact; plus an absolute floor of 1e-6 of the output's largest value
-/// for results that cancel to near zero.
-Tolerance same_arithmetic_tolerance(const Tensor& want);
+/// bytes exact; plus an absolute floor of `floor` (1e-6) of the output's largest
+/// value for results that cancel to near zero, or that differ by a rounding
+/// that went the other way inside the kernel.
+Tolerance same_arithmetic_tolerance(const Tensor& want, double floor = 1e-6);
 /// The case's backend_tolerance for `output`, else same_arithmetic_tolerance(want).
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 

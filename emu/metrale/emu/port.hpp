@@ -317,7 +317,13 @@ class Registry {
     std::vector<ParamDecl> params;
     BlockRule block_rule;
     Invoker run;
+    /// Outputs whose port may differ from the kernel by more than the same arithmetic does,
+    /// with the absolute floor of a recorded case's tolerance for them, as a fraction of the
+    /// output's largest value (same_arithmetic_tolerance's floor is 1e-6).
+    std::vector<std::pair<std::string, double>> recorded_floor;
     std::string full_name() const { return module + "." + entry; }
+    /// The floor of output `name`: recorded_floor's, else 1e-6.
+    double floor_of(std::string_view name) const;
   };
 
   /// Register `Port` (a `void(Block&, params...)` function) under (module,
@@ -329,6 +335,9 @@ class Registry {
 
   /// nullptr when (module, entry) is not registered.
   const Entry* find(std::string_view module, std::string_view entry) const;
+  /// Set Entry::recorded_floor of `output` of a registered (module, entry). Errors: `internal`
+  /// when it is not registered.
+  void set_recorded_floor(std::string_view module, std::string_view entry, std::string output, double floor);
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
@@ -336,7 +345,7 @@ class Registry {
   void add_impl(void (*port)(Block&, A...), std::string module, std::string entry, const char* const (&names)[N],
                 BlockRule rule) {
     static_assert(sizeof...(A) == N, "one name per port parameter");
-    Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}};
+    Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}, {}};
     constexpr ArgKind kinds[] = {detail::PortArg<A>::kind...};
     constexpr Dtype dtypes[] = {detail::PortArg<A>::dtype...};
     for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i], dtypes[i]});
