@@ -274,10 +274,10 @@ KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32
   std::vector<float> o(slots * dim), ml(slots * 2), sink;
   for (auto& x : o) x = uni(rng) * 20.0f;
   for (std::size_t z = 0; z < slots; ++z) {
-    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O = 0
+    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O not counted (NaN here)
     ml[2 * z] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
     ml[2 * z + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
-    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(z * dim), dim, 0.0f);
+    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(z * dim), dim, std::numeric_limits<float>::quiet_NaN());
   }
   if (sinks)
     for (std::uint32_t h = 0; h < heads; ++h) sink.push_back(uni(rng) * 12.0f);  // from negligible to dominant

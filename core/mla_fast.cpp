@@ -118,6 +118,12 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
   return 8 * kGemvSteps * (32 / segment);
 }
 
+std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiprocessors) {
+  const std::uint64_t heads = std::uint64_t{a.num_q_heads} * a.num_seqs, slots = 8ull * std::max(1u, multiprocessors);
+  const std::uint32_t tiles = (a.kv_cache_dim + 63) / 64;  // 64-dim tiles
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((slots + heads - 1) / heads, 1, std::max(1u, tiles)));
+}
+
 // Whether a direct 16-head split block fits `max_shared_bytes` (else the seed kernel).
 bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
   return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= max_shared_bytes;
@@ -254,7 +260,7 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
   v.at_most("num_q_heads", a.num_q_heads, detail::kMaxGridX);
   v.positive_finite("v_scale", a.v_scale);
   KernelLaunch(gpu, kernel)
-      .grid({a.num_q_heads, a.num_seqs, 1})
+      .grid({a.num_q_heads, a.num_seqs, combine_dim_blocks(a, gpu.multiprocessor_count())})
       .block({256, 1, 1})
       .early_start()  // the kernel waits for the split kernel before it reads the partials
       .arg_ptr(a.o_partial)

@@ -183,30 +183,44 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
-// M = max(max_z m_z, sink); the sink counts once; no keys and no sink writes zeros.
-// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims.
+// M = max(max_z m_z, sink) over the chunks with keys; the sink counts once; no keys and no sink
+// writes zeros.
+// Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. Block z of a head takes a run of
+// ⌈tiles/dim_blocks⌉ of the 64-dim tiles; a dim's sum is four lanes' sums (chunks ≡ lane mod 4),
+// added in lane order, as the kernel's threads do.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<const float> ml_partial,
                               Global<const float> sinks, Global<Bf16> o, std::uint32_t num_q_heads,
                               std::uint32_t kv_cache_dim, std::uint32_t num_splits, float v_scale) {
+  constexpr std::uint32_t kDims = 64, kLanes = 4;
   const std::uint32_t h = blk.blockIdx.x, s = blk.blockIdx.y;
   const std::uint64_t base = (std::uint64_t{s} * num_q_heads + h) * num_splits;
   const bool has_sink = static_cast<bool>(sinks);
   const auto ml = ml_partial.read(2 * base, 2 * std::uint64_t{num_splits});
-  float big = has_sink ? sinks[h] : -std::numeric_limits<float>::infinity();
+  float big = -std::numeric_limits<float>::infinity();
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] > 0.0f) big = std::max(big, ml[2 * z]);
-  float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
+    if (ml[2 * z + 1] > 0.0f) big = std::fmax(big, ml[2 * z]);
+  if (has_sink) big = std::fmax(sinks[h], big);
+  float denom = 0.0f;
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] > 0.0f) denom += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
+  if (has_sink) denom = std::exp(sinks[h] - big) + denom;
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] > 0.0f) weight[z] = std::exp(ml[2 * z] - big);
+  const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims, per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
   blk.threads([&](std::uint32_t tid) {
-    for (std::uint32_t d = tid; d < kv_cache_dim; d += blk.blockDim.x) {
-      float num = 0.0f;
+    if (tid >= kDims) return;  // lane 0 of each dim writes it
+    for (std::uint32_t t = blk.blockIdx.z * per_block; t < std::min(tiles, (blk.blockIdx.z + 1) * per_block); ++t) {
+      const std::uint32_t d = t * kDims + tid;
+      if (d >= kv_cache_dim) continue;
+      std::array<float, kLanes> lane{};
       for (std::uint32_t z = 0; z < num_splits; ++z)
-        if (ml[2 * z + 1] > 0.0f) num += std::exp(ml[2 * z] - big) * o_partial[(base + z) * kv_cache_dim + d];
-      o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = Bf16::from_float(num * inv);
+        if (weight[z]) lane[z % kLanes] += *weight[z] * o_partial[(base + z) * kv_cache_dim + d];
+      o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] =
+          Bf16::from_float((((lane[0] + lane[1]) + lane[2]) + lane[3]) * inv);
     }
   });
 }

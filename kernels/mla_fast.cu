@@ -36,6 +36,7 @@ using metrale::KeySet;
 using metrale::kWarp;
 using metrale::allow_next_kernel;
 using metrale::segment_sum;
+using metrale::warp_max;
 using metrale::wait_for_previous_kernel;
 using metrale::warp_sum;
 
@@ -698,43 +699,90 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
-// M = max(max_z m_z, sink); the sink (when sinks is not null) counts once; no keys and no sink
-// writes zeros.
-// Grid: [num_q_heads, num_seqs]. Block: 256, threads stride over the dims.
+// M = max(max_z m_z, sink), over the chunks z with keys (l_z > 0); the sink (when sinks is not
+// null) counts once; no keys and no sink writes zeros.
+// Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256 = 64 dims × 4 lanes of chunks. The dims
+// fall in 64-wide tiles, dealt to the dim_blocks blocks of a head in runs of ⌈tiles/dim_blocks⌉
+// (the launcher raises dim_blocks until small problems fill the device: one sequence of 16
+// heads is 16 blocks otherwise). Every block finds M and the denominator with all its threads,
+// writes the chunks' weights e^(m_z − M) once to shared memory (kCombineSkip for a chunk without
+// keys), and thread t sums, for dim t mod 64 of each of its tiles, the chunks ≡ t/64 mod 4 that
+// have keys, eight loads in flight (every chunk's row is read, to keep them so; a chunk without
+// keys is not counted, whatever its row holds); the four lanes' sums are added in lane order. A dim's sum does not
+// depend on dim_blocks.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
-extern "C" __global__ void mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks,
-                                                    __nv_bfloat16* o, uint32_t num_q_heads, uint32_t kv_cache_dim,
-                                                    uint32_t num_splits, float v_scale) {
+constexpr uint32_t kCombineDims = 64, kCombineLanes = 4, kCombineBatch = 1024;  // chunks' weights at a time
+constexpr uint32_t kCombineInFlight = 8;  // chunks' loads a thread has in flight
+constexpr float kCombineSkip = -1.0f;     // a weight e^x is never negative
+
+extern "C" __global__ void __launch_bounds__(256)
+    mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks, __nv_bfloat16* o,
+                             uint32_t num_q_heads, uint32_t kv_cache_dim, uint32_t num_splits, float v_scale) {
   wait_for_previous_kernel();  // the split kernel's partials (launched early)
   allow_next_kernel();
-  const uint32_t h = blockIdx.x, s = blockIdx.y;
+  __shared__ float weight[kCombineBatch], red_max[8], red_sum[8], lane_sum[kCombineLanes][kCombineDims];
+  const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, warp = tid / kWarp;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
+  const float* ml = ml_partial + 2 * base;
   const bool has_sink = sinks != nullptr;
-  // The loops over the chunks select instead of branching and are unrolled, so that eight
-  // chunks' loads are in flight together: at one sequence a head has hundreds of chunks.
-  float big = has_sink ? sinks[h] : -INFINITY;
-#pragma unroll 8
-  for (uint32_t z = 0; z < num_splits; ++z) {
-    const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
-    big = l > 0.0f ? fmaxf(big, m) : big;
-  }
-  float denom = has_sink ? expf(sinks[h] - big) : 0.0f;
-#pragma unroll 8
-  for (uint32_t z = 0; z < num_splits; ++z) {
-    const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
-    denom += l > 0.0f ? expf(m - big) * l : 0.0f;
-  }
+  // M and the denominator, each a block-wide reduction.
+  float big = -INFINITY;
+  for (uint32_t z = tid; z < num_splits; z += blockDim.x) big = ml[2 * z + 1] > 0.0f ? fmaxf(big, ml[2 * z]) : big;
+  big = warp_max(big);
+  if (tid % kWarp == 0) red_max[warp] = big;
+  __syncthreads();
+  big = has_sink ? sinks[h] : -INFINITY;
+  for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) big = fmaxf(big, red_max[w]);
+  float denom = 0.0f;
+  for (uint32_t z = tid; z < num_splits; z += blockDim.x)
+    denom += ml[2 * z + 1] > 0.0f ? expf(ml[2 * z] - big) * ml[2 * z + 1] : 0.0f;
+  denom = warp_sum(denom);
+  if (tid % kWarp == 0) red_sum[warp] = denom;
+  __syncthreads();
+  denom = has_sink ? expf(sinks[h] - big) : 0.0f;
+  for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) denom += red_sum[w];
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
-  for (uint32_t d = threadIdx.x; d < kv_cache_dim; d += blockDim.x) {
-    float num = 0.0f;
-#pragma unroll 8
-    for (uint32_t z = 0; z < num_splits; ++z) {
-      const float m = ml_partial[2 * (base + z)], l = ml_partial[2 * (base + z) + 1];
-      const float v = o_partial[(base + z) * kv_cache_dim + d];  // loaded for every chunk, counted where l > 0
-      num += l > 0.0f ? expf(m - big) * v : 0.0f;
+
+  // The weights of chunks [z0, z0 + kCombineBatch).
+  auto fill_weights = [&](uint32_t z0) {
+    for (uint32_t z = tid; z < kCombineBatch && z0 + z < num_splits; z += blockDim.x)
+      weight[z] = ml[2 * (z0 + z) + 1] > 0.0f ? expf(ml[2 * (z0 + z)] - big) : kCombineSkip;
+    __syncthreads();
+  };
+  const bool one_batch = num_splits <= kCombineBatch;
+  if (one_batch) fill_weights(0);
+  const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
+  const uint32_t lane = tid / kCombineDims;
+  for (uint32_t t = blockIdx.z * per_block; t < min(tiles, (blockIdx.z + 1) * per_block); ++t) {
+    const uint32_t d = t * kCombineDims + tid % kCombineDims;
+    float acc = 0.0f;
+    for (uint32_t z0 = 0; z0 < num_splits; z0 += kCombineBatch) {
+      if (!one_batch) fill_weights(z0);
+      const uint32_t n = min(kCombineBatch, num_splits - z0);
+      if (d < kv_cache_dim) {
+        for (uint32_t z = lane; z < n; z += kCombineInFlight * kCombineLanes) {
+          float w[kCombineInFlight], v[kCombineInFlight];
+#pragma unroll
+          for (uint32_t i = 0; i < kCombineInFlight; ++i) {
+            const uint32_t c = z + i * kCombineLanes;
+            w[i] = c < n ? weight[c] : kCombineSkip;
+            v[i] = c < n ? o_partial[(base + z0 + c) * kv_cache_dim + d] : 0.0f;
+          }
+#pragma unroll
+          for (uint32_t i = 0; i < kCombineInFlight; ++i) acc += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
+        }
+      }
+      if (!one_batch) __syncthreads();  // the next batch rewrites the weights
     }
-    o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(num * inv);
+    lane_sum[lane][tid % kCombineDims] = acc;
+    __syncthreads();
+    if (lane == 0 && d < kv_cache_dim) {
+      const float* l = &lane_sum[0][tid];
+      o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] =
+          __float2bfloat16_rn(((l[0] + l[kCombineDims]) + l[2 * kCombineDims] + l[3 * kCombineDims]) * inv);
+    }
+    __syncthreads();  // lane_sum is rewritten by the next tile
   }
 }
 

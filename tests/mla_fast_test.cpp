@@ -3,6 +3,7 @@
 // where the two decode paths must agree with the seed kernel (NaN sinks, empty sequences).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <set>
 
 #include "metrale/case_gen.hpp"
+#include "metrale/launch.hpp"
 #include "metrale/mla_fast.hpp"
 #include "support.hpp"
 
@@ -63,8 +65,46 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
 TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
   for (const bool sinks : {false, true})
     for (auto [seqs, heads, dim, splits] :
-         {std::array<std::uint32_t, 4>{1, 1, 1, 1}, {2, 3, 64, 5}, {3, 16, 576, 12}, {1, 2, 300, 257}})
+         {std::array<std::uint32_t, 4>{1, 1, 1, 1}, {2, 3, 64, 5}, {3, 16, 576, 12}, {1, 2, 300, 257}, {1, 1, 130, 2100}})
       test::check_case(gen::combine_case(seqs, heads, dim, splits, sinks, 7 + splits));
+}
+
+// The combine deals a head's 64-dim tiles to dim_blocks blocks (combine_dim_blocks); a dim's sum
+// must not depend on how many: the same bits with one block per head, one per tile, and runs of
+// uneven length (4 blocks over 9 tiles: three of 3, one idle).
+TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_fast][combine]") {
+  const KernelCase c = gen::combine_case(3, 16, 576, 12, true, 5);
+  CHECK(combine_dim_blocks({{}, {}, {}, {}, 16, 576, 12, 1.0f, 1}, 132) == 9);    // 16 heads: a block per tile
+  CHECK(combine_dim_blocks({{}, {}, {}, {}, 16, 576, 12, 1.0f, 32}, 132) == 3);   // 512 heads: 1056 / 512 → 3
+  CHECK(combine_dim_blocks({{}, {}, {}, {}, 128, 576, 12, 1.0f, 128}, 132) == 1);
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name);
+    auto gpu = test::make_backend(name);
+    const KernelHandle k = gpu->kernel("mla_fast", "mla_paged_decode_combine");
+    std::map<std::string, DeviceBuffer> in;
+    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    std::vector<std::vector<Bf16>> outs;
+    for (std::uint32_t blocks : {1u, 9u, 4u}) {
+      upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again: each run writes every dim
+      KernelLaunch(*gpu, k)
+          .grid({16, 3, blocks})
+          .block({256, 1, 1})
+          .arg_ptr(in.at("o_partial").ptr())
+          .arg_ptr(in.at("ml_partial").ptr())
+          .arg_ptr(in.at("sinks").ptr())
+          .arg_ptr(in.at("o").ptr())
+          .arg_u32(16)
+          .arg_u32(576)
+          .arg_u32(12)
+          .arg_f32(c.scalars.at("v_scale").as_f32())
+          .launch();
+      gpu->synchronize(0);
+      outs.push_back(in.at("o").to_host<Bf16>());
+    }
+    CHECK(outs[1] == outs[0]);
+    CHECK(outs[2] == outs[0]);
+    CHECK(std::none_of(outs[0].begin(), outs[0].end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+  }
 }
 
 TEST_CASE("the wide GEMV matches the float64 reference", "[mla_fast][gemv]") {

@@ -106,10 +106,15 @@ struct CombineArgs {
   float v_scale = 1.0f;
   std::uint32_t num_seqs = 0;
 };
-/// Grid [num_q_heads, num_seqs], block 256; launched early, it waits for the split kernel ahead
-/// of it before it reads the partials, and lets the kernel behind it start. Errors (`invalid_argument`): a null pointer other than
+/// Grid [num_q_heads, num_seqs, combine_dim_blocks(a, SMs)], block 256; launched early, it waits
+/// for the split kernel ahead of it before it reads the partials, and lets the kernel behind it
+/// start. Errors (`invalid_argument`): a null pointer other than
 /// sinks; a zero count; v_scale not finite or ≤ 0.
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
+/// Blocks per (sequence, head) of the combine, each taking a run of the 64-dim tiles: enough for
+/// eight 256-thread blocks per SM (at one sequence of 16 heads on 132 SMs, 9 for 576 dims), at
+/// most one per tile, at least one. The result does not depend on it.
+std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiprocessors);
 
 /// When the wide GEMV may start: after the kernel ahead of it on the stream (`after`), or while
 /// that kernel finishes (`early`, programmatic dependent launch on sm_90 and later: the GEMV
