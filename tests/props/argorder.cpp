@@ -115,7 +115,7 @@ ExpectedLaunch combine_launch(const PagedDecodeCommon& a, const SplitPlan& p, De
   using defs::P, defs::U, defs::F;
   return {"mla_fast",
           "mla_paged_decode_combine",
-          {a.num_q_heads, a.num_seqs, 1},
+          {a.num_q_heads, a.num_seqs, defs::combine_blocks(a.num_q_heads, a.num_seqs, a.kv_cache_dim)},
           {256, 1, 1},
           {{"o_partial", P(ws)},
            {"ml_partial", P(ws + p.ml_offset)},

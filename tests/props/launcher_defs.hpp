@@ -96,6 +96,12 @@ inline ExpectedLaunch launch_of(const char* module, const char* entry, Dim3 grid
 /// Output rows per block of the wide GEMV, from its contract: a row per segment of
 /// S = bit_floor(min(32, k/8)) lanes, 4 steps of 32/S rows per warp, 8 warps.
 inline std::uint32_t wide_gemv_rows(std::uint32_t k) { return 8 * 4 * (32 / std::bit_floor(std::min(32u, k / 8))); }
+/// The combine's blocks per (sequence, head) on the emulator's 132 SMs: enough for 8·132 blocks,
+/// at most one per 64-dim tile, at least one.
+inline std::uint32_t combine_blocks(std::uint32_t heads, std::uint32_t seqs, std::uint32_t dim) {
+  const std::uint64_t n = std::uint64_t{heads} * seqs, want = (8 * 132 + n - 1) / n, tiles = (dim + 63ull) / 64;
+  return static_cast<std::uint32_t>(std::max<std::uint64_t>(1, std::min(want, tiles)));
+}
 
 inline KernelArg P(DevicePtr p) { return KernelArg::ptr(p); }
 inline KernelArg U(std::uint32_t v) { return KernelArg::u32(v); }

@@ -273,7 +273,8 @@ Def<CombineArgs> combine() {
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const CombineArgs& a) { mla_paged_decode_combine(g, k, a); };
   d.expect = [kn](const CombineArgs& a) {
-    auto e = launch_of(kFast, kn, {a.num_q_heads, a.num_seqs, 1}, k256);
+    auto e = launch_of(kFast, kn, {a.num_q_heads, a.num_seqs, combine_blocks(a.num_q_heads, a.num_seqs, a.kv_cache_dim)},
+                       k256);
     e.args = {{"o_partial", P(a.o_partial)},     {"ml_partial", P(a.ml_partial)},
               {"sinks", P(a.sinks)},             {"o", P(a.o)},
               {"num_q_heads", U(a.num_q_heads)}, {"kv_cache_dim", U(a.kv_cache_dim)},
