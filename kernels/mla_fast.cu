@@ -701,18 +701,19 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
 // M = max(max_z m_z, sink), over the chunks z with keys (l_z > 0); the sink (when sinks is not
 // null) counts once; no keys and no sink writes zeros.
-// Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256 = 64 dims × 4 lanes of chunks. The dims
-// fall in 64-wide tiles, dealt to the dim_blocks blocks of a head in runs of ⌈tiles/dim_blocks⌉
-// (the launcher raises dim_blocks until small problems fill the device: one sequence of 16
-// heads is 16 blocks otherwise). Every block finds M and the denominator with all its threads,
-// writes the chunks' weights e^(m_z − M) once to shared memory (kCombineSkip for a chunk without
-// keys), and thread t sums, for dim t mod 64 of each of its tiles, the chunks ≡ t/64 mod 4 that
-// have keys, eight loads in flight (every chunk's row is read, to keep them so; a chunk without
-// keys is not counted, whatever its row holds); the four lanes' sums are added in lane order. A dim's sum does not
+// Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. The dims fall in 64-wide tiles, dealt
+// to the dim_blocks blocks of a head in runs of ⌈tiles/dim_blocks⌉ (the launcher raises
+// dim_blocks until small problems fill the device: one sequence of 16 heads is 16 blocks
+// otherwise). Every block finds M and the denominator with all its threads, writes the chunks'
+// weights e^(m_z − M) once to shared memory (kCombineSkip for a chunk without keys), and splits
+// its threads into `lanes` lanes (4, or 2 or 1 with fewer chunks) of 256/lanes dims: thread t
+// sums, for its dim of each pass, the chunks ≡ its lane mod lanes that have keys, eight loads in
+// flight (every chunk's row is read, to keep them so; a chunk without keys is not counted,
+// whatever its row holds); the lanes' sums are added in lane order. A dim's sum does not
 // depend on dim_blocks.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
-constexpr uint32_t kCombineDims = 64, kCombineLanes = 4, kCombineBatch = 1024;  // chunks' weights at a time
+constexpr uint32_t kCombineDims = 64, kCombineBatch = 1024;  // dims of a tile; chunks' weights at a time
 constexpr uint32_t kCombineInFlight = 8;  // chunks' loads a thread has in flight
 constexpr float kCombineSkip = -1.0f;     // a weight e^x is never negative
 
@@ -721,7 +722,7 @@ extern "C" __global__ void __launch_bounds__(256)
                              uint32_t num_q_heads, uint32_t kv_cache_dim, uint32_t num_splits, float v_scale) {
   wait_for_previous_kernel();  // the split kernel's partials (launched early)
   allow_next_kernel();
-  __shared__ float weight[kCombineBatch], red_max[8], red_sum[8], lane_sum[kCombineLanes][kCombineDims];
+  __shared__ float weight[kCombineBatch], red_max[8], red_sum[8], lane_sum[256];
   const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, warp = tid / kWarp;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const float* ml = ml_partial + 2 * base;
@@ -752,20 +753,22 @@ extern "C" __global__ void __launch_bounds__(256)
   };
   const bool one_batch = num_splits <= kCombineBatch;
   if (one_batch) fill_weights(0);
+  // Lanes of chunks per dim: four, fewer when there are fewer chunks; a pass takes 256/lanes dims.
+  const uint32_t lanes = num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1, width = blockDim.x / lanes, lane = tid / width;
   const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
-  const uint32_t lane = tid / kCombineDims;
-  for (uint32_t t = blockIdx.z * per_block; t < min(tiles, (blockIdx.z + 1) * per_block); ++t) {
-    const uint32_t d = t * kCombineDims + tid % kCombineDims;
+  const uint32_t d_end = min(kv_cache_dim, (blockIdx.z + 1) * per_block * kCombineDims);
+  for (uint32_t d0 = blockIdx.z * per_block * kCombineDims; d0 < d_end; d0 += width) {
+    const uint32_t d = d0 + tid % width;
     float acc = 0.0f;
     for (uint32_t z0 = 0; z0 < num_splits; z0 += kCombineBatch) {
       if (!one_batch) fill_weights(z0);
       const uint32_t n = min(kCombineBatch, num_splits - z0);
-      if (d < kv_cache_dim) {
-        for (uint32_t z = lane; z < n; z += kCombineInFlight * kCombineLanes) {
+      if (d < d_end) {
+        for (uint32_t z = lane; z < n; z += kCombineInFlight * lanes) {
           float w[kCombineInFlight], v[kCombineInFlight];
 #pragma unroll
           for (uint32_t i = 0; i < kCombineInFlight; ++i) {
-            const uint32_t c = z + i * kCombineLanes;
+            const uint32_t c = z + i * lanes;
             w[i] = c < n ? weight[c] : kCombineSkip;
             v[i] = c < n ? o_partial[(base + z0 + c) * kv_cache_dim + d] : 0.0f;
           }
@@ -775,14 +778,14 @@ extern "C" __global__ void __launch_bounds__(256)
       }
       if (!one_batch) __syncthreads();  // the next batch rewrites the weights
     }
-    lane_sum[lane][tid % kCombineDims] = acc;
-    __syncthreads();
-    if (lane == 0 && d < kv_cache_dim) {
-      const float* l = &lane_sum[0][tid];
-      o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] =
-          __float2bfloat16_rn(((l[0] + l[kCombineDims]) + l[2 * kCombineDims] + l[3 * kCombineDims]) * inv);
+    if (lanes > 1) {
+      lane_sum[tid] = acc;
+      __syncthreads();
+      if (lane == 0)
+        for (uint32_t l = 1; l < lanes; ++l) acc += lane_sum[l * width + tid];  // in lane order
+      __syncthreads();                                                          // rewritten by the next pass
     }
-    __syncthreads();  // lane_sum is rewritten by the next tile
+    if (lane == 0 && d < d_end) o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(acc * inv);
   }
 }
 

@@ -65,7 +65,8 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
 TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
   for (const bool sinks : {false, true})
     for (auto [seqs, heads, dim, splits] :
-         {std::array<std::uint32_t, 4>{1, 1, 1, 1}, {2, 3, 64, 5}, {3, 16, 576, 12}, {1, 2, 300, 257}, {1, 1, 130, 2100}})
+         {std::array<std::uint32_t, 4>{1, 1, 1, 1}, {1, 5, 200, 2}, {2, 3, 64, 3}, {2, 3, 64, 5}, {3, 16, 576, 12},
+          {1, 2, 300, 257}, {1, 1, 130, 2100}})
       test::check_case(gen::combine_case(seqs, heads, dim, splits, sinks, 7 + splits));
 }
 
