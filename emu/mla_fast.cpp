@@ -186,8 +186,8 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
 // M = max(max_z m_z, sink) over the chunks with keys; the sink counts once; no keys and no sink
 // writes zeros.
 // Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. Block z of a head takes a run of
-// ⌈tiles/dim_blocks⌉ of the 64-dim tiles; a dim's sum is `lanes` lanes' sums (chunks ≡ lane mod
-// lanes; 4 lanes, 2 or 1 with fewer chunks), added in lane order, as the kernel's threads do.
+// ⌈tiles/dim_blocks⌉ of the 64-dim tiles; a dim's sum is its chunks' sums by residue mod 4,
+// added in order, as the kernel's threads add them whatever their lanes.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<const float> ml_partial,
@@ -210,15 +210,13 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] > 0.0f) weight[z] = std::exp(ml[2 * z] - big);
-  const std::uint32_t lanes = num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
   const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims, per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
   const std::uint32_t d_end = std::min(kv_cache_dim, (blk.blockIdx.z + 1) * per_block * kDims);
   for (std::uint32_t d = blk.blockIdx.z * per_block * kDims; d < d_end; ++d) {
-    std::array<float, 4> lane{};
+    std::array<float, 4> residue{};  // the chunks ≡ 0, 1, 2, 3 (mod 4)
     for (std::uint32_t z = 0; z < num_splits; ++z)
-      if (weight[z]) lane[z % lanes] += *weight[z] * o_partial[(base + z) * kv_cache_dim + d];
-    float sum = lane[0];
-    for (std::uint32_t l = 1; l < lanes; ++l) sum += lane[l];
+      if (weight[z]) residue[z % 4] += *weight[z] * o_partial[(base + z) * kv_cache_dim + d];
+    const float sum = ((residue[0] + residue[1]) + residue[2]) + residue[3];
     o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = Bf16::from_float(sum * inv);
   }
 }

@@ -706,23 +706,86 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // dim_blocks until small problems fill the device: one sequence of 16 heads is 16 blocks
 // otherwise). Every block finds M and the denominator with all its threads, writes the chunks'
 // weights e^(m_z − M) once to shared memory (kCombineSkip for a chunk without keys), and splits
-// its threads into `lanes` lanes (4, or 2 or 1 with fewer chunks) of 256/lanes dims: thread t
-// sums, for its dim of each pass, the chunks ≡ its lane mod lanes that have keys, eight loads in
-// flight (every chunk's row is read, to keep them so; a chunk without keys is not counted,
-// whatever its row holds); the lanes' sums are added in lane order. A dim's sum does not
-// depend on dim_blocks.
+// its threads into `lanes` lanes (combine_lanes) of 256/lanes dims (combine_dims): a dim's
+// chunks that have keys are summed by residue mod 4, eight loads in flight (every chunk's row is
+// read, to keep them so; a chunk without keys is not counted, whatever its row holds), and the
+// four sums added in order: a dim's result depends neither on the lanes nor on dim_blocks.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 constexpr uint32_t kCombineDims = 64, kCombineBatch = 1024;  // dims of a tile; chunks' weights at a time
 constexpr uint32_t kCombineInFlight = 8;  // chunks' loads a thread has in flight
 constexpr float kCombineSkip = -1.0f;     // a weight e^x is never negative
 
+// Lanes of chunks per dim: as many as keep the 256 threads busy on a block's run of 64-dim tiles
+// (4 for one tile, 2 for two, else 1), and no more than the chunks (a pass then takes 256/lanes
+// dims).
+__device__ uint32_t combine_lanes(uint32_t num_splits, uint32_t tiles_per_block) {
+  const uint32_t by_tiles = tiles_per_block == 1 ? 4 : tiles_per_block == 2 ? 2 : 1;
+  const uint32_t by_chunks = num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1;
+  return min(by_tiles, by_chunks);
+}
+
+// What combine_dims reads: a head's partial rows, the chunks' weights and the lanes' exchange.
+struct CombineRows {
+  const float* o_partial;  // [num_splits, dim] of the (sequence, head)
+  const float* weight;     // shared: e^(m_z − M) of the current batch, or kCombineSkip
+  float* lane_sum;         // shared: [2][256]
+  uint32_t dim, num_splits;
+  float inv;  // v_scale / denominator
+};
+
+// The dims [d_begin, d_end) of a head, in passes of 256/kLanes dims: thread (lane, dim) sums the
+// chunks ≡ lane + j·kLanes (mod 4) into acc[j], eight loads in flight, and the dim's result is
+// ((r0 + r1) + r2) + r3 over the residues mod 4, whatever kLanes and the grid are.
+template <uint32_t kLanes, class Fill>
+__device__ void combine_dims(const CombineRows& r, uint32_t d_begin, uint32_t d_end, bool one_batch,
+                             const Fill& fill_weights, __nv_bfloat16* out) {
+  constexpr uint32_t kWidth = 256 / kLanes, kResidues = 4 / kLanes;  // dims of a pass; sums a thread keeps
+  const uint32_t tid = threadIdx.x, lane = tid / kWidth;
+  for (uint32_t d0 = d_begin; d0 < d_end; d0 += kWidth) {
+    const uint32_t d = d0 + tid % kWidth;
+    float acc[kResidues] = {};
+    for (uint32_t z0 = 0; z0 < r.num_splits; z0 += kCombineBatch) {
+      if (!one_batch) fill_weights(z0);
+      const uint32_t n = min(kCombineBatch, r.num_splits - z0);
+      if (d < d_end) {
+        for (uint32_t z = lane; z < n; z += kCombineInFlight * kLanes) {  // z ≡ lane (mod 4)
+          float w[kCombineInFlight], v[kCombineInFlight];
+#pragma unroll
+          for (uint32_t i = 0; i < kCombineInFlight; ++i) {
+            const uint32_t c = z + i * kLanes;
+            w[i] = c < n ? r.weight[c] : kCombineSkip;
+            v[i] = c < n ? r.o_partial[uint64_t{z0 + c} * r.dim + d] : 0.0f;  // in flight together
+          }
+#pragma unroll
+          for (uint32_t i = 0; i < kCombineInFlight; ++i) acc[i % kResidues] += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
+        }
+      }
+      if (!one_batch) __syncthreads();  // the next batch rewrites the weights
+    }
+    float total;
+    if constexpr (kLanes == 1) {
+      total = ((acc[0] + acc[1]) + acc[2]) + acc[3];
+    } else {
+#pragma unroll
+      for (uint32_t j = 0; j < kResidues; ++j) r.lane_sum[j * 256 + tid] = acc[j];
+      __syncthreads();
+      float res[4];  // lane 0: residue m is lane m mod kLanes's sum j = m / kLanes
+#pragma unroll
+      for (uint32_t m = 0; m < 4; ++m) res[m] = lane == 0 ? r.lane_sum[(m / kLanes) * 256 + (m % kLanes) * kWidth + tid] : 0.0f;
+      total = ((res[0] + res[1]) + res[2]) + res[3];
+      __syncthreads();  // rewritten by the next pass
+    }
+    if (lane == 0 && d < d_end) out[d] = __float2bfloat16_rn(total * r.inv);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     mla_paged_decode_combine(const float* o_partial, const float* ml_partial, const float* sinks, __nv_bfloat16* o,
                              uint32_t num_q_heads, uint32_t kv_cache_dim, uint32_t num_splits, float v_scale) {
   wait_for_previous_kernel();  // the split kernel's partials (launched early)
   allow_next_kernel();
-  __shared__ float weight[kCombineBatch], red_max[8], red_sum[8], lane_sum[256];
+  __shared__ float weight[kCombineBatch], red_max[8], red_sum[8], lane_sum[2 * 256];
   const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, warp = tid / kWarp;
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const float* ml = ml_partial + 2 * base;
@@ -753,39 +816,15 @@ extern "C" __global__ void __launch_bounds__(256)
   };
   const bool one_batch = num_splits <= kCombineBatch;
   if (one_batch) fill_weights(0);
-  // Lanes of chunks per dim: four, fewer when there are fewer chunks; a pass takes 256/lanes dims.
-  const uint32_t lanes = num_splits >= 4 ? 4 : num_splits >= 2 ? 2 : 1, width = blockDim.x / lanes, lane = tid / width;
   const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
+  const uint32_t d_begin = blockIdx.z * per_block * kCombineDims;
   const uint32_t d_end = min(kv_cache_dim, (blockIdx.z + 1) * per_block * kCombineDims);
-  for (uint32_t d0 = blockIdx.z * per_block * kCombineDims; d0 < d_end; d0 += width) {
-    const uint32_t d = d0 + tid % width;
-    float acc = 0.0f;
-    for (uint32_t z0 = 0; z0 < num_splits; z0 += kCombineBatch) {
-      if (!one_batch) fill_weights(z0);
-      const uint32_t n = min(kCombineBatch, num_splits - z0);
-      if (d < d_end) {
-        for (uint32_t z = lane; z < n; z += kCombineInFlight * lanes) {
-          float w[kCombineInFlight], v[kCombineInFlight];
-#pragma unroll
-          for (uint32_t i = 0; i < kCombineInFlight; ++i) {
-            const uint32_t c = z + i * lanes;
-            w[i] = c < n ? weight[c] : kCombineSkip;
-            v[i] = c < n ? o_partial[(base + z0 + c) * kv_cache_dim + d] : 0.0f;
-          }
-#pragma unroll
-          for (uint32_t i = 0; i < kCombineInFlight; ++i) acc += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
-        }
-      }
-      if (!one_batch) __syncthreads();  // the next batch rewrites the weights
-    }
-    if (lanes > 1) {
-      lane_sum[tid] = acc;
-      __syncthreads();
-      if (lane == 0)
-        for (uint32_t l = 1; l < lanes; ++l) acc += lane_sum[l * width + tid];  // in lane order
-      __syncthreads();                                                          // rewritten by the next pass
-    }
-    if (lane == 0 && d < d_end) o[(uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = __float2bfloat16_rn(acc * inv);
+  __nv_bfloat16* out = o + (uint64_t{s} * num_q_heads + h) * kv_cache_dim;
+  const CombineRows rows{o_partial + base * kv_cache_dim, weight, lane_sum, kv_cache_dim, num_splits, inv};
+  switch (combine_lanes(num_splits, per_block)) {
+    case 4: return combine_dims<4>(rows, d_begin, d_end, one_batch, fill_weights, out);
+    case 2: return combine_dims<2>(rows, d_begin, d_end, one_batch, fill_weights, out);
+    default: return combine_dims<1>(rows, d_begin, d_end, one_batch, fill_weights, out);
   }
 }
 

@@ -70,9 +70,10 @@ TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
       test::check_case(gen::combine_case(seqs, heads, dim, splits, sinks, 7 + splits));
 }
 
-// The combine deals a head's 64-dim tiles to dim_blocks blocks (combine_dim_blocks); a dim's sum
-// must not depend on how many: the same bits with one block per head, one per tile, and runs of
-// uneven length (4 blocks over 9 tiles: three of 3, one idle).
+// The combine deals a head's 64-dim tiles to dim_blocks blocks (combine_dim_blocks), whose
+// threads split into 1, 2 or 4 lanes of chunks by the tiles they get; a dim's sum must depend on
+// neither: the same bits with one block per head (9 tiles, one lane), one per tile (four lanes),
+// runs of 2 (5 blocks: two lanes, the last block one tile) and of 3 (4 blocks: one idle).
 TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_fast][combine]") {
   const KernelCase c = gen::combine_case(3, 16, 576, 12, true, 5);
   CHECK(combine_dim_blocks({{}, {}, {}, {}, 16, 576, 12, 1.0f, 1}, 132) == 9);    // 16 heads: a block per tile
@@ -85,7 +86,7 @@ TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_f
     std::map<std::string, DeviceBuffer> in;
     for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
     std::vector<std::vector<Bf16>> outs;
-    for (std::uint32_t blocks : {1u, 9u, 4u}) {
+    for (std::uint32_t blocks : {1u, 9u, 5u, 4u}) {
       upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again: each run writes every dim
       KernelLaunch(*gpu, k)
           .grid({16, 3, blocks})
@@ -104,6 +105,7 @@ TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_f
     }
     CHECK(outs[1] == outs[0]);
     CHECK(outs[2] == outs[0]);
+    CHECK(outs[3] == outs[0]);
     CHECK(std::none_of(outs[0].begin(), outs[0].end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
   }
 }
