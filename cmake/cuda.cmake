@@ -8,9 +8,13 @@ file(GLOB METRALE_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels
 file(GLOB METRALE_KERNEL_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cuh)
 
 set(gencodes "")
+set(min_arch 1000)
 foreach(arch ${METRALE_CUDA_ARCHS})
   list(APPEND gencodes -gencode=arch=compute_${arch},code=sm_${arch})
   set(last_arch ${arch})
+  if(arch LESS min_arch)
+    set(min_arch ${arch})
+  endif()
 endforeach()
 list(APPEND gencodes -gencode=arch=compute_${last_arch},code=compute_${last_arch})
 set(nvcc_flags -std=c++20 -O3 -lineinfo -I${PROJECT_SOURCE_DIR}/kernels)
@@ -47,3 +51,6 @@ target_include_directories(metrale_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURC
                                         PRIVATE ${PROJECT_SOURCE_DIR}/backends/cuda ${CUDAToolkit_INCLUDE_DIRS})
 target_link_libraries(metrale_cuda PUBLIC metrale_core PRIVATE ${CMAKE_DL_LIBS} $<BUILD_INTERFACE:metrale_warnings>)
 target_compile_definitions(metrale_cuda PUBLIC METRALE_WITH_CUDA=1)
+# The lowest target: kernels built below sm_90 have no griddepcontrol.wait, so the backend
+# launches nothing early (a device could otherwise JIT such a build and run it early).
+target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch})

@@ -202,10 +202,13 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] > 0.0f) big = std::fmax(big, ml[2 * z]);
   if (has_sink) big = std::fmax(sinks[h], big);
-  float denom = 0.0f;
+  // The denominator as the kernel adds it: thread t the chunks ≡ t (mod 256) in order, a
+  // butterfly per warp, then the sink's term and the eight warps' sums in order.
+  std::array<std::array<float, kWarp>, 8> part{};
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] > 0.0f) denom += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
-  if (has_sink) denom = std::exp(sinks[h] - big) + denom;
+    if (ml[2 * z + 1] > 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
+  float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
+  for (const auto& warp : part) denom += warp_sum(warp);
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)

@@ -7,7 +7,7 @@
 // BF16 took four) and serves all G heads from it with mma.sync m16n8k16 (FP16 in, FP32
 // accumulate; sm_80 and later, so it builds for sm_90 and sm_121 alike). Q enters FP16 scaled
 // per row by a power of two that keeps it in range (q_scale_of), P as FP16 (finer than BF16 on
-// [0, 1]). K and V take turns in one FP16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
+// [2^-16, 1], within 2^-25 below). K and V take turns in one FP16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
 // the block's footprint. Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the
 // output dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online
 // softmax runs across tiles; the block writes its unnormalised partial output with the running
@@ -163,7 +163,8 @@ __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint
 }
 
 // The power of two 2^e a Q row is scaled by on its way to FP16, and 2^-e, from the row's largest
-// BF16 magnitude bits `big`: the largest magnitude lands in [2^14, 2^15), so the row converts
+// BF16 magnitude bits `big`: the largest magnitude lands in [2^14, 2^15) (below, for rows under
+// 2^-112, where e stops at 126), so the row converts
 // without overflow, every BF16 value of it that lands in FP16's normal range exactly, and the
 // logits are scaled back exactly (both factors normal FP32: e in [-114, 126]; a row of zeros,
 // an inf or a NaN stays zeros, inf or NaN).
@@ -837,7 +838,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // step t, segment g is row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g, with
 // rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp, gemv_wide_rows_per_block).
 // Launched early (GpuBackend::launch's early_start), it loads its first weights before waiting
-// for the kernel ahead of it, which therefore must not write `weight`.
+// for the kernel ahead of it, which therefore must not write `weight` — nor may any kernel that
+// can still run then: those ahead of it that were started early too.
 // Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
 extern "C" __global__ void __launch_bounds__(256)

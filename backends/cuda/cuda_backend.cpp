@@ -239,7 +239,9 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
     storage[i] = args[i].bits;  // little-endian: a 4-byte argument is the low half
     params[i] = &storage[i];
   }
-  if (!early_start || impl_->compute_capability < 90) {
+  // Early only where the device has it and every kernel image waits for it (griddepcontrol.wait
+  // exists from sm_90; a build with a lower target has images without it).
+  if (!early_start || impl_->compute_capability < 90 || METRALE_CUDA_MIN_ARCH < 90) {
     METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes,
                               reinterpret_cast<CUstream>(stream), params.data(), nullptr));
     return;

@@ -118,8 +118,9 @@ std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiproces
 
 /// When the wide GEMV may start: after the kernel ahead of it on the stream (`after`), or while
 /// that kernel finishes (`early`, programmatic dependent launch on sm_90 and later: the GEMV
-/// streams its first weights in before it waits for that kernel, which therefore must not
-/// write `weight`; it reads `input` and writes `output` only after the wait).
+/// streams its first weights in before it waits for that kernel, so no kernel that may still
+/// run then may write `weight` — the one ahead, and those before it that were started early
+/// too, such as the combine; it reads `input` and writes `output` only after the wait).
 enum class GemvStart { after, early };
 
 /// Grid [⌈n_out/gemv_wide_rows_per_block(k)⌉, num_heads], block 256. Errors

@@ -56,7 +56,7 @@ class CudaBackend final : public GpuBackend {
   /// memory limit when a launch asks for more than 48 KiB. Errors:
   /// `launch_failed` naming the argument; the driver's launch errors. `early_start` launches
   /// with programmatic stream serialization (cuLaunchKernelEx) on sm_90 and later, and as
-  /// usual before.
+  /// usual before or when the build targets anything below sm_90.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
                  std::uint32_t shared_bytes, bool early_start) override;
 
