@@ -726,6 +726,41 @@ __device__ uint32_t combine_lanes(uint32_t num_splits, uint32_t tiles_per_block)
   return min(by_tiles, by_chunks);
 }
 
+// Up to four chunks (short contexts): every thread finds M, the denominator and the weights
+// itself, with no barrier and no shared memory, adding the denominator's terms t_z as the block
+// reductions of the general path do — sink + ((t0 + t2) + (t1 + t3)), the warp butterfly over
+// lanes 0..3 — and each dim's chunks in residues, so the bits are the general path's.
+__device__ void combine_few(const float* o_partial, const float* ml, const float* sink, uint32_t num_splits,
+                            uint32_t dim, float v_scale, uint32_t d_begin, uint32_t d_end, __nv_bfloat16* out) {
+  bool live[4];
+  float m[4], l[4], big = -INFINITY;
+#pragma unroll
+  for (uint32_t z = 0; z < 4; ++z) {
+    m[z] = z < num_splits ? ml[2 * z] : 0.0f;
+    l[z] = z < num_splits ? ml[2 * z + 1] : 0.0f;
+    live[z] = l[z] > 0.0f;
+    big = live[z] ? fmaxf(big, m[z]) : big;
+  }
+  if (sink != nullptr) big = fmaxf(*sink, big);
+  float t[4], w[4];
+#pragma unroll
+  for (uint32_t z = 0; z < 4; ++z) {
+    w[z] = live[z] ? expf(m[z] - big) : kCombineSkip;
+    t[z] = live[z] ? __fmul_rn(w[z], l[z]) : 0.0f;  // rounded here, never fused into the sums below
+  }
+  const float denom = (sink != nullptr ? expf(*sink - big) : 0.0f) + ((t[0] + t[2]) + (t[1] + t[3]));
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  for (uint32_t d = d_begin + threadIdx.x; d < d_end; d += blockDim.x) {
+    float acc[4] = {};
+#pragma unroll
+    for (uint32_t z = 0; z < 4; ++z) {
+      const float v = z < num_splits ? o_partial[uint64_t{z} * dim + d] : 0.0f;
+      acc[z] += w[z] != kCombineSkip ? w[z] * v : 0.0f;
+    }
+    out[d] = __float2bfloat16_rn((((acc[0] + acc[1]) + acc[2]) + acc[3]) * inv);
+  }
+}
+
 // What combine_dims reads: a head's partial rows, the chunks' weights and the lanes' exchange.
 struct CombineRows {
   const float* o_partial;  // [num_splits, dim] of the (sequence, head)
@@ -791,6 +826,13 @@ extern "C" __global__ void __launch_bounds__(256)
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const float* ml = ml_partial + 2 * base;
   const bool has_sink = sinks != nullptr;
+  const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
+  const uint32_t d_begin = blockIdx.z * per_block * kCombineDims;
+  const uint32_t d_end = min(kv_cache_dim, (blockIdx.z + 1) * per_block * kCombineDims);
+  __nv_bfloat16* out = o + (uint64_t{s} * num_q_heads + h) * kv_cache_dim;
+  if (num_splits <= 4)
+    return combine_few(o_partial + base * kv_cache_dim, ml, has_sink ? sinks + h : nullptr, num_splits, kv_cache_dim,
+                       v_scale, d_begin, d_end, out);
   // M and the denominator, each a block-wide reduction.
   float big = -INFINITY;
   for (uint32_t z = tid; z < num_splits; z += blockDim.x) big = ml[2 * z + 1] > 0.0f ? fmaxf(big, ml[2 * z]) : big;
@@ -817,10 +859,6 @@ extern "C" __global__ void __launch_bounds__(256)
   };
   const bool one_batch = num_splits <= kCombineBatch;
   if (one_batch) fill_weights(0);
-  const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
-  const uint32_t d_begin = blockIdx.z * per_block * kCombineDims;
-  const uint32_t d_end = min(kv_cache_dim, (blockIdx.z + 1) * per_block * kCombineDims);
-  __nv_bfloat16* out = o + (uint64_t{s} * num_q_heads + h) * kv_cache_dim;
   const CombineRows rows{o_partial + base * kv_cache_dim, weight, lane_sum, kv_cache_dim, num_splits, inv};
   switch (combine_lanes(num_splits, per_block)) {
     case 4: return combine_dims<4>(rows, d_begin, d_end, one_batch, fill_weights, out);
