@@ -710,7 +710,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // its threads into `lanes` lanes (combine_lanes) of 256/lanes dims (combine_dims): a dim's
 // chunks that have keys are summed by residue mod 4, eight loads in flight (every chunk's row is
 // read, to keep them so; a chunk without keys is not counted, whatever its row holds), and the
-// four sums added in order: a dim's result depends neither on the lanes nor on dim_blocks.
+// four sums added in order: a dim's result depends neither on the lanes nor on dim_blocks. Up
+// to four chunks take combine_few instead: the same bits without barriers or shared memory.
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 constexpr uint32_t kCombineDims = 64, kCombineBatch = 1024;  // dims of a tile; chunks' weights at a time
