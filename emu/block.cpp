@@ -63,10 +63,10 @@ void Registry::set_recorded_floor(std::string_view module, std::string_view entr
   fail(Errc::internal, "set_recorded_floor: no kernel {}.{} registered", module, entry);
 }
 
-double Registry::Entry::floor_of(std::string_view name) const {
+std::optional<double> Registry::Entry::floor_of(std::string_view name) const {
   for (const auto& [output, floor] : recorded_floor)
     if (output == name) return floor;
-  return 1e-6;
+  return std::nullopt;
 }
 
 }  // namespace metrale::emu

@@ -319,11 +319,11 @@ class Registry {
     Invoker run;
     /// Outputs whose port may differ from the kernel by more than the same arithmetic does,
     /// with the absolute floor of a recorded case's tolerance for them, as a fraction of the
-    /// output's largest value (same_arithmetic_tolerance's floor is 1e-6).
+    /// output's largest value (in place of same_arithmetic_tolerance's).
     std::vector<std::pair<std::string, double>> recorded_floor;
     std::string full_name() const { return module + "." + entry; }
-    /// The floor of output `name`: recorded_floor's, else 1e-6.
-    double floor_of(std::string_view name) const;
+    /// The recorded_floor of output `name`, if it has one.
+    std::optional<double> floor_of(std::string_view name) const;
   };
 
   /// Register `Port` (a `void(Block&, params...)` function) under (module,
