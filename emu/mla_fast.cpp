@@ -213,7 +213,8 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] > 0.0f) weight[z] = std::exp(ml[2 * z] - big);
-  const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims, per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
+  const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims,
+                      per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
   const std::uint32_t d_end = std::min(kv_cache_dim, (blk.blockIdx.z + 1) * per_block * kDims);
   for (std::uint32_t d = blk.blockIdx.z * per_block * kDims; d < d_end; ++d) {
     std::array<float, 4> residue{};  // the chunks ≡ 0, 1, 2, 3 (mod 4)

@@ -7,11 +7,12 @@
 // BF16 took four) and serves all G heads from it with mma.sync m16n8k16 (FP16 in, FP32
 // accumulate; sm_80 and later, so it builds for sm_90 and sm_121 alike). Q enters FP16 scaled
 // per row by a power of two that keeps it in range (q_scale_of), P as FP16 (finer than BF16 on
-// [2^-16, 1], within 2^-25 below). K and V take turns in one FP16 tile buffer: K for Q·Kᵀ, then V for P·V, which halves
-// the block's footprint. Warp (r, c) of the 4R warps owns rows 16r..16r+15 and, for P·V, the
-// output dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys 8c..8c+7 of the tile. An online
-// softmax runs across tiles; the block writes its unnormalised partial output with the running
-// max and sum, and mla_paged_decode_combine merges the chunks (log-sum-exp), counting sinks once.
+// [2^-16, 1], within 2^-25 below). K and V take turns in one FP16 tile buffer: K for Q·Kᵀ, then
+// V for P·V, which halves the block's footprint. Warp (r, c) of the 4R warps owns rows
+// 16r..16r+15 and, for P·V, the output dims [c·D/4, (c+1)·D/4); for Q·Kᵀ it computes keys
+// 8c..8c+7 of the tile. An online softmax runs across tiles; the block writes its unnormalised
+// partial output with the running max and sum, and mla_paged_decode_combine merges the chunks
+// (log-sum-exp), counting sinks once.
 //
 // Staged or direct: when the launch gives the block room for a raw tile (the host's plan does
 // where the device's shared memory allows it), the tile's cache bytes are copied into shared
@@ -218,7 +219,8 @@ __device__ void nvfp4x16_to_f16(const uint2 raw, uint8_t scale_code, __half* dst
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) out[w * 4 + p * 2 + h] = bits_of(__hmul2(e4m3x2_to_f16x2(pairs[p] >> (16 * h)), scale));
+      for (int h = 0; h < 2; ++h)
+        out[w * 4 + p * 2 + h] = bits_of(__hmul2(e4m3x2_to_f16x2(pairs[p] >> (16 * h)), scale));
     }
   }
   st_shared_v4(dst, out[0], out[1], out[2], out[3]);
@@ -486,7 +488,7 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     __syncthreads();  // the next tile rewrites K (V's buffer) and P, and reads the rows
   }
   if (staged) cp_async_wait_all();  // nothing left in flight past the end (empty groups)
-                                    // The block's partial: unnormalised O with its running max and sum, per head.
+  // The block's partial: unnormalised O with its running max and sum, per head.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t h = head0 + 16 * r + lane / 4 + 8 * i;
@@ -795,7 +797,8 @@ __device__ void combine_dims(const CombineRows& r, uint32_t d_begin, uint32_t d_
             v[i] = c < n ? r.o_partial[uint64_t{z0 + c} * r.dim + d] : 0.0f;  // in flight together
           }
 #pragma unroll
-          for (uint32_t i = 0; i < kCombineInFlight; ++i) acc[i % kResidues] += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
+          for (uint32_t i = 0; i < kCombineInFlight; ++i)
+            acc[i % kResidues] += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
         }
       }
       if (!one_batch) __syncthreads();  // the next batch rewrites the weights
@@ -809,7 +812,8 @@ __device__ void combine_dims(const CombineRows& r, uint32_t d_begin, uint32_t d_
       __syncthreads();
       float res[4];  // lane 0: residue m is lane m mod kLanes's sum j = m / kLanes
 #pragma unroll
-      for (uint32_t m = 0; m < 4; ++m) res[m] = lane == 0 ? r.lane_sum[(m / kLanes) * 256 + (m % kLanes) * kWidth + tid] : 0.0f;
+      for (uint32_t m = 0; m < 4; ++m)
+        res[m] = lane == 0 ? r.lane_sum[(m / kLanes) * 256 + (m % kLanes) * kWidth + tid] : 0.0f;
       total = ((res[0] + res[1]) + res[2]) + res[3];
       __syncthreads();  // rewritten by the next pass
     }
@@ -827,7 +831,8 @@ extern "C" __global__ void __launch_bounds__(256)
   const uint64_t base = (uint64_t{s} * num_q_heads + h) * num_splits;
   const float* ml = ml_partial + 2 * base;
   const bool has_sink = sinks != nullptr;
-  const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims, per_block = (tiles + gridDim.z - 1) / gridDim.z;
+  const uint32_t tiles = (kv_cache_dim + kCombineDims - 1) / kCombineDims,
+                 per_block = (tiles + gridDim.z - 1) / gridDim.z;
   const uint32_t d_begin = blockIdx.z * per_block * kCombineDims;
   const uint32_t d_end = min(kv_cache_dim, (blockIdx.z + 1) * per_block * kCombineDims);
   __nv_bfloat16* out = o + (uint64_t{s} * num_q_heads + h) * kv_cache_dim;

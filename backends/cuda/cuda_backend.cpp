@@ -24,9 +24,10 @@ namespace {
   X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
       X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)   \
           X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData)              \
-              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuStreamSynchronize) \
-                  X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)       \
-                      X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)
+              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel)                \
+                  X(cuLaunchKernelEx) X(cuStreamSynchronize) X(cuGetErrorName) X(cuGetErrorString)                \
+                      X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
+                          X(cuEventDestroy) X(cuFuncSetAttribute)
 
 struct Driver {
 #define METRALE_CU_MEMBER(f) decltype(&::f) f = nullptr;
