@@ -23,13 +23,24 @@ set(METRALE_FATBIN_DECLS "")
 set(METRALE_FATBIN_TABLE "")
 set(embedded "")
 set(METRALE_PTX_FILES "")
+# Modules of Hopper-only instructions (wgmma): SASS for sm_90a alone, whatever METRALE_CUDA_ARCHS
+# says; the backend loads them only on a device of compute capability 9.0.
+set(METRALE_SM90A_MODULES mla_wgmma)
 foreach(src ${METRALE_KERNEL_SOURCES})
   get_filename_component(module ${src} NAME_WE)
+  set(module_gencodes ${gencodes})
+  set(module_archs "${METRALE_CUDA_ARCHS}")
+  set(ptx_arch compute_90)
+  if(module IN_LIST METRALE_SM90A_MODULES)
+    set(module_gencodes -gencode=arch=compute_90a,code=sm_90a)
+    set(module_archs 90a)
+    set(ptx_arch compute_90a)
+  endif()
   add_custom_command(OUTPUT ${gen}/${module}.fatbin
-                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -fatbin ${gencodes} -o ${gen}/${module}.fatbin ${src}
-                     DEPENDS ${src} ${METRALE_KERNEL_HEADERS} COMMENT "nvcc ${module}.cu -> fatbin (${METRALE_CUDA_ARCHS})")
+                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -fatbin ${module_gencodes} -o ${gen}/${module}.fatbin ${src}
+                     DEPENDS ${src} ${METRALE_KERNEL_HEADERS} COMMENT "nvcc ${module}.cu -> fatbin (${module_archs})")
   add_custom_command(OUTPUT ${gen}/${module}.ptx
-                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -ptx -arch=compute_90 -o ${gen}/${module}.ptx ${src}
+                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${nvcc_flags} -ptx -arch=${ptx_arch} -o ${gen}/${module}.ptx ${src}
                      DEPENDS ${src} ${METRALE_KERNEL_HEADERS} COMMENT "nvcc ${module}.cu -> ptx")
   add_custom_command(OUTPUT ${gen}/${module}_fatbin.cpp
                      COMMAND ${CMAKE_COMMAND} -DIN=${gen}/${module}.fatbin -DOUT=${gen}/${module}_fatbin.cpp

@@ -205,7 +205,7 @@ KernelCase split_path_case(const PagedSpec& spec) {
   return c;
 }
 
-KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool sixteen) {
+KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, SplitEntry which) {
   const KernelCase base = paged_decode_case(spec);  // the inputs, and the launch's scalars
   const bool fp8 = spec.format == KvFormat::fp8;
   const auto bytes = [&](const char* n) { return base.inputs.at(n).values<std::uint8_t>(); };
@@ -227,17 +227,20 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   }
   // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
   const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
-  const std::uint32_t keys_per_split = 32 * tiles_per_split;
+  const bool sixteen = which == SplitEntry::split16, wgmma = which == SplitEntry::wgmma;
+  const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
   const auto num_splits = static_cast<std::uint32_t>((max_keys + keys_per_split - 1) / keys_per_split + 1);  // a spare
-  const std::uint32_t rows = sixteen ? 16 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
+  const std::uint32_t rows = wgmma ? 64 : sixteen ? 16 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
   const ref::SplitPartials want = ref::split_partials(r, logit_scale, keys_per_split, num_splits);
 
-  const std::string entry = std::string(sixteen ? "mla_paged_decode_split16_" : "mla_paged_decode_split_") +
+  const std::string entry = std::string(wgmma     ? "mla_paged_decode_wgmma_"
+                                        : sixteen ? "mla_paged_decode_split16_"
+                                                  : "mla_paged_decode_split_") +
                             std::string(to_string(spec.format));
   KernelCase c;
   c.name = fmt::format("{} keys_per_split={} {}", entry, keys_per_split, spec.vars());
-  c.module = "mla_fast";
+  c.module = wgmma ? "mla_wgmma" : "mla_fast";
   c.entry = entry;
   for (const char* n : {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool"})
     if (base.inputs.count(n) != 0 && (fp8 || std::string_view(n) != "comp_pool")) c.inputs[n] = base.inputs.at(n);
@@ -693,7 +696,9 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41};
     p.k_scale = 0.013f, p.v_scale = 0.021f, p.seed = ++s;
     if (f == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
-    out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8));
+    out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8 ? SplitEntry::split16 : SplitEntry::split));
+    p.num_q_heads = 70, p.seed = ++s;  // the wgmma entries: two head groups, the second mostly empty
+    out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
   }
   out.push_back(combine_case(3, 5, 576, 7, true, ++s));
   for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path

@@ -44,7 +44,8 @@ struct Adapter {
   std::string module, entry;
   LauncherFields fields;
   // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', or 'r' for the split
-  // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads).
+  // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads; the wgmma entries'
+  // 256 threads serve 64).
   std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
 };
@@ -129,28 +130,29 @@ SplitDecodeArgs split_common(const CaseArgs& a) {
           false};
 }
 
-Adapter split_fp8_adapter(const char* entry) {
-  return {"mla_fast",
+// The split entries of module mla_fast, or (`wgmma`) the wgmma entries of module mla_wgmma.
+Adapter split_fp8_adapter(const char* entry, bool wgmma = false) {
+  return {wgmma ? "mla_wgmma" : "mla_fast",
           entry,
           {concat(kSplitScalars, {{"cache_stride", U64}, {"sliding_window", U32}, {"comp_block_count", U32}}),
            concat(kSplitPointers, {"comp_pool"})},
           kSplitShape,
-          [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
-            mla_paged_decode_split_fp8(g, k,
-                                       {split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
-                                        a.ptr("comp_pool"), a.u32("comp_block_count")});
+          [wgmma](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+            const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
+                                       a.ptr("comp_pool"), a.u32("comp_block_count")};
+            wgmma ? mla_paged_decode_wgmma_fp8(g, k, s) : mla_paged_decode_split_fp8(g, k, s);
           }};
 }
 
-Adapter split_nvfp4_adapter(const char* entry) {
-  return {
-      "mla_fast",
-      entry,
-      {concat(kSplitScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}), kSplitPointers},
-      kSplitShape,
-      [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
-        mla_paged_decode_split_nvfp4(g, k, {split_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")});
-      }};
+Adapter split_nvfp4_adapter(const char* entry, bool wgmma = false) {
+  return {wgmma ? "mla_wgmma" : "mla_fast",
+          entry,
+          {concat(kSplitScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}), kSplitPointers},
+          kSplitShape,
+          [wgmma](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+            const SplitDecodeNvfp4Args s{split_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")};
+            wgmma ? mla_paged_decode_wgmma_nvfp4(g, k, s) : mla_paged_decode_split_nvfp4(g, k, s);
+          }};
 }
 
 // One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
@@ -280,6 +282,8 @@ const std::vector<Adapter>& adapters() {
       split_fp8_adapter("mla_paged_decode_split16_fp8"),
       split_nvfp4_adapter("mla_paged_decode_split_nvfp4"),
       split_nvfp4_adapter("mla_paged_decode_split16_nvfp4"),
+      split_fp8_adapter("mla_paged_decode_wgmma_fp8", true),
+      split_nvfp4_adapter("mla_paged_decode_wgmma_nvfp4", true),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -358,6 +362,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_split16_fp8", split_fp8},
       {"mla_paged_decode_split_nvfp4", split_nvfp4},
       {"mla_paged_decode_split16_nvfp4", split_nvfp4},
+      {"mla_paged_decode_wgmma_fp8", split_fp8},
+      {"mla_paged_decode_wgmma_nvfp4", split_nvfp4},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);
@@ -516,7 +522,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     const bool from_block = g != a.from_grid.end() && g->second == 'r';
     if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    c.scalars[field] = KernelArg::u32(from_block         ? c.block.x / 8
+    const std::uint32_t rows = a.module == "mla_wgmma" ? 64 : c.block.x / 8;
+    c.scalars[field] = KernelArg::u32(from_block         ? rows
                                       : g->second == 'x' ? c.grid.x
                                       : g->second == 'y' ? c.grid.y
                                                          : c.grid.z);

@@ -13,6 +13,7 @@ using detail::Validator;
 namespace {
 
 constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
+constexpr std::uint32_t kWgmmaRows = 64, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's block
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -50,11 +51,22 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a) {
   v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
 }
 
-KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format) {
+// The wgmma entries' extra rules: their block shape and DeepSeek's rows.
+void validate_wgmma(const Validator& v, const SplitDecodeArgs& a) {
+  v.check(a.rows_per_block == kWgmmaRows, "rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block);
+  v.check(a.keys_per_split % kWgmmaTileKeys == 0, "keys_per_split {} is not a multiple of 64 (the wgmma tile)",
+          a.keys_per_split);
+  v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
+          "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim,
+          a.kv_cache_dim);
+}
+
+// Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma) launch.
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
-      .block({8 * a.rows_per_block, 1, 1})
-      .shared_bytes(split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
+      .block({wgmma ? 256 : 8 * a.rows_per_block, 1, 1})
+      .shared_bytes(wgmma ? wgmma_shared_bytes(format) : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
       .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
@@ -94,10 +106,37 @@ SplitDecodeArgs split_from(const PagedDecodeCommon& a, const SplitPlan& p, Devic
 
 }  // namespace
 
+bool module_runs_on(const GpuBackend& gpu, std::string_view module) {
+  return module != kMlaWgmmaModule || gpu.compute_capability() == 90;
+}
+
 MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
   auto k = [&](const char* entry) { return gpu.kernel(kMlaFastModule, entry); };
-  return {k("mla_paged_decode_split_fp8"), k("mla_paged_decode_split_nvfp4"), k("mla_paged_decode_combine"),
-          k("mla_batched_gemv_wide"),      k("mla_paged_decode_split16_fp8"), k("mla_paged_decode_split16_nvfp4")};
+  MlaFastKernels r{k("mla_paged_decode_split_fp8"),   k("mla_paged_decode_split_nvfp4"),
+                   k("mla_paged_decode_combine"),     k("mla_batched_gemv_wide"),
+                   k("mla_paged_decode_split16_fp8"), k("mla_paged_decode_split16_nvfp4"),
+                   {},                                {}};
+  if (module_runs_on(gpu, kMlaWgmmaModule)) {
+    r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
+    r.wgmma_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_nvfp4");
+  }
+  return r;
+}
+
+std::uint32_t wgmma_shared_bytes(KvFormat format) {
+  const std::uint32_t half_pitch =
+      format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
+  return 1024                                        // alignment of the swizzled tiles
+         + (kWgmmaRows + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16)
+         + 2 * 32 * 128 * 4                          // the warpgroups' logit tiles
+         + kWgmmaTileKeys * half_pitch               // a raw half-tile
+         + 2 * 4 * kWgmmaTileKeys * 8                // row pointers, two tiles
+         + kWgmmaRows * 4;                           // the Q rows' unscale factors
+}
+
+bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes) {
+  return a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim && a.num_q_heads > 2 * kGroupRows &&
+         wgmma_shared_bytes(format) <= max_shared_bytes;
 }
 
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
@@ -130,11 +169,12 @@ bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
 }
 
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
-                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes) {
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma) {
   if (!split_fits(max_shared_bytes, a.kv_cache_dim))
     fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
          split_shared_bytes(kGroupRows, a.kv_cache_dim, 0), max_shared_bytes);
   SplitPlan p;
+  p.wgmma = wgmma && wgmma_applies(a, format, max_shared_bytes);
   std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
   while (R > 1 && split_shared_bytes(kGroupRows * R, a.kv_cache_dim, 0) > max_shared_bytes) --R;
   p.rows_per_block = kGroupRows * R;
@@ -156,6 +196,13 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   p.staged =
       p.rows_per_block > kGroupRows && staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
+  std::uint32_t tile_keys = kTileKeys, blocks_per_sm = per_sm(p.shared_bytes);
+  if (p.wgmma) {  // 64 heads on two warpgroups, 64-key tiles, one block per SM; always staged
+    p.rows_per_block = kWgmmaRows, p.threads = 256, p.staged = true;
+    p.head_groups = (a.num_q_heads + kWgmmaRows - 1) / kWgmmaRows;
+    p.shared_bytes = wgmma_shared_bytes(format);
+    tile_keys = kWgmmaTileKeys, blocks_per_sm = 1;
+  }
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
   // pipeline start, partial and share of the combine); ties go to fewer splits. At least four
@@ -164,8 +211,8 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
-  const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, per_sm(p.shared_bytes));
-  const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + kTileKeys - 1) / kTileKeys);
+  const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, blocks_per_sm);
+  const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + tile_keys - 1) / tile_keys);
   const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + 3) / 4, 1, 4 * slots);
   std::uint64_t per = tiles, best = ~std::uint64_t{0};
   for (std::uint64_t n = 1; n <= max_splits; ++n) {
@@ -173,7 +220,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
     if (cost < best) best = cost, per = tiles_each;
   }
-  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFE0 / kTileKeys) * kTileKeys);
+  p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFC0 / tile_keys) * tile_keys);
   p.num_splits =
       static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
@@ -208,9 +255,12 @@ DevicePtr DecodeWorkspace::get(GpuBackend& gpu, std::uint64_t bytes) {
   return buffer_.ptr();
 }
 
-void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream) {
-  const Validator v{"mla_paged_decode_split_fp8"};
+namespace {
+
+void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
+  const Validator v{wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8"};
   validate_split(v, a);
+  if (wgmma) validate_wgmma(v, a);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
@@ -218,7 +268,7 @@ void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
                                       {"cache_stride", a.cache_stride}}))
     v.check(false, "{}", *why);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::fp8)
+  split_args(l, a, KvFormat::fp8, wgmma)
       .arg_u64(a.cache_stride)
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)
@@ -227,9 +277,11 @@ void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
       .launch(stream);
 }
 
-void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream) {
-  const Validator v{"mla_paged_decode_split_nvfp4"};
+void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
+                        bool wgmma) {
+  const Validator v{wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4"};
   validate_split(v, a);
+  if (wgmma) validate_wgmma(v, a);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
@@ -242,11 +294,26 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::nvfp4)
+  split_args(l, a, KvFormat::nvfp4, wgmma)
       .arg_u64(a.block_stride_bytes)
       .arg_u64(a.data_section_bytes)
       .arg_u32(a.keys_per_split)
       .launch(stream);
+}
+
+}  // namespace
+
+void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream) {
+  launch_split_fp8(gpu, kernel, a, stream, false);
+}
+void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream) {
+  launch_split_nvfp4(gpu, kernel, a, stream, false);
+}
+void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream) {
+  launch_split_fp8(gpu, kernel, a, stream, true);
+}
+void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream) {
+  launch_split_nvfp4(gpu, kernel, a, stream, true);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -305,12 +372,16 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
     return DecodePath::seed;
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
-  const SplitPlan p =
-      plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block());
+  const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
+                                       gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
-  mla_paged_decode_split_fp8(gpu, p.rows_per_block == kGroupRows ? fast.split16_fp8 : fast.split_fp8, s, stream);
+  if (p.wgmma) {
+    mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, s, stream);
+  } else {
+    mla_paged_decode_split_fp8(gpu, p.rows_per_block == kGroupRows ? fast.split16_fp8 : fast.split_fp8, s, stream);
+  }
   mla_paged_decode_combine(
       gpu, fast.combine,
       {w, w + p.ml_offset, a.sinks, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, a.v_scale, a.num_seqs}, stream);
@@ -324,11 +395,16 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;
   }
-  const SplitPlan p =
-      plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block());
+  const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(),
+                                       gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
-  mla_paged_decode_split_nvfp4(gpu, p.rows_per_block == kGroupRows ? fast.split16_nvfp4 : fast.split_nvfp4,
-                               {split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes}, stream);
+  const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
+  if (p.wgmma) {
+    mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma_nvfp4, s, stream);
+  } else {
+    mla_paged_decode_split_nvfp4(gpu, p.rows_per_block == kGroupRows ? fast.split16_nvfp4 : fast.split_nvfp4, s,
+                                 stream);
+  }
   mla_paged_decode_combine(gpu, fast.combine,
                            {w, w + p.ml_offset, {}, a.o, a.num_q_heads, a.kv_cache_dim, p.num_splits, 1.0f, a.num_seqs},
                            stream);

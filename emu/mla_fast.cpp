@@ -25,6 +25,15 @@ namespace {
 constexpr std::uint32_t kTileKeys = 32;
 constexpr std::uint32_t kGroupRows = 16;
 
+// A split block's shape: heads per block and keys per tile (the online softmax's steps).
+struct SplitShape {
+  std::uint32_t rows, tile_keys;
+};
+// The mla_fast entries: 16·R heads for 128·R threads, 32-key tiles.
+SplitShape mma_shape(const Block& blk) { return {blk.blockDim.x / (4 * kWarp) * kGroupRows, kTileKeys}; }
+// The mla_wgmma entries (kernels/mla_wgmma.cu): 64 heads, 64-key tiles.
+constexpr SplitShape kWgmmaShape{64, 64};
+
 // The kernel's q_scale_of: the power of two 2^e that brings a Q row's largest BF16 magnitude
 // (bits `big`, NaN above inf) into [2^14, 2^15) for FP16, e in [-114, 126].
 int q_scale_exponent(std::uint32_t big) {
@@ -37,8 +46,8 @@ int q_scale_exponent(std::uint32_t big) {
 template <class Dequant>
 void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Global<float> ml_partial,
                   std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale,
-                  const KeySet& keys, std::uint32_t keys_per_split, Dequant&& dequant) {
-  const std::uint32_t G = blk.blockDim.x / (4 * kWarp) * kGroupRows;
+                  const KeySet& keys, std::uint32_t keys_per_split, SplitShape shape, Dequant&& dequant) {
+  const std::uint32_t G = shape.rows, tile_keys = shape.tile_keys;
   const std::uint32_t z = blk.blockIdx.x, head0 = blk.blockIdx.y * G, s = blk.blockIdx.z, num_splits = blk.gridDim.x;
   const std::uint32_t begin =
       static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{z} * keys_per_split, keys.count));
@@ -58,10 +67,10 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
   }
   std::vector<std::vector<float>> acc(G, std::vector<float>(dim, 0.0f));
   std::vector<float> m(G, -std::numeric_limits<float>::infinity()), l(G, 0.0f);
-  std::vector<std::vector<float>> k_s(kTileKeys, std::vector<float>(dim)), v_s = k_s;  // shared
-  for (std::uint32_t tile = begin; tile < end; tile += kTileKeys) {
+  std::vector<std::vector<float>> k_s(tile_keys, std::vector<float>(dim)), v_s = k_s;  // shared
+  for (std::uint32_t tile = begin; tile < end; tile += tile_keys) {
     // Phase A: dequantise the tile once (zeros past the end).
-    for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+    for (std::uint32_t key = 0; key < tile_keys; ++key) {
       if (tile + key < end) {
         dequant(tile + key, k_s[key], v_s[key]);
       } else {
@@ -71,8 +80,8 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
     }
     for (std::uint32_t row = 0; row < G; ++row) {
       // Phase B: the row's logits over the tile.
-      std::array<float, kTileKeys> sv{};
-      for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+      std::vector<float> sv(tile_keys);
+      for (std::uint32_t key = 0; key < tile_keys; ++key) {
         float dot = 0.0f;
         for (std::uint32_t d = 0; d < q_head_dim; ++d) dot += q_s[row][d] * k_s[key][d];
         sv[key] = tile + key < end ? dot * q_down[row] * logit_scale : -std::numeric_limits<float>::infinity();
@@ -80,9 +89,9 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       // Phase C: online softmax; P is rounded to FP16 for P·V, the sum keeps FP32.
       const float m_new = std::max(m[row], *std::max_element(sv.begin(), sv.end()));
       const float alpha = std::exp(m[row] - m_new);
-      std::array<float, kTileKeys> p{};
+      std::vector<float> p(tile_keys);
       float tile_sum = 0.0f;
-      for (std::uint32_t key = 0; key < kTileKeys; ++key) {
+      for (std::uint32_t key = 0; key < tile_keys; ++key) {
         p[key] = std::exp(sv[key] - m_new);
         tile_sum += p[key];
       }
@@ -91,7 +100,7 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       // Phase D: O = O·alpha + P·V.
       for (std::uint32_t d = 0; d < dim; ++d) {
         float a = acc[row][d] * alpha;
-        for (std::uint32_t key = 0; key < kTileKeys; ++key) a += f16_round(p[key]) * v_s[key][d];
+        for (std::uint32_t key = 0; key < tile_keys; ++key) a += f16_round(p[key]) * v_s[key][d];
         acc[row][d] = a;
       }
     }
@@ -117,6 +126,9 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
 //   ml_partial   [num_seqs, num_q_heads, num_splits, 2] (running max, sum)  f32
 //   block_tables [num_seqs, max_blocks_per_seq] int32; seq_lens [num_seqs] int32
 //   comp_pool    [num_seqs, comp_block_count, 2, cache_stride] e4m3 or null
+// kWgmma: mla_paged_decode_wgmma_fp8 (module mla_wgmma), the same math on 64-head blocks of
+// 64-key tiles (block 256; its two warpgroups' split of the work changes only FP32 order).
+template <bool kWgmma>
 void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                 Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
                                 Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
@@ -147,12 +159,13 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
     }
   };
   split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               dequant);
+               kWgmma ? kWgmmaShape : mma_shape(blk), dequant);
 }
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
-// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d.
+// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kWgmma as for FP8.
+template <bool kWgmma>
 void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                   Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
                                   Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
@@ -178,7 +191,7 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
     }
   };
   split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               dequant);
+               kWgmma ? kWgmmaShape : mma_shape(blk), dequant);
 }
 
 // ---------------------------------------------------------------------------
@@ -281,16 +294,21 @@ void register_mla_fast(Registry& r) {
       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes",
       "data_section_bytes", "keys_per_split"};
   // clang-format on
-  r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split_fp8", fp8, split_block());
-  r.add<&mla_paged_decode_split_fp8>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
-  r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
-  r.add<&mla_paged_decode_split_nvfp4>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_split_fp8<false>>(m, "mla_paged_decode_split_fp8", fp8, split_block());
+  r.add<&mla_paged_decode_split_fp8<false>>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<false>>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
+  r.add<&mla_paged_decode_split_nvfp4<false>>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
+  const char* w = "mla_wgmma";
+  r.add<&mla_paged_decode_split_fp8<true>>(w, "mla_paged_decode_wgmma_fp8", fp8, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<true>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.
   for (const char* e : {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8", "mla_paged_decode_split_nvfp4",
                         "mla_paged_decode_split16_nvfp4"})
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
+  for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4"})
+    r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",
       {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},

@@ -31,6 +31,7 @@
 
 #include "device_common.cuh"
 #include "device_formats.cuh"
+#include "split_common.cuh"
 
 using metrale::key_set;
 using metrale::KeySet;
@@ -40,6 +41,7 @@ using metrale::segment_sum;
 using metrale::warp_max;
 using metrale::wait_for_previous_kernel;
 using metrale::warp_sum;
+using namespace metrale::split;
 
 namespace {
 
@@ -51,7 +53,6 @@ constexpr uint32_t kMaxQUnits = (kMaxDim / 8 + kWarp - 1) / kWarp;  // 16-byte u
 constexpr uint32_t kPad = 8;                        // FP16 elements of row padding: ldmatrix without bank conflicts
 constexpr uint32_t kPRow = kTileKeys + kPad;
 
-__device__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 __device__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -74,67 +75,6 @@ __device__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16 bytes to shared memory in one STS.128 (the compiler, unable to prove the alignment of a
-// runtime-pitched row, would otherwise split it into four 4-byte stores, bank-conflicted).
-__device__ void st_shared_v4(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(dst)), "r"(a), "r"(b), "r"(c), "r"(d)
-               : "memory");
-}
-
-// cp.async: global to shared without registers (sm_80+); 16 bytes bypass L1, 4 bytes may not.
-__device__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Wait until at most one committed group (the newest) is still in flight.
-__device__ void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// 16 bytes from global memory read once by this block: through the read-only path, not kept
-// in L1.
-__device__ uint4 ld_stream16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-__device__ uint2 ld_stream8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-
-// The units u = threadIdx.x, threadIdx.x + blockDim.x, ... of a tile whose keys have `per_key`
-// units each, walked as (key, unit of the key) with no division per step.
-struct UnitWalk {
-  uint32_t key, part, step_keys, step_parts, per_key;
-  __device__ explicit UnitWalk(uint32_t per_key_units)
-      : key(threadIdx.x / per_key_units),
-        part(threadIdx.x % per_key_units),
-        step_keys(blockDim.x / per_key_units),
-        step_parts(blockDim.x % per_key_units),
-        per_key(per_key_units) {}
-  __device__ void next() {
-    key += step_keys;
-    part += step_parts;
-    if (part >= per_key) part -= per_key, ++key;
-  }
-};
-
-__device__ uint32_t dynamic_smem_bytes() {
-  uint32_t r;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-  return r;
-}
-
-__device__ uint32_t pack_f16(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // The shared-memory carve-up; the host computes the same totals (core/mla_fast.cpp,
 // split_shared_bytes). `raw` is null when the launch gave no room for a raw tile.
@@ -163,69 +103,10 @@ __device__ Smem carve(uint8_t* base, uint32_t rows_per_block, uint32_t dim, uint
   return s;
 }
 
-// The power of two 2^e a Q row is scaled by on its way to FP16, and 2^-e, from the row's largest
-// BF16 magnitude bits `big`: the largest magnitude lands in [2^14, 2^15) (below, for rows under
-// 2^-112, where e stops at 126), so the row converts
-// without overflow, every BF16 value of it that lands in FP16's normal range exactly, and the
-// logits are scaled back exactly (both factors normal FP32: e in [-114, 126]; a row of zeros,
-// an inf or a NaN stays zeros, inf or NaN).
-struct QScale {
-  float up, down;
-};
-__device__ QScale q_scale_of(uint32_t big) {
-  const int field = max(1, static_cast<int>(big >> 7));  // BF16 exponent field; subnormals as 1
-  const int e = min(126, 141 - field);                    // 14 − (field − 127)
-  return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
-}
 
 // Row set `i` (0 or 1) of the two tiles' row pointers.
 __device__ const uint8_t** row_set(const Smem& s, uint32_t i) { return s.rows + i * 4 * kTileKeys; }
 
-// Two E4M3 codes (the low and high byte of `pair`) as an FP16 pair, exactly: one conversion.
-__device__ __half2 e4m3x2_to_f16x2(uint32_t pair) {
-  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFF), __NV_E4M3));
-}
-__device__ uint32_t bits_of(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
-
-// 16 E4M3 codes (loaded as one 16-byte word) to 16 FP16 values at `dst` (exact).
-__device__ void fp8x16_to_f16(const uint4 raw, __half* dst) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    out[w * 2] = bits_of(e4m3x2_to_f16x2(words[w]));
-    out[w * 2 + 1] = bits_of(e4m3x2_to_f16x2(words[w] >> 16));
-  }
-  st_shared_v4(dst, out[0], out[1], out[2], out[3]);
-  st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
-}
-
-// 16 NVFP4 values (8 packed bytes and one E4M3 scale) to 16 FP16 values at `dst`. Each E2M1
-// code s·ee·m becomes the E4M3 code s·00ee·m00, which is the same value times 2^-6 (subnormal
-// codes included), so the hardware's E4M3 pair conversion decodes eight codes in four
-// instructions; the scale, times 64 (at most 28672, at least 2^-3), restores it in one FP16
-// multiply per pair. Every product has at most 6 significant bits and lies in [2^-10, 2688]:
-// exact in FP16, the values of e2m1_decode · e4m3_decode.
-__device__ void nvfp4x16_to_f16(const uint2 raw, uint8_t scale_code, __half* dst) {
-  const __half2 scale = __hmul2(e4m3x2_to_f16x2(scale_code * 0x0101u), __float2half2_rn(64.0f));  // in both halves
-  const uint32_t words[2] = {raw.x, raw.y};
-  uint32_t out[8];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const uint32_t lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;  // even and odd codes
-    const uint32_t lo8 = ((lo & 0x08080808u) << 4) | ((lo & 0x07070707u) << 2);
-    const uint32_t hi8 = ((hi & 0x08080808u) << 4) | ((hi & 0x07070707u) << 2);
-    const uint32_t pairs[2] = {__byte_perm(lo8, hi8, 0x5140), __byte_perm(lo8, hi8, 0x7362)};  // codes 0-3, 4-7
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        out[w * 4 + p * 2 + h] = bits_of(__hmul2(e4m3x2_to_f16x2(pairs[p] >> (16 * h)), scale));
-    }
-  }
-  st_shared_v4(dst, out[0], out[1], out[2], out[3]);
-  st_shared_v4(dst + 8, out[4], out[5], out[6], out[7]);
-}
 
 // The split decode over any cache format. A tile is dequantised in two halves, h = 0 (K) and
 // h = 1 (V). `Rows` holds the sequence's key set (`keys`) and gives, for key j: `entry(j)` its
@@ -290,7 +171,9 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       for (uint32_t b = 0; b < kBatch; ++b) {
         if (key[b] >= kTileKeys) break;
         if (key[b] < live) {
-          layout.convert(raw[b], sm.kv + dst[b]);
+          uint32_t words[8];
+          layout.convert(raw[b], words);
+          store_f16x16(sm.kv + dst[b], words);
         } else {
           st_shared_v4(sm.kv + dst[b], 0, 0, 0, 0);
           st_shared_v4(sm.kv + dst[b] + 8, 0, 0, 0, 0);
@@ -320,7 +203,9 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
         if (w.key >= kTileKeys) break;
         __half* dst = sm.kv + w.key * sm.pitch + w.part * 16;
         if (w.key < live) {
-          layout.convert(held[b], dst);
+          uint32_t words[8];
+          layout.convert(held[b], words);
+          store_f16x16(dst, words);
         } else {
           st_shared_v4(dst, 0, 0, 0, 0);
           st_shared_v4(dst + 8, 0, 0, 0, 0);
@@ -506,121 +391,6 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
       ml_partial[2 * slot + 1] = l[i];
     }
   }
-}
-
-struct Fp8Rows {
-  const uint8_t *k_cache, *v_cache, *comp_pool;
-  const int32_t* table;
-  uint64_t cache_stride;
-  uint32_t block_size, s, comp_block_count, dim;
-  KeySet keys;
-
-  __device__ int32_t entry(uint32_t j) const {
-    return j < keys.comp ? 0 : table[(keys.start + (j - keys.comp)) / block_size];
-  }
-  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
-    if (j < keys.comp) {
-      const int64_t pos = (int64_t{s} * comp_block_count + j) * 2;
-      rows[0] = comp_pool + pos * static_cast<int64_t>(cache_stride);
-      rows[2] = rows[0] + cache_stride;
-      return;
-    }
-    const uint32_t t = keys.start + (j - keys.comp);
-    const int64_t slot = int64_t{entry} * block_size + t % block_size;
-    rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
-    rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
-  }
-  using Raw = uint4;
-  static constexpr uint32_t kBatch = 4;  // units in flight per thread
-  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
-    return ld_stream16(rows[2 * h] + part * 16);
-  }
-  // Staged key: [K row | V row], dim bytes each, copied 16 bytes at a time.
-  __device__ uint32_t raw_pitch() const { return 2 * dim; }
-  __device__ uint32_t copy_units() const { return dim / 16; }
-  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
-    cp_async16(dst + h * dim + 16 * u, rows[2 * h] + 16 * u);
-  }
-  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
-    return *reinterpret_cast<const uint4*>(src + h * dim + part * 16);
-  }
-  __device__ void convert(const Raw& raw, __half* dst) const { fp8x16_to_f16(raw, dst); }
-};
-
-struct Nvfp4Rows {
-  const uint8_t *k_cache, *v_cache;
-  const int32_t* table;
-  uint64_t block_stride_bytes, data_section_bytes;
-  uint32_t block_size, dim;
-  KeySet keys;
-
-  __device__ int32_t entry(uint32_t j) const { return table[(keys.start + j) / block_size]; }
-  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
-    const int64_t base = int64_t{entry} * static_cast<int64_t>(block_stride_bytes);
-    const uint64_t slot = (keys.start + j) % block_size;
-    rows[0] = k_cache + base + slot * dim / 2;
-    rows[1] = k_cache + base + data_section_bytes + slot * dim / 16;
-    rows[2] = v_cache + base + slot * dim / 2;
-    rows[3] = v_cache + base + data_section_bytes + slot * dim / 16;
-  }
-  struct Raw {
-    uint2 data;
-    uint8_t scale;
-  };
-  static constexpr uint32_t kBatch = 4;  // units in flight per thread
-  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
-    return {ld_stream8(rows[2 * h] + part * 8), rows[2 * h + 1][part]};
-  }
-  // Staged key: [K data | V data | K scales | V scales] (dim/2, dim/2, dim/16, dim/16 bytes),
-  // padded to 16 bytes; data copied 16 bytes at a time, scales 4 (dim is a multiple of 64).
-  __device__ uint32_t raw_pitch() const { return (dim + dim / 8 + 15) / 16 * 16; }
-  __device__ uint32_t copy_units() const { return dim / 32 + dim / 64; }
-  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
-    if (u < dim / 32) {
-      cp_async16(dst + h * dim / 2 + 16 * u, rows[2 * h] + 16 * u);
-    } else {
-      const uint32_t w = u - dim / 32;
-      cp_async4(dst + dim + h * dim / 16 + 4 * w, rows[2 * h + 1] + 4 * w);
-    }
-  }
-  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
-    return {*reinterpret_cast<const uint2*>(src + h * dim / 2 + part * 8), src[dim + h * dim / 16 + part]};
-  }
-  __device__ void convert(const Raw& raw, __half* dst) const { nvfp4x16_to_f16(raw.data, raw.scale, dst); }
-};
-
-// The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).
-__device__ Fp8Rows fp8_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
-                            const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
-                            uint32_t block_size, uint64_t cache_stride, uint32_t sliding_window,
-                            const uint8_t* comp_pool, uint32_t comp_block_count) {
-  const uint32_t s = blockIdx.z;
-  const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
-  return {k_cache,
-          v_cache,
-          comp_pool,
-          block_tables + uint64_t{s} * max_blocks_per_seq,
-          cache_stride,
-          block_size,
-          s,
-          comp_block_count,
-          kv_cache_dim,
-          key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp)};
-}
-
-// The rows of sequence blockIdx.z of an NVFP4 cache.
-__device__ Nvfp4Rows nvfp4_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
-                                const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
-                                uint32_t block_size, uint64_t block_stride_bytes, uint64_t data_section_bytes) {
-  const uint32_t s = blockIdx.z;
-  return {k_cache,
-          v_cache,
-          block_tables + uint64_t{s} * max_blocks_per_seq,
-          block_stride_bytes,
-          data_section_bytes,
-          block_size,
-          kv_cache_dim,
-          key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0)};
 }
 
 // Units of a half-tile a 16-head block's thread holds: 32 keys · (576 / 16) parts / 128 threads.

@@ -59,7 +59,72 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
     p.max_blocks_per_seq = 20, p.seq_lens = {99, 1, 64};
     if (p.format == KvFormat::fp8) p.sliding_window = 40, p.comp_pool = true, p.comp_block_count = 2;
   }
-  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), sixteen));
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), sixteen ? gen::SplitEntry::split16 : gen::SplitEntry::split));
+}
+
+// The wgmma entries (module mla_wgmma: the emulator's port everywhere, the sm_90a kernel on an
+// H100/H200): DeepSeek's rows, 64-head blocks of 64-key tiles, a second head group mostly empty.
+TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast][wgmma]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(40u, 128u), p.block_size = 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
+  if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), gen::SplitEntry::wgmma));
+}
+
+TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads", "[mla_fast][plan][wgmma]") {
+  PagedDecodeCommon a;
+  a.num_seqs = 32, a.max_blocks_per_seq = 64, a.block_size = 64, a.q_head_dim = a.kv_cache_dim = 576;
+  const KvFormat format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  INFO("format " << to_string(format));
+  a.num_q_heads = 128;
+  const SplitPlan p = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+  CHECK(p.wgmma);
+  CHECK(p.rows_per_block == 64);
+  CHECK(p.threads == 256);
+  CHECK(p.head_groups == 2);
+  CHECK(p.keys_per_split % 64 == 0);
+  CHECK(std::uint64_t{p.num_splits} * p.keys_per_split >= 64 * 64);
+  CHECK(p.shared_bytes == wgmma_shared_bytes(format));
+  CHECK(wgmma_shared_bytes(format) == (format == KvFormat::fp8 ? 223488u : 207104u));
+  // Not without the entries, not at 32 heads or fewer, not for other rows, not in 99 KiB.
+  CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, false).wgmma);
+  a.num_q_heads = 32;
+  CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
+  a.num_q_heads = 33;
+  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
+  a.kv_cache_dim = 512, a.q_head_dim = 512;
+  CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
+  a.kv_cache_dim = 576, a.q_head_dim = 576;
+  CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
+}
+
+TEST_CASE("the wgmma launchers refuse other block shapes and rows", "[mla_fast][wgmma][validation]") {
+  emu::EmulatorBackend gpu;
+  const auto fast = MlaFastKernels::resolve(gpu);
+  REQUIRE(fast.wgmma_fp8.id != 0);
+  DeviceBuffer buf(gpu, 1 << 20);
+  SplitDecodeFp8Args a;
+  a.q = a.k_cache = a.v_cache = a.o_partial = a.ml_partial = a.block_tables = a.seq_lens = buf.ptr();
+  a.max_blocks_per_seq = 1, a.num_q_heads = 64, a.q_head_dim = a.kv_cache_dim = 576, a.block_size = 16;
+  a.logit_scale = 0.1f, a.keys_per_split = 64, a.num_seqs = 1, a.num_splits = 1, a.rows_per_block = 64;
+  a.cache_stride = 576;
+  SECTION("rows_per_block") {
+    a.rows_per_block = 32;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_fp8", "rows_per_block 32 is not 64"});
+  }
+  SECTION("keys_per_split") {
+    a.keys_per_split = 96;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"keys_per_split 96 is not a multiple of 64"});
+  }
+  SECTION("rows of another width") {
+    a.q_head_dim = a.kv_cache_dim = 512, a.cache_stride = 512;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"q_head_dim 512 and kv_cache_dim 512 are not both 576"});
+  }
 }
 
 TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
@@ -336,7 +401,7 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
   p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12;
   p.num_blocks = 30, p.seq_lens = {150, 41};
-  p.num_q_heads = p.format == KvFormat::fp8 ? 16 : 40;  // the 16-head entry, and the split entry
+  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the 16-head entry, the split entry, the wgmma entry
   if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
   const auto dir = std::filesystem::temp_directory_path() / "metrale_split_recorder_test";
   std::filesystem::remove_all(dir);
@@ -347,14 +412,17 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     run_kernel_case(gpu, gen::split_path_case(p));
   }
   const std::string f{to_string(p.format)};
-  const std::string split = (p.num_q_heads == 16 ? "mla_paged_decode_split16_" : "mla_paged_decode_split_") + f;
+  const std::string split = (p.num_q_heads == 16   ? "mla_paged_decode_split16_"
+                             : p.num_q_heads == 24 ? "mla_paged_decode_split_"
+                                                   : "mla_paged_decode_wgmma_") +
+                            f;
   std::set<std::string> entries;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const KernelCase rec = read_kernel_case(e.path());
     entries.insert(rec.entry);
     if (rec.entry == split) {
       CHECK(rec.scalars.at("num_seqs").as_u32() == 2);
-      CHECK(rec.scalars.at("rows_per_block").as_u32() == (p.num_q_heads == 16 ? 16u : 48u));
+      CHECK(rec.scalars.at("rows_per_block").as_u32() == (p.num_q_heads == 16 ? 16u : p.num_q_heads == 24 ? 32u : 64u));
       // A GPU's expf may round a P element to FP16 the other way than the port's std::exp: the
       // partial outputs get a floor of 2^-10 of their largest value, here and between backends.
       double peak = 0;

@@ -141,8 +141,9 @@ class PagedProblem {
     lens_ = DeviceBuffer::from_host<std::int32_t>(gpu, std::vector<std::int32_t>(B, static_cast<std::int32_t>(L)));
   }
 
-  /// One decode launch over H heads on the seed kernel or the split path.
-  std::function<void()> launch(std::uint32_t H, bool split, DevicePtr q, DevicePtr o) {
+  /// One decode launch over H heads on the seed kernel or the split path (`mma_only`: without
+  /// the wgmma entries, as on a device other than sm_90).
+  std::function<void()> launch(std::uint32_t H, bool split, DevicePtr q, DevicePtr o, bool mma_only = false) {
     const PagedDecodeCommon c{q,
                               k_.ptr(),
                               v_.ptr(),
@@ -157,17 +158,27 @@ class PagedProblem {
                               kBlock,
                               1.0f / std::sqrt(192.0f),
                               B_};
-    return [this, c, split] {
+    MlaFastKernels fast = fast_;
+    if (mma_only) fast.wgmma_fp8 = fast.wgmma_nvfp4 = KernelHandle{};
+    return [this, c, split, fast] {
       if (f_ == KvFormat::fp8) {
         const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};
         if (!split) return mla_paged_decode_fp8(gpu_, seed_.paged_decode_fp8, a);
-        if (paged_decode_fp8(gpu_, seed_, fast_, a, ws_) != DecodePath::split) no_split();
+        if (paged_decode_fp8(gpu_, seed_, fast, a, ws_) != DecodePath::split) no_split();
       } else {
         const PagedDecodeNvfp4Args a{c, block_stride_, data_section_};
         if (!split) return mla_paged_decode_nvfp4(gpu_, seed_.paged_decode_nvfp4, a);
-        if (paged_decode_nvfp4(gpu_, seed_, fast_, a, ws_) != DecodePath::split) no_split();
+        if (paged_decode_nvfp4(gpu_, seed_, fast, a, ws_) != DecodePath::split) no_split();
       }
     };
+  }
+
+  /// Whether the split path of H heads runs on the wgmma entries.
+  bool wgmma(std::uint32_t H) const {
+    PagedDecodeCommon c;
+    c.num_q_heads = H, c.q_head_dim = c.kv_cache_dim = kDim;
+    return (f_ == KvFormat::fp8 ? fast_.wgmma_fp8 : fast_.wgmma_nvfp4).id != 0 &&
+           wgmma_applies(c, f_, gpu_.max_shared_bytes_per_block());
   }
 
   [[noreturn]] void no_split() const {
@@ -282,8 +293,9 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
       if (r["B"] == B && r["L"] == L && r["H"] == H && !r["best_us"].is_null()) return r["best_us"].get<double>();
     return std::nullopt;
   };
-  fmt::print("{:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n", "cache", "B", "L",
-             "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed", "torch us", "x torch");
+  fmt::print("{:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
+             "cache", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed",
+             "torch us", "x torch", "mma us", "x mma");
   for (const std::string& cache : axes.caches)
     for (std::uint32_t B : axes.batch)
       for (std::uint32_t L : axes.context) {
@@ -298,17 +310,24 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
           const double seed_us = seed_ok ? bench.median_us(p.launch(H, false, q.ptr(), o.ptr()), 5) : 0.0;
           const double roof_us = std::max(p.bytes(H) / copy_bw, mm > 0 ? p.flops(H) / mm : 0.0) * 1e6;
           const auto t_us = torch_us(B, L, H);
+          // Where the split path runs on the wgmma entries, the mma.sync entries on the same step.
+          const bool wgmma = p.wgmma(H);
+          const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : split_us;
           fmt::print(
-              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7}\n",
+              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} {:>11} "
+              "{:>7}\n",
               to_string(f), B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
               mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
               seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
-              t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-");
+              t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-", wgmma ? fmt::format("{:.1f}", mma_us) : "-",
+              wgmma ? fmt::format("{:.2f}", mma_us / split_us) : "-");
           j["sweep"].push_back({{"cache", to_string(f)},
                                 {"B", B},
                                 {"L", L},
                                 {"H", H},
                                 {"split_us", split_us},
+                                {"wgmma", wgmma},
+                                {"mma_us", mma_us},
                                 {"seed_us", seed_ok ? ordered_json(seed_us) : ordered_json()},
                                 {"roofline_us", roof_us},
                                 {"bytes", p.bytes(H)},

@@ -16,6 +16,7 @@
 #include "metrale/case_gen.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/kernel_case.hpp"
+#include "metrale/mla_fast.hpp"
 #include "metrale/model_case.hpp"
 #ifdef METRALE_WITH_CUDA
 #include "metrale/cuda/cuda_backend.hpp"
@@ -232,7 +233,13 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
-    for (const auto& c : gen::conformance_sweep(opts->seed)) results.push_back(sweep_case(*gpu, emu, c));
+    for (const auto& c : gen::conformance_sweep(opts->seed)) {
+      if (!module_runs_on(*gpu, c.module)) {
+        fmt::print(stderr, "note: conform: {} skipped (module {} is not built for this device)\n", c.name, c.module);
+        continue;
+      }
+      results.push_back(sweep_case(*gpu, emu, c));
+    }
     const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
     const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
     auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};

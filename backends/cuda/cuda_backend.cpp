@@ -119,7 +119,7 @@ struct Kernel {
 struct CudaBackend::Impl {
   CUdevice device{};
   CUcontext context{};
-  int compute_capability = 0;  // major·10 + minor
+  std::uint32_t compute_capability = 0;  // major·10 + minor
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
   std::vector<Kernel> kernels;  // handle id = index + 1
@@ -266,11 +266,11 @@ std::string CudaBackend::device_name() const {
   return name;
 }
 
-int CudaBackend::compute_capability() const {
+std::uint32_t CudaBackend::compute_capability() const {
   int major = 0, minor = 0;
   METRALE_CU(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, impl_->device));
   METRALE_CU(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, impl_->device));
-  return major * 10 + minor;
+  return static_cast<std::uint32_t>(major * 10 + minor);
 }
 
 std::uint32_t CudaBackend::multiprocessor_count() const {

@@ -66,6 +66,9 @@ class GpuBackend {
   /// The most dynamic shared memory a block may opt in to, in bytes; the emulator answers as
   /// sm_90 (227 KiB) unless told otherwise (sm_121: 99 KiB).
   virtual std::uint32_t max_shared_bytes_per_block() const { return 227 * 1024; }
+  /// The device's compute capability, major·10 + minor (90: H100/H200, 121: GB10), for launchers
+  /// that pick architecture-specific kernels; the emulator answers as sm_90.
+  virtual std::uint32_t compute_capability() const { return 90; }
 
  protected:
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;

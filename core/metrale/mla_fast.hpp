@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "metrale/backend.hpp"
 #include "metrale/buffer.hpp"
@@ -16,10 +17,17 @@
 namespace metrale {
 
 inline constexpr const char* kMlaFastModule = "mla_fast";
+/// Module of the split decode on warpgroup MMA (sm_90a SASS only: loaded on compute capability 9.0).
+inline constexpr const char* kMlaWgmmaModule = "mla_wgmma";
+
+/// Whether `gpu` can run the kernels of `module`: mla_wgmma only on compute capability 9.0 (its
+/// SASS is sm_90a's), every other module on every device.
+bool module_runs_on(const GpuBackend& gpu, std::string_view module);
 
 struct MlaFastKernels {
   KernelHandle split_fp8, split_nvfp4, combine, gemv_wide;
   KernelHandle split16_fp8, split16_nvfp4;  // 16-head blocks only: half-tiles held in registers
+  KernelHandle wgmma_fp8, wgmma_nvfp4;      // module mla_wgmma; id 0 (absent) unless the device is sm_90
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -32,6 +40,7 @@ struct MlaFastKernels {
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
+  bool wgmma = false;  // the mla_wgmma entries: 64 heads and 64-key tiles per block, 256 threads
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
   std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
@@ -39,14 +48,21 @@ struct SplitPlan {
 
 /// Plan a split decode of format `format` for `a` (its table capacity bounds the keys:
 /// max_blocks_per_seq · block_size + comp_block_count) on a device of `multiprocessors` SMs whose
-/// blocks may have `max_shared_bytes` of shared memory: the largest head group (up to 64) that
-/// fits, staged when that fits too without costing a block per SM; as many splits (of at
-/// least four 32-key tiles) as give the least work to the busiest of the device's block slots
-/// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
-/// tile's worth of fixed cost per block.
+/// blocks may have `max_shared_bytes` of shared memory: with `wgmma` (the device has the
+/// mla_wgmma entries) and wgmma_applies, 64-head blocks on them; else the largest head group (up
+/// to 64) that fits, staged when that fits too without costing a block per SM; as many splits
+/// (of at least four tiles: 32 keys, or 64 on wgmma) as give the least work to the busiest of the
+/// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
+/// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block.
 /// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
-                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes);
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false);
+
+/// Whether the wgmma entries serve `a` (`format` for its shared memory): DeepSeek's rows
+/// (q_head_dim = kv_cache_dim = 576), more than 32 query heads (below, a 64-row block would
+/// mostly multiply zeros; the 16- and 32-head mma.sync blocks serve them), and the block's
+/// wgmma_shared_bytes within `max_shared_bytes`.
+bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes);
 
 /// Why the split path cannot take these arguments (one KV head; q_head_dim a multiple of 32;
 /// kv_cache_dim a multiple of 64, at most 576; 16-byte aligned rows), or nothing when it can.
@@ -94,6 +110,20 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
+/// mla_paged_decode_wgmma_{fp8,nvfp4} (module mla_wgmma, sm_90a): the split decode on warpgroup
+/// MMA. Same arguments, partial outputs and combine as the split entries; grid
+/// [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, wgmma_shared_bytes(format) of shared
+/// memory; launched early as they are. Errors (`invalid_argument`): those of the split launchers,
+/// plus rows_per_block not 64, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim
+/// not 576.
+void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
+void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
+                                  Stream stream = 0);
+/// Bytes of dynamic shared memory a wgmma block needs (576-dim rows): Q and the K/V tile as FP16
+/// (72 KiB each), the warpgroups' logit exchange (32 KiB), a raw half-tile of `format`, row
+/// pointers, and 1 KiB to align the swizzled tiles to 1024 bytes. FP8 217 KiB, NVFP4 201 KiB.
+std::uint32_t wgmma_shared_bytes(KvFormat format);
+
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
 /// scales, padded to 16).
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t kv_cache_dim);
@@ -136,8 +166,9 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 enum class DecodePath { seed, split };
 
 /// Paged decode: the split path (split + combine, its workspace from `ws`) when
-/// split_unsupported is empty and a 16-head split block fits the device's shared memory, else
-/// the seed kernel. Errors: the launchers'.
+/// split_unsupported is empty and a 16-head split block fits the device's shared memory — on the
+/// wgmma entries where `fast` has them and wgmma_applies — else the seed kernel. Errors: the
+/// launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,

@@ -181,7 +181,15 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
   if (entry == "paged_decode_nvfp4_split_path") return gen::split_path_case(arb_split_spec(KvFormat::nvfp4));
   if (entry.starts_with("mla_paged_decode_split")) {
     const KvFormat format = entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4;
-    return gen::split_kernel_case(arb_split_spec(format), u(1, 4), entry.find("split16") != std::string::npos);
+    return gen::split_kernel_case(arb_split_spec(format), u(1, 4),
+                                  entry.find("split16") != std::string::npos ? gen::SplitEntry::split16
+                                                                             : gen::SplitEntry::split);
+  }
+  if (entry.starts_with("mla_paged_decode_wgmma")) {  // DeepSeek's rows, more than 32 heads, short tables
+    gen::PagedSpec p = arb_split_spec(entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4);
+    p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = u(33, 80);
+    if (p.format == KvFormat::fp8 && p.cache_stride != 0) p.cache_stride = 576 + 16 * u(1, 3);
+    return gen::split_kernel_case(p, u(1, 2), gen::SplitEntry::wgmma);
   }
   if (entry == "mla_paged_decode_combine")
     return gen::combine_case(u(1, 3), u(1, 5), u(1, 80), u(1, 9), *rc::gen::arbitrary<bool>(), seed);

@@ -43,7 +43,7 @@ class CudaBackend final : public GpuBackend {
   void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes);
   /// Device name, compute capability, driver version and the toolkit this was built with.
   std::string device_name() const;
-  int compute_capability() const;  // major·10 + minor
+  std::uint32_t compute_capability() const override;  // major·10 + minor
   int driver_version() const;      // e.g. 13000
   static int toolkit_version();    // CUDA_VERSION at build time
   /// Milliseconds between two events recorded around `work` on `stream` (cuEventElapsedTime).

@@ -1,0 +1,350 @@
+// Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
+// warpgroup MMA, for 33 heads and more. Each kernel reads like its port in emu/mla_fast.cpp
+// (split_decode with 64-key tiles); its partials go to mla_fast's combine.
+//
+// A block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
+// against one chunk of its keys, in 64-key tiles, with two warpgroups. Q (FP16, each row scaled
+// by a power of two as in mla_fast) stays in shared memory for the whole chunk, in 64-column
+// slabs with the 128-byte swizzle, and is read by the tensor cores through descriptors — no
+// fragment reloads. Each tile's K and then V are dequantised once (exactly, to FP16) from raw
+// bytes staged with cp.async into one FP16 buffer of the same layout:
+//   Q·Kᵀ: warpgroup w multiplies its range of the contraction (warpgroup 0 the first 256 dims of
+//         576, warpgroup 1 the rest: the split that balances the two warpgroups' work) with
+//         wgmma m64n64k16 (A and B K-major), and the two partial logit tiles are added through
+//         shared memory, so both hold the same S (S₀ + S₁ in either);
+//   softmax: rows are warp-local in the wgmma accumulator layout (row 16·warp + lane/4 and +8,
+//         keys 8j + 2·(lane%4) + {0,1}), so the online max and sum need only quad shuffles; P is
+//         rounded to FP16 and becomes the A fragments of P·V in registers;
+//   P·V: warpgroup w owns 64-dim atoms of the output (576 dims: atoms 0-4 and 5-8) and
+//         accumulates them with wgmma m64n64k16, A from registers and V MN-major (trans-b).
+// The raw bytes of the tile's V stream in under Q·Kᵀ and the softmax, those of the next tile's
+// K under P·V. Five barriers per tile.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "device_common.cuh"
+#include "split_common.cuh"
+
+using metrale::KeySet;
+using metrale::kWarp;
+using metrale::wait_for_previous_kernel;
+using namespace metrale::split;
+
+namespace {
+
+constexpr uint32_t kRows = 64;                                        // heads per block: the wgmma M
+constexpr uint32_t kTileKeys = 64;                                    // keys per tile: Q·Kᵀ's N
+constexpr uint32_t kSlabBytes = 64 * 128;                             // 64 rows of a 64-column slab
+constexpr uint32_t kDim = 576;                                        // q_head_dim = kv_cache_dim (DeepSeek)
+constexpr uint32_t kQkSteps0 = 16, kQkSteps1 = 20;                    // Q·Kᵀ k-steps of warpgroups 0 and 1
+constexpr uint32_t kAtoms0 = 5, kAtoms1 = 4;                          // P·V 64-dim atoms of warpgroups 0 and 1
+constexpr uint32_t kMaxAtoms = kAtoms0;
+constexpr uint32_t kQUnits = kDim / 8 / kWarp + 1;                    // 16-byte units of a Q row per lane (≤)
+constexpr uint32_t kXchgFloats = 2 * 32 * 128;                        // the two warpgroups' logit tiles
+constexpr uint32_t kDequantBatch = 3;                                 // units in flight per thread
+
+// D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate; A and B K-major in shared memory (descriptors).
+// `accumulate` 0 overwrites D. (Operand lists written out: 32 accumulator registers.)
+__device__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D += A·B, m64n64k16: A from registers (the m16n8k16 fragment of each warp's 16 rows), B
+// MN-major in shared memory (trans-b: rows of B are keys, its 64 columns contiguous).
+__device__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
+}
+
+__device__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared-memory writes made by threads visible to the tensor cores' (async proxy) reads.
+__device__ void fence_to_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// A shared-memory matrix descriptor with the 128-byte swizzle: start address, leading and stride
+// byte offsets (K-major: stride = 1024 between 8-row groups, leading unused; MN-major: leading =
+// the 64-column atoms' stride, stride = 1024 between 8-row groups of K).
+__device__ uint64_t smem_desc(uint32_t addr, uint32_t leading, uint32_t stride) {
+  return uint64_t{(addr & 0x3FFFFu) >> 4} | (uint64_t{leading >> 4} << 16) | (uint64_t{stride >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// Byte offset of 16-byte chunk `chunk` (columns 8·chunk..8·chunk+7) of row `row` in a 64-row FP16
+// tile stored as 64-column slabs of 128-byte rows, the 128-byte swizzle applied (chunk ^ row % 8).
+__device__ uint32_t swizzled(uint32_t row, uint32_t chunk) {
+  return (chunk / 8) * kSlabBytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// S = Q·Kᵀ over kSteps k-steps of 16 dims from the slabs at `q_addr` and `k_addr` (a count the
+// compiler knows: a wgmma in a loop of unknown trip count is serialised).
+template <uint32_t kSteps>
+__device__ void qk_tile(float (&sacc)[32], uint32_t q_addr, uint32_t k_addr) {
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t k = 0; k < kSteps; ++k) {
+    const uint32_t off = (k / 4) * kSlabBytes + (k % 4) * 32;
+    wgmma_ss_m64n64k16(sacc, smem_desc(q_addr + off, 16, 1024), smem_desc(k_addr + off, 16, 1024), k != 0);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+}
+
+// O[:, atoms] += P·V for one tile: kAtoms 64-dim atoms from `v_addr` (the warpgroup's first),
+// four k-steps of 16 keys, P's fragments from registers.
+template <uint32_t kAtoms>
+__device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], uint32_t v_addr) {
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms; ++a)
+      wgmma_rs_m64n64k16_tb(o[a], pa[kk], smem_desc(v_addr + a * kSlabBytes + kk * 16 * 128, kSlabBytes, 1024));
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+}
+
+// The split decode of one block: see the module comment. `Rows` as for mla_fast's split_decode,
+// with one half of a tile staged at a time (half_pitch, half_units, stage_half, staged_half).
+template <class Rows>
+__device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
+                             float logit_scale, uint32_t keys_per_split, const Rows& layout) {
+  constexpr uint32_t dim = kDim, q_head_dim = kDim;
+  const KeySet& keys = layout.keys;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The carve-up (the host's wgmma_shared_bytes adds 1 KiB for the alignment): Q and the K/V
+  // tile in swizzled slabs, the logit exchange, the raw half-tile, two tiles' row pointers and
+  // the Q rows' unscale factors.
+  uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint8_t* const skv = sq + kRows * dim * 2;
+  float* const xchg = reinterpret_cast<float*>(skv + kTileKeys * dim * 2);
+  uint8_t* const raw = reinterpret_cast<uint8_t*>(xchg + kXchgFloats);
+  const uint8_t** const row_sets = reinterpret_cast<const uint8_t**>(raw + kTileKeys * layout.half_pitch());
+  float* const q_unscale = reinterpret_cast<float*>(row_sets + 2 * 4 * kTileKeys);
+
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wg = warp / 4, wt = tid % 128;
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows, s = blockIdx.z, num_splits = gridDim.x;
+  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
+  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+  const uint32_t atom_begin = wg == 0 ? 0 : kAtoms0, atom_count = wg == 0 ? kAtoms0 : kAtoms1;
+
+  // Warps 0-1 look up the rows of the tile's keys (thread = key).
+  auto locate_tile = [=](uint32_t tile, const uint8_t** rows) {
+    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
+  };
+  // Start copying half h of the tile's raw bytes into `raw`, as one commit group.
+  const UnitWalk copy_walk(layout.half_units());
+  auto stage = [=](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
+    const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
+    for (UnitWalk w = copy_walk; w.key < live; w.next())
+      layout.stage_half(rows + 4 * w.key, raw + w.key * layout.half_pitch(), w.part, h);
+    cp_async_commit();
+  };
+  // The staged half as FP16 in skv (zeros for a key past the end, not garbage: 0·NaN would
+  // poison P·V). Thread t takes key t % 64 and its 16-value units t / 64, + 4, ...: a warp's
+  // stores fall on 32 keys, which the swizzle spreads over the banks.
+  auto dequant = [=](uint32_t tile) {
+    const uint32_t key = tid % kTileKeys, parts = dim / 16;
+    const bool live = tile + key < end;
+    const uint8_t* src = raw + key * layout.half_pitch();
+    for (uint32_t p0 = tid / kTileKeys; p0 < parts; p0 += 4 * kDequantBatch) {
+      typename Rows::Raw r[kDequantBatch];
+#pragma unroll
+      for (uint32_t b = 0; b < kDequantBatch; ++b)
+        if (live && p0 + 4 * b < parts) r[b] = layout.staged_half(src, p0 + 4 * b);
+#pragma unroll
+      for (uint32_t b = 0; b < kDequantBatch; ++b) {
+        const uint32_t part = p0 + 4 * b;
+        if (part >= parts) break;
+        uint32_t w[8] = {};
+        if (live) layout.convert(r[b], w);
+        st_shared_v4(skv + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
+        st_shared_v4(skv + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
+      }
+    }
+    fence_to_async_proxy();
+  };
+
+  // Q rows of this head group as FP16, a warp per row (rows past num_q_heads are zero).
+  for (uint32_t row = warp; row < kRows; row += blockDim.x / kWarp) {
+    const uint32_t h = head0 + row;
+    const uint4* src = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim);
+    uint4 v[kQUnits];
+    uint32_t big = 0;  // the row's largest BF16 magnitude bits (NaN above inf)
+#pragma unroll
+    for (uint32_t i = 0; i < kQUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      v[i] = h < num_q_heads && part < q_head_dim / 8 ? src[part] : make_uint4(0, 0, 0, 0);
+      for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
+    }
+    const QScale qs = q_scale_of(__reduce_max_sync(0xFFFFFFFFu, big));
+#pragma unroll
+    for (uint32_t i = 0; i < kQUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      if (part >= q_head_dim / 8) break;
+      uint32_t out[4];
+      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        out[w] = pack_f16(__uint_as_float(words[w] << 16) * qs.up, __uint_as_float(words[w] & 0xFFFF0000u) * qs.up);
+      st_shared_v4(sq + swizzled(row, part), out[0], out[1], out[2], out[3]);
+    }
+    if (lane == 0) q_unscale[row] = qs.down;
+  }
+  fence_to_async_proxy();
+  // Prologue: the rows of tiles 0 and 1, tile 0's K staged and landed.
+  locate_tile(begin, row_sets);
+  __syncthreads();
+  stage(begin, row_sets, 0);
+  locate_tile(begin + kTileKeys, row_sets + 4 * kTileKeys);
+  cp_async_wait_all();
+  __syncthreads();
+
+  const uint32_t r0 = 16 * (warp % 4) + lane / 4;  // the thread's rows r0 and r0 + 8
+  const float q_down[2] = {q_unscale[r0], q_unscale[r0 + 8]};
+  const uint32_t sq_addr = smem_addr(sq), skv_addr = smem_addr(skv);
+  float o[kMaxAtoms][32] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    const uint8_t** const cur = row_sets + (i % 2) * 4 * kTileKeys;
+    const uint8_t** const next = row_sets + ((i + 1) % 2) * 4 * kTileKeys;
+    dequant(tile);  // K
+    __syncthreads();
+    stage(tile, cur, 1);  // V's bytes, under Q·Kᵀ and the softmax
+    // Q·Kᵀ over this warpgroup's k-steps, then S = S₀ + S₁ through shared memory.
+    float sacc[32];
+    if (wg == 0) {
+      qk_tile<kQkSteps0>(sacc, sq_addr, skv_addr);
+    } else {
+      qk_tile<kQkSteps1>(sacc, sq_addr + kQkSteps0 / 4 * kSlabBytes, skv_addr + kQkSteps0 / 4 * kSlabBytes);
+    }
+#pragma unroll
+    for (uint32_t e = 0; e < 32; ++e) xchg[(wg * 32 + e) * 128 + wt] = sacc[e];
+    __syncthreads();
+#pragma unroll
+    for (uint32_t e = 0; e < 32; ++e) sacc[e] += xchg[((1 - wg) * 32 + e) * 128 + wt];
+    // Online softmax over the tile: element e is row r0 + 8·(e%4 ≥ 2), key 8·(e/4) + 2·(lane%4) + e%2.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (uint32_t e = 0; e < 32; ++e) {
+      const uint32_t key = 8 * (e / 4) + 2 * (lane % 4) + e % 2, hi = (e % 4) / 2;
+      sacc[e] = tile + key < end ? sacc[e] * q_down[hi] * logit_scale : -INFINITY;
+      mx[hi] = fmaxf(mx[hi], sacc[e]);
+    }
+    float alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (uint32_t hi = 0; hi < 2; ++hi) {
+      for (uint32_t off = 1; off < 4; off *= 2) mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xFFFFFFFFu, mx[hi], off));
+      const float m_new = fmaxf(m[hi], mx[hi]);
+      alpha[hi] = expf(m[hi] - m_new);
+      m[hi] = m_new;
+    }
+    uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
+#pragma unroll
+    for (uint32_t e = 0; e < 32; e += 2) {
+      const uint32_t hi = (e % 4) / 2;
+      const float p0 = expf(sacc[e] - m[hi]), p1 = expf(sacc[e + 1] - m[hi]);
+      sum[hi] += p0 + p1;
+      pa[e / 8][(e % 8) / 2] = pack_f16(p0, p1);
+    }
+#pragma unroll
+    for (uint32_t hi = 0; hi < 2; ++hi) {
+      for (uint32_t off = 1; off < 4; off *= 2) sum[hi] += __shfl_xor_sync(0xFFFFFFFFu, sum[hi], off);
+      l[hi] = l[hi] * alpha[hi] + sum[hi];
+    }
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+      for (uint32_t a = 0; a < kMaxAtoms; ++a)
+#pragma unroll
+        for (uint32_t e = 0; e < 32; ++e) o[a][e] *= alpha[(e % 4) / 2];
+    }
+    cp_async_wait_all();  // V's bytes
+    __syncthreads();
+    dequant(tile);  // V
+    __syncthreads();
+    stage(tile + kTileKeys, next, 0);           // the next tile's K, under P·V
+    locate_tile(tile + 2 * kTileKeys, cur);     // the rows two tiles on
+    // P·V over this warpgroup's atoms.
+    if (wg == 0) {
+      pv_tile<kAtoms0>(o, pa, skv_addr);
+    } else {
+      pv_tile<kAtoms1>(o, pa, skv_addr + kAtoms0 * kSlabBytes);
+    }
+    cp_async_wait_all();  // the next tile's K
+    __syncthreads();
+  }
+  cp_async_wait_all();
+  // The block's partial: unnormalised O with its running max and sum, per head.
+#pragma unroll
+  for (uint32_t hi = 0; hi < 2; ++hi) {
+    const uint32_t h = head0 + r0 + 8 * hi;
+    if (h >= num_q_heads) continue;
+    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
+#pragma unroll
+    for (uint32_t a = 0; a < kMaxAtoms; ++a) {
+      if (a >= atom_count) break;
+#pragma unroll
+      for (uint32_t j = 0; j < 8; ++j) {
+        const uint32_t d = (atom_begin + a) * 64 + 8 * j + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(o_partial + slot * dim + d) = make_float2(o[a][4 * j + 2 * hi], o[a][4 * j + 2 * hi + 1]);
+      }
+    }
+    if (wg == 0 && lane % 4 == 0) {
+      ml_partial[2 * slot] = m[hi];
+      ml_partial[2 * slot + 1] = l[hi];
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_wgmma_fp8: mla_paged_decode_split_fp8 on warpgroup MMA (sm_90a), 64 heads per
+// block, 64-key tiles. Same parameters, partial outputs and combine.
+// Grid: [num_splits, ⌈num_q_heads/64⌉, num_seqs]. Block: 256. keys_per_split a multiple of 64.
+// Dynamic shared memory: see core/mla_fast.cpp (wgmma_shared_bytes).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial,
+                               float* ml_partial, const int32_t* block_tables, const int32_t* seq_lens,
+                               uint32_t max_blocks_per_seq, uint32_t num_q_heads, uint32_t q_head_dim,
+                               uint32_t kv_cache_dim, uint32_t block_size, float logit_scale, uint64_t cache_stride,
+                               uint32_t sliding_window, const uint8_t* comp_pool, uint32_t comp_block_count,
+                               uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache; logit_scale is inv_sqrt_d.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                 float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                 const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                 uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                 uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  wgmma_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}

@@ -1,0 +1,280 @@
+// Pieces of the split decode that its mma.sync kernels (mla_fast.cu) and its wgmma kernels
+// (mla_wgmma.cu, sm_90a) share: shared-memory and streaming access, the Q row scaling, the
+// exact E4M3 and NVFP4 to FP16 conversions, and the paged rows of each cache format.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "device_common.cuh"
+
+namespace metrale::split {
+
+__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes to shared memory in one STS.128 (the compiler, unable to prove the alignment of a
+// runtime-pitched row, would otherwise split it into four 4-byte stores, bank-conflicted).
+__device__ inline void st_shared_v4(void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(dst)), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+// cp.async: global to shared without registers (sm_80+); 16 bytes bypass L1, 4 bytes may not.
+__device__ inline void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ inline void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most one committed group (the newest) is still in flight.
+__device__ inline void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// 16 bytes from global memory read once by this block: through the read-only path, not kept
+// in L1.
+__device__ inline uint4 ld_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ inline uint2 ld_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// The units u = threadIdx.x, threadIdx.x + blockDim.x, ... of a tile whose keys have `per_key`
+// units each, walked as (key, unit of the key) with no division per step.
+struct UnitWalk {
+  uint32_t key, part, step_keys, step_parts, per_key;
+  __device__ explicit UnitWalk(uint32_t per_key_units)
+      : key(threadIdx.x / per_key_units),
+        part(threadIdx.x % per_key_units),
+        step_keys(blockDim.x / per_key_units),
+        step_parts(blockDim.x % per_key_units),
+        per_key(per_key_units) {}
+  __device__ void next() {
+    key += step_keys;
+    part += step_parts;
+    if (part >= per_key) part -= per_key, ++key;
+  }
+};
+
+__device__ inline uint32_t dynamic_smem_bytes() {
+  uint32_t r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+
+__device__ inline uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The power of two 2^e a Q row is scaled by on its way to FP16, and 2^-e, from the row's largest
+// BF16 magnitude bits `big`: the largest magnitude lands in [2^14, 2^15) (below, for rows under
+// 2^-112, where e stops at 126), so the row converts
+// without overflow, every BF16 value of it that lands in FP16's normal range exactly, and the
+// logits are scaled back exactly (both factors normal FP32: e in [-114, 126]; a row of zeros,
+// an inf or a NaN stays zeros, inf or NaN).
+struct QScale {
+  float up, down;
+};
+__device__ inline QScale q_scale_of(uint32_t big) {
+  const int field = max(1, static_cast<int>(big >> 7));  // BF16 exponent field; subnormals as 1
+  const int e = min(126, 141 - field);                    // 14 − (field − 127)
+  return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
+}
+
+// Two E4M3 codes (the low and high byte of `pair`) as an FP16 pair, exactly: one conversion.
+__device__ inline __half2 e4m3x2_to_f16x2(uint32_t pair) {
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFF), __NV_E4M3));
+}
+__device__ inline uint32_t bits_of(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// 16 E4M3 codes (loaded as one 16-byte word) as 16 FP16 values, two per word of `out` (exact).
+__device__ inline void fp8x16_to_f16(const uint4 raw, uint32_t (&out)[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    out[w * 2] = bits_of(e4m3x2_to_f16x2(words[w]));
+    out[w * 2 + 1] = bits_of(e4m3x2_to_f16x2(words[w] >> 16));
+  }
+}
+
+// 16 NVFP4 values (8 packed bytes and one E4M3 scale) as 16 FP16 values in `out`. Each E2M1
+// code s·ee·m becomes the E4M3 code s·00ee·m00, which is the same value times 2^-6 (subnormal
+// codes included), so the hardware's E4M3 pair conversion decodes eight codes in four
+// instructions; the scale, times 64 (at most 28672, at least 2^-3), restores it in one FP16
+// multiply per pair. Every product has at most 6 significant bits and lies in [2^-10, 2688]:
+// exact in FP16, the values of e2m1_decode · e4m3_decode.
+__device__ inline void nvfp4x16_to_f16(const uint2 raw, uint8_t scale_code, uint32_t (&out)[8]) {
+  const __half2 scale = __hmul2(e4m3x2_to_f16x2(scale_code * 0x0101u), __float2half2_rn(64.0f));  // in both halves
+  const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;  // even and odd codes
+    const uint32_t lo8 = ((lo & 0x08080808u) << 4) | ((lo & 0x07070707u) << 2);
+    const uint32_t hi8 = ((hi & 0x08080808u) << 4) | ((hi & 0x07070707u) << 2);
+    const uint32_t pairs[2] = {__byte_perm(lo8, hi8, 0x5140), __byte_perm(lo8, hi8, 0x7362)};  // codes 0-3, 4-7
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        out[w * 4 + p * 2 + h] = bits_of(__hmul2(e4m3x2_to_f16x2(pairs[p] >> (16 * h)), scale));
+    }
+  }
+}
+
+// 16 FP16 values (`words`) to `dst`, 16-byte aligned.
+__device__ inline void store_f16x16(__half* dst, const uint32_t (&w)[8]) {
+  st_shared_v4(dst, w[0], w[1], w[2], w[3]);
+  st_shared_v4(dst + 8, w[4], w[5], w[6], w[7]);
+}
+
+struct Fp8Rows {
+  const uint8_t *k_cache, *v_cache, *comp_pool;
+  const int32_t* table;
+  uint64_t cache_stride;
+  uint32_t block_size, s, comp_block_count, dim;
+  KeySet keys;
+
+  __device__ int32_t entry(uint32_t j) const {
+    return j < keys.comp ? 0 : table[(keys.start + (j - keys.comp)) / block_size];
+  }
+  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
+    if (j < keys.comp) {
+      const int64_t pos = (int64_t{s} * comp_block_count + j) * 2;
+      rows[0] = comp_pool + pos * static_cast<int64_t>(cache_stride);
+      rows[2] = rows[0] + cache_stride;
+      return;
+    }
+    const uint32_t t = keys.start + (j - keys.comp);
+    const int64_t slot = int64_t{entry} * block_size + t % block_size;
+    rows[0] = k_cache + slot * static_cast<int64_t>(cache_stride);
+    rows[2] = v_cache + slot * static_cast<int64_t>(cache_stride);
+  }
+  using Raw = uint4;
+  static constexpr uint32_t kBatch = 4;  // units in flight per thread
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
+    return ld_stream16(rows[2 * h] + part * 16);
+  }
+  // Staged key: [K row | V row], dim bytes each, copied 16 bytes at a time.
+  __device__ uint32_t raw_pitch() const { return 2 * dim; }
+  __device__ uint32_t copy_units() const { return dim / 16; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    cp_async16(dst + h * dim + 16 * u, rows[2 * h] + 16 * u);
+  }
+  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
+    return *reinterpret_cast<const uint4*>(src + h * dim + part * 16);
+  }
+  __device__ void convert(const Raw& raw, uint32_t (&out)[8]) const { fp8x16_to_f16(raw, out); }
+  // One half staged alone (the wgmma kernels): a key's row of that half, dim bytes and 16 of
+  // padding (a pitch of 148 words puts eight keys' 16-byte reads in distinct banks).
+  __device__ uint32_t half_pitch() const { return dim + 16; }
+  __device__ uint32_t half_units() const { return dim / 16; }
+  __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    cp_async16(dst + 16 * u, rows[2 * h] + 16 * u);
+  }
+  __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
+    return *reinterpret_cast<const uint4*>(src + part * 16);
+  }
+};
+
+struct Nvfp4Rows {
+  const uint8_t *k_cache, *v_cache;
+  const int32_t* table;
+  uint64_t block_stride_bytes, data_section_bytes;
+  uint32_t block_size, dim;
+  KeySet keys;
+
+  __device__ int32_t entry(uint32_t j) const { return table[(keys.start + j) / block_size]; }
+  __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
+    const int64_t base = int64_t{entry} * static_cast<int64_t>(block_stride_bytes);
+    const uint64_t slot = (keys.start + j) % block_size;
+    rows[0] = k_cache + base + slot * dim / 2;
+    rows[1] = k_cache + base + data_section_bytes + slot * dim / 16;
+    rows[2] = v_cache + base + slot * dim / 2;
+    rows[3] = v_cache + base + data_section_bytes + slot * dim / 16;
+  }
+  struct Raw {
+    uint2 data;
+    uint8_t scale;
+  };
+  static constexpr uint32_t kBatch = 4;  // units in flight per thread
+  __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
+    return {ld_stream8(rows[2 * h] + part * 8), rows[2 * h + 1][part]};
+  }
+  // Staged key: [K data | V data | K scales | V scales] (dim/2, dim/2, dim/16, dim/16 bytes),
+  // padded to 16 bytes; data copied 16 bytes at a time, scales 4 (dim is a multiple of 64).
+  __device__ uint32_t raw_pitch() const { return (dim + dim / 8 + 15) / 16 * 16; }
+  __device__ uint32_t copy_units() const { return dim / 32 + dim / 64; }
+  __device__ void stage(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    if (u < dim / 32) {
+      cp_async16(dst + h * dim / 2 + 16 * u, rows[2 * h] + 16 * u);
+    } else {
+      const uint32_t w = u - dim / 32;
+      cp_async4(dst + dim + h * dim / 16 + 4 * w, rows[2 * h + 1] + 4 * w);
+    }
+  }
+  __device__ Raw staged(const uint8_t* src, uint32_t part, uint32_t h) const {
+    return {*reinterpret_cast<const uint2*>(src + h * dim / 2 + part * 8), src[dim + h * dim / 16 + part]};
+  }
+  __device__ void convert(const Raw& raw, uint32_t (&out)[8]) const { nvfp4x16_to_f16(raw.data, raw.scale, out); }
+  // One half staged alone (the wgmma kernels): [data | scales] (dim/2, dim/16 bytes), padded to 16.
+  __device__ uint32_t half_pitch() const { return (dim / 2 + dim / 16 + 15) / 16 * 16; }
+  __device__ uint32_t half_units() const { return dim / 32 + dim / 64; }
+  __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
+    if (u < dim / 32) {
+      cp_async16(dst + 16 * u, rows[2 * h] + 16 * u);
+    } else {
+      const uint32_t w = u - dim / 32;
+      cp_async4(dst + dim / 2 + 4 * w, rows[2 * h + 1] + 4 * w);
+    }
+  }
+  __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
+    return {*reinterpret_cast<const uint2*>(src + part * 8), src[dim / 2 + part]};
+  }
+};
+
+// The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).
+__device__ inline Fp8Rows fp8_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
+                            const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                            uint32_t block_size, uint64_t cache_stride, uint32_t sliding_window,
+                            const uint8_t* comp_pool, uint32_t comp_block_count) {
+  const uint32_t s = blockIdx.z;
+  const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
+  return {k_cache,
+          v_cache,
+          comp_pool,
+          block_tables + uint64_t{s} * max_blocks_per_seq,
+          cache_stride,
+          block_size,
+          s,
+          comp_block_count,
+          kv_cache_dim,
+          key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp)};
+}
+
+// The rows of sequence blockIdx.z of an NVFP4 cache.
+__device__ inline Nvfp4Rows nvfp4_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
+                                const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                                uint32_t block_size, uint64_t block_stride_bytes, uint64_t data_section_bytes) {
+  const uint32_t s = blockIdx.z;
+  return {k_cache,
+          v_cache,
+          block_tables + uint64_t{s} * max_blocks_per_seq,
+          block_stride_bytes,
+          data_section_bytes,
+          block_size,
+          kv_cache_dim,
+          key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0)};
+}
+
+
+}  // namespace metrale::split
