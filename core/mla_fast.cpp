@@ -126,12 +126,11 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
 std::uint32_t wgmma_shared_bytes(KvFormat format) {
   const std::uint32_t half_pitch =
       format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
-  return 1024                                        // alignment of the swizzled tiles
-         + (kWgmmaRows + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16)
-         + 2 * 32 * 128 * 4                          // the warpgroups' logit tiles
-         + kWgmmaTileKeys * half_pitch               // a raw half-tile
-         + 2 * 4 * kWgmmaTileKeys * 8                // row pointers, two tiles
-         + kWgmmaRows * 4;                           // the Q rows' unscale factors
+  return 1024                                            // alignment of the swizzled tiles
+         + (kWgmmaRows + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
+         + 2 * kWgmmaTileKeys * half_pitch               // the raw K and V half-tiles
+         + 2 * 4 * kWgmmaTileKeys * 8                    // row pointers, two tiles
+         + kWgmmaRows * 4;                               // the Q rows' unscale factors
 }
 
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes) {

@@ -17,8 +17,10 @@
 //         rounded to FP16 and becomes the A fragments of P·V in registers;
 //   P·V: warpgroup w owns 64-dim atoms of the output (576 dims: atoms 0-4 and 5-8) and
 //         accumulates them with wgmma m64n64k16, A from registers and V MN-major (trans-b).
-// The raw bytes of the tile's V stream in under Q·Kᵀ and the softmax, those of the next tile's
-// K under P·V. Five barriers per tile.
+// The raw bytes of each half-tile have a slot of their own and about a tile's time to arrive:
+// the next tile's K streams in from the moment this tile's K is dequantised (its cp.async issued
+// while the tensor cores run Q·Kᵀ), its V from the moment this tile's V is (under P·V). Six
+// barriers per tile.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -42,7 +44,6 @@ constexpr uint32_t kQkSteps0 = 16, kQkSteps1 = 20;                    // Q·Kᵀ
 constexpr uint32_t kAtoms0 = 5, kAtoms1 = 4;                          // P·V 64-dim atoms of warpgroups 0 and 1
 constexpr uint32_t kMaxAtoms = kAtoms0;
 constexpr uint32_t kQUnits = kDim / 8 / kWarp + 1;                    // 16-byte units of a Q row per lane (≤)
-constexpr uint32_t kXchgFloats = 2 * 32 * 128;                        // the two warpgroups' logit tiles
 constexpr uint32_t kDequantBatch = 3;                                 // units in flight per thread
 
 // D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate; A and B K-major in shared memory (descriptors).
@@ -95,33 +96,34 @@ __device__ uint32_t swizzled(uint32_t row, uint32_t chunk) {
   return (chunk / 8) * kSlabBytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
-// S = Q·Kᵀ over kSteps k-steps of 16 dims from the slabs at `q_addr` and `k_addr` (a count the
-// compiler knows: a wgmma in a loop of unknown trip count is serialised).
+// Issue S = Q·Kᵀ over kSteps k-steps of 16 dims from the slabs that descriptors `q` and `k` start
+// at, as one commit group (a count the compiler knows: a wgmma in a loop of unknown trip count is
+// serialised); the caller waits for it (wgmma_wait_all) after other work. A
+// descriptor's address field holds the byte address / 16, so adding offset / 16 moves it (shared
+// addresses stay far below the field's 2^18 bytes).
 template <uint32_t kSteps>
-__device__ void qk_tile(float (&sacc)[32], uint32_t q_addr, uint32_t k_addr) {
+__device__ void qk_tile(float (&sacc)[32], uint64_t q, uint64_t k) {
   wgmma_fence();
 #pragma unroll
-  for (uint32_t k = 0; k < kSteps; ++k) {
-    const uint32_t off = (k / 4) * kSlabBytes + (k % 4) * 32;
-    wgmma_ss_m64n64k16(sacc, smem_desc(q_addr + off, 16, 1024), smem_desc(k_addr + off, 16, 1024), k != 0);
+  for (uint32_t s = 0; s < kSteps; ++s) {
+    const uint32_t off = ((s / 4) * kSlabBytes + (s % 4) * 32) >> 4;
+    wgmma_ss_m64n64k16(sacc, q + off, k + off, s != 0);
   }
   wgmma_commit();
-  wgmma_wait_all();
 }
 
-// O[:, atoms] += P·V for one tile: kAtoms 64-dim atoms from `v_addr` (the warpgroup's first),
-// four k-steps of 16 keys, P's fragments from registers.
+// Issue O[:, atoms] += P·V for one tile: kAtoms 64-dim atoms from descriptor `v` (the warpgroup's
+// first), four k-steps of 16 keys, P's fragments from registers; one commit group, waited for by
+// the caller.
 template <uint32_t kAtoms>
-__device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], uint32_t v_addr) {
+__device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], uint64_t v) {
   wgmma_fence();
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
 #pragma unroll
-    for (uint32_t a = 0; a < kAtoms; ++a)
-      wgmma_rs_m64n64k16_tb(o[a], pa[kk], smem_desc(v_addr + a * kSlabBytes + kk * 16 * 128, kSlabBytes, 1024));
+    for (uint32_t a = 0; a < kAtoms; ++a) wgmma_rs_m64n64k16_tb(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4));
   }
   wgmma_commit();
-  wgmma_wait_all();
 }
 
 // The split decode of one block: see the module comment. `Rows` as for mla_fast's split_decode,
@@ -133,13 +135,13 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   const KeySet& keys = layout.keys;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The carve-up (the host's wgmma_shared_bytes adds 1 KiB for the alignment): Q and the K/V
-  // tile in swizzled slabs, the logit exchange, the raw half-tile, two tiles' row pointers and
-  // the Q rows' unscale factors.
+  // tile in swizzled slabs (the warpgroups' logit exchange reuses the tile between Q·Kᵀ and V),
+  // the raw K and V half-tiles, two tiles' row pointers and the Q rows' unscale factors.
   uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint8_t* const skv = sq + kRows * dim * 2;
-  float* const xchg = reinterpret_cast<float*>(skv + kTileKeys * dim * 2);
-  uint8_t* const raw = reinterpret_cast<uint8_t*>(xchg + kXchgFloats);
-  const uint8_t** const row_sets = reinterpret_cast<const uint8_t**>(raw + kTileKeys * layout.half_pitch());
+  float* const xchg = reinterpret_cast<float*>(skv);
+  uint8_t* const raw = skv + kTileKeys * dim * 2;  // [K | V], kTileKeys · half_pitch each
+  const uint8_t** const row_sets = reinterpret_cast<const uint8_t**>(raw + 2 * kTileKeys * layout.half_pitch());
   float* const q_unscale = reinterpret_cast<float*>(row_sets + 2 * 4 * kTileKeys);
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wg = warp / 4, wt = tid % 128;
@@ -152,32 +154,39 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   auto locate_tile = [=](uint32_t tile, const uint8_t** rows) {
     if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
   };
-  // Start copying half h of the tile's raw bytes into `raw`, as one commit group.
-  const UnitWalk copy_walk(layout.half_units());
+  // Start copying half h of the tile's raw bytes into its slot of `raw`, as one commit group (empty
+  // past the end, so that every tile commits two): four threads
+  // per key, thread j taking the key's units j, j + 4, ... (a warp reads eight rows, 64
+  // contiguous bytes of each at a time), the row's address looked up once.
   auto stage = [=](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
-    const uint32_t live = tile < end ? min(kTileKeys, end - tile) : 0;
-    for (UnitWalk w = copy_walk; w.key < live; w.next())
-      layout.stage_half(rows + 4 * w.key, raw + w.key * layout.half_pitch(), w.part, h);
+    constexpr uint32_t kUnits = Rows::half_units_of(kDim);
+    const uint32_t key = tid / 4;
+    if (tile + key < end) {
+      const uint8_t* const* row = rows + 4 * key;
+#pragma unroll
+      for (uint32_t u = tid % 4; u < kUnits; u += 4)
+        layout.stage_half(row, raw + (h * kTileKeys + key) * layout.half_pitch(), u, h);
+    }
     cp_async_commit();
   };
-  // The staged half as FP16 in skv (zeros for a key past the end, not garbage: 0·NaN would
-  // poison P·V). Thread t takes key t % 64 and its 16-value units t / 64, + 4, ...: a warp's
-  // stores fall on 32 keys, which the swizzle spreads over the banks.
-  auto dequant = [=](uint32_t tile) {
+  // The staged half as FP16 in skv (zeros for a key past the end — the conversion of raw zeros —
+  // not garbage: 0·NaN would poison P·V). Thread t takes key t % 64 and its 16-value units
+  // t / 64, + 4, ...: a warp's stores fall on 32 keys, which the swizzle spreads over the banks.
+  auto dequant = [=](uint32_t tile, uint32_t h) {
     const uint32_t key = tid % kTileKeys, parts = dim / 16;
     const bool live = tile + key < end;
-    const uint8_t* src = raw + key * layout.half_pitch();
+    const uint8_t* src = raw + (h * kTileKeys + key) * layout.half_pitch();
     for (uint32_t p0 = tid / kTileKeys; p0 < parts; p0 += 4 * kDequantBatch) {
       typename Rows::Raw r[kDequantBatch];
 #pragma unroll
       for (uint32_t b = 0; b < kDequantBatch; ++b)
-        if (live && p0 + 4 * b < parts) r[b] = layout.staged_half(src, p0 + 4 * b);
+        if (p0 + 4 * b < parts) r[b] = live ? layout.staged_half(src, p0 + 4 * b) : typename Rows::Raw{};
 #pragma unroll
       for (uint32_t b = 0; b < kDequantBatch; ++b) {
         const uint32_t part = p0 + 4 * b;
         if (part >= parts) break;
-        uint32_t w[8] = {};
-        if (live) layout.convert(r[b], w);
+        uint32_t w[8];
+        layout.convert(r[b], w);
         st_shared_v4(skv + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
         st_shared_v4(skv + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
       }
@@ -212,32 +221,39 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (lane == 0) q_unscale[row] = qs.down;
   }
   fence_to_async_proxy();
-  // Prologue: the rows of tiles 0 and 1, tile 0's K staged and landed.
+  // Prologue: the rows of tiles 0 and 1; tile 0's K and V in flight, its K landed.
   locate_tile(begin, row_sets);
   __syncthreads();
   stage(begin, row_sets, 0);
+  stage(begin, row_sets, 1);
   locate_tile(begin + kTileKeys, row_sets + 4 * kTileKeys);
-  cp_async_wait_all();
+  cp_async_wait_all_but_newest();
   __syncthreads();
 
   const uint32_t r0 = 16 * (warp % 4) + lane / 4;  // the thread's rows r0 and r0 + 8
   const float q_down[2] = {q_unscale[r0], q_unscale[r0 + 8]};
-  const uint32_t sq_addr = smem_addr(sq), skv_addr = smem_addr(skv);
+  // Q and K: K-major (leading offset unused); V: MN-major, its 64-dim atoms a slab apart.
+  const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), k_desc = smem_desc(smem_addr(skv), 16, 1024);
+  const uint64_t v_desc = smem_desc(smem_addr(skv), kSlabBytes, 1024);
   float o[kMaxAtoms][32] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
     const uint8_t** const cur = row_sets + (i % 2) * 4 * kTileKeys;
     const uint8_t** const next = row_sets + ((i + 1) % 2) * 4 * kTileKeys;
-    dequant(tile);  // K
+    dequant(tile, 0);  // K
     __syncthreads();
-    stage(tile, cur, 1);  // V's bytes, under Q·Kᵀ and the softmax
-    // Q·Kᵀ over this warpgroup's k-steps, then S = S₀ + S₁ through shared memory.
+    // Q·Kᵀ over this warpgroup's k-steps, issued; the next tile's K starts streaming into the slot
+    // just dequantised while the tensor cores work; then, once every Q·Kᵀ is done, S = S₀ + S₁
+    // through the K tile's shared memory.
     float sacc[32];
     if (wg == 0) {
-      qk_tile<kQkSteps0>(sacc, sq_addr, skv_addr);
+      qk_tile<kQkSteps0>(sacc, q_desc, k_desc);
     } else {
-      qk_tile<kQkSteps1>(sacc, sq_addr + kQkSteps0 / 4 * kSlabBytes, skv_addr + kQkSteps0 / 4 * kSlabBytes);
+      qk_tile<kQkSteps1>(sacc, q_desc + (kQkSteps0 / 4 * kSlabBytes >> 4), k_desc + (kQkSteps0 / 4 * kSlabBytes >> 4));
     }
+    stage(tile + kTileKeys, next, 0);
+    wgmma_wait_all();
+    __syncthreads();  // the K tile's bytes become the exchange
 #pragma unroll
     for (uint32_t e = 0; e < 32; ++e) xchg[(wg * 32 + e) * 128 + wt] = sacc[e];
     __syncthreads();
@@ -278,19 +294,21 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 #pragma unroll
         for (uint32_t e = 0; e < 32; ++e) o[a][e] *= alpha[(e % 4) / 2];
     }
-    cp_async_wait_all();  // V's bytes
+    cp_async_wait_all_but_newest();  // V's bytes (the next tile's K may still be in flight)
+    __syncthreads();                 // and the exchange read everywhere
+    dequant(tile, 1);  // V
     __syncthreads();
-    dequant(tile);  // V
-    __syncthreads();
-    stage(tile + kTileKeys, next, 0);           // the next tile's K, under P·V
-    locate_tile(tile + 2 * kTileKeys, cur);     // the rows two tiles on
-    // P·V over this warpgroup's atoms.
+    // P·V over this warpgroup's atoms, issued; the next tile's V starts streaming into the slot
+    // just dequantised and the rows two tiles on are looked up while the tensor cores work.
     if (wg == 0) {
-      pv_tile<kAtoms0>(o, pa, skv_addr);
+      pv_tile<kAtoms0>(o, pa, v_desc);
     } else {
-      pv_tile<kAtoms1>(o, pa, skv_addr + kAtoms0 * kSlabBytes);
+      pv_tile<kAtoms1>(o, pa, v_desc + (kAtoms0 * kSlabBytes >> 4));
     }
-    cp_async_wait_all();  // the next tile's K
+    stage(tile + kTileKeys, next, 1);
+    locate_tile(tile + 2 * kTileKeys, cur);
+    wgmma_wait_all();
+    cp_async_wait_all_but_newest();  // the next tile's K (its V may still be in flight)
     __syncthreads();
   }
   cp_async_wait_all();

@@ -120,8 +120,9 @@ void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
 /// Bytes of dynamic shared memory a wgmma block needs (576-dim rows): Q and the K/V tile as FP16
-/// (72 KiB each), the warpgroups' logit exchange (32 KiB), a raw half-tile of `format`, row
-/// pointers, and 1 KiB to align the swizzled tiles to 1024 bytes. FP8 217 KiB, NVFP4 201 KiB.
+/// (72 KiB each; the tile also carries the warpgroups' logit exchange), the raw K and V
+/// half-tiles of `format`, row pointers, and 1 KiB to align the swizzled tiles to 1024 bytes.
+/// FP8 223.25 KiB, NVFP4 191.25 KiB.
 std::uint32_t wgmma_shared_bytes(KvFormat format);
 
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
