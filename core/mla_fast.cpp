@@ -259,13 +259,13 @@ namespace {
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
   const Validator v{wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8"};
   validate_split(v, a);
-  if (wgmma) validate_wgmma(v, a);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
                                       {"comp_pool", a.comp_pool.addr},
                                       {"cache_stride", a.cache_stride}}))
     v.check(false, "{}", *why);
+  if (wgmma) validate_wgmma(v, a);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, wgmma)
       .arg_u64(a.cache_stride)
@@ -280,7 +280,6 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
                         bool wgmma) {
   const Validator v{wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4"};
   validate_split(v, a);
-  if (wgmma) validate_wgmma(v, a);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
@@ -292,6 +291,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
                   std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
+  if (wgmma) validate_wgmma(v, a);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::nvfp4, wgmma)
       .arg_u64(a.block_stride_bytes)

@@ -85,7 +85,8 @@ void arb_dispatch(A& a, bool seed_only) {
   a.num_q_heads = u(1, 200);
   a.kv_cache_dim = 64 * u(1, 9);
   a.q_head_dim = 32 * u(1, a.kv_cache_dim / 32);
-  if (seed_only) a.q_head_dim -= u(1, 31);  // not a multiple of 32: the seed kernel
+  if (coin()) a.q_head_dim = a.kv_cache_dim = 576;  // DeepSeek's rows: the wgmma entries above 32 heads
+  if (seed_only) a.q_head_dim -= u(1, 31);          // not a multiple of 32: the seed kernel
   a.block_size = u(1, 512);
   a.max_blocks_per_seq = u(1, 512);
   a.inv_sqrt_d = defs::positive_float();
@@ -127,6 +128,12 @@ ExpectedLaunch combine_launch(const PagedDecodeCommon& a, const SplitPlan& p, De
            {"v_scale", F(v_scale)}}};
 }
 
+// The module and entry the dispatcher runs for plan `p` of format `f`.
+std::pair<const char*, std::string> split_entry(const SplitPlan& p, const char* f) {
+  if (p.wgmma) return {"mla_wgmma", fmt::format("mla_paged_decode_wgmma_{}", f)};
+  return {"mla_fast", fmt::format("{}_{}", p.rows_per_block == 16 ? "mla_paged_decode_split16" : "mla_paged_decode_split", f)};
+}
+
 void paged_dispatchers() {
   DryRun rig;
   const auto seed = MlaAbsorbedKernels::resolve(rig.gpu);
@@ -155,11 +162,13 @@ void paged_dispatchers() {
       return;
     }
     RC_ASSERT(log.size() == 2u);
-    const SplitPlan p = plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0,
-                                          rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
+    const SplitPlan p =
+        plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count(),
+                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
     const DevicePtr w = ws.get(rig.gpu, 0);
-    ExpectedLaunch split{"mla_fast",
-                         p.rows_per_block == 16 ? "mla_paged_decode_split16_fp8" : "mla_paged_decode_split_fp8",
+    const auto [module, entry] = split_entry(p, "fp8");
+    ExpectedLaunch split{module,
+                         entry,
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
@@ -187,11 +196,12 @@ void paged_dispatchers() {
       return;
     }
     RC_ASSERT(log.size() == 2u);
-    const SplitPlan p =
-        plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(), rig.gpu.max_shared_bytes_per_block());
+    const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(),
+                                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
     const DevicePtr w = ws.get(rig.gpu, 0);
-    ExpectedLaunch split{"mla_fast",
-                         p.rows_per_block == 16 ? "mla_paged_decode_split16_nvfp4" : "mla_paged_decode_split_nvfp4",
+    const auto [module, entry] = split_entry(p, "nvfp4");
+    ExpectedLaunch split{module,
+                         entry,
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d)};

@@ -14,6 +14,7 @@ namespace {
 
 constexpr Dim3 k256{256, 1, 1};
 constexpr const char* kFast = "mla_fast";
+constexpr const char* kWgmma = "mla_wgmma";
 constexpr const char* kK3 = "mla_decode";
 
 // ---- mla_batched_gemv_wide -----------------------------------------------------------------
@@ -88,9 +89,19 @@ void arb_split(SplitDecodeArgs& a) {
   a.num_splits = u(1, 1u << 16);
 }
 
-ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a) {
-  auto e = launch_of(kFast, kn, {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
-                     {8 * a.rows_per_block, 1, 1});
+// The wgmma entries' shapes: 64-head blocks, 64-key tiles, DeepSeek's rows.
+void arb_wgmma(SplitDecodeArgs& a) {
+  arb_split(a);
+  a.rows_per_block = 64;
+  a.num_q_heads = u(1, 65535 * 64);
+  a.keys_per_split = 64 * u(1, 1u << 15);
+  a.q_head_dim = a.kv_cache_dim = 576;
+}
+
+ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
+  auto e = launch_of(wgmma ? kWgmma : kFast, kn,
+                     {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
+                     {wgmma ? 256 : 8 * a.rows_per_block, 1, 1});
   e.args = {{"q", P(a.q)},
             {"k_cache", P(a.k_cache)},
             {"v_cache", P(a.v_cache)},
@@ -168,7 +179,8 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
                           {kn, fmt::format("q_head_dim {} is not a multiple of 32", a.q_head_dim)}};
       },
       [kn](A& a) {
-        a.kv_cache_dim = coin() ? 64 * u(10, 1u << 20) : 64 * u(a.q_head_dim / 64 + 1, 8) + u(1, 63);
+        a.kv_cache_dim =
+            coin() || a.q_head_dim >= 512 ? 64 * u(10, 1u << 20) : 64 * u(a.q_head_dim / 64 + 1, 8) + u(1, 63);
         return BrokenRule{"kv_cache_dim not a multiple of 64 up to 576",
                           Errc::invalid_argument,
                           {kn, fmt::format("kv_cache_dim {} is not a multiple of 64 up to 576", a.kv_cache_dim)}};
@@ -184,21 +196,49 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
       misalign_rule<A>(kn, "v_cache", &A::v_cache)};
 }
 
-Def<SplitDecodeFp8Args> split_fp8() {
-  const char* kn = "mla_paged_decode_split_fp8";
-  Def<SplitDecodeFp8Args> d{kFast, kn, {}, {}, {}, {}};
-  d.arb = [] {
+// What the wgmma launchers refuse beyond the split launchers' rules.
+template <class A>
+void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn) {
+  rules.push_back([kn](A& a) {
+    a.rows_per_block = 16 * u(1, 3);
+    return BrokenRule{"rows_per_block not 64",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block)}};
+  });
+  rules.push_back([kn](A& a) {
+    a.keys_per_split = 64 * u(0, 1u << 15) + 32;
+    return BrokenRule{"keys_per_split not a multiple of 64",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("keys_per_split {} is not a multiple of 64 (the wgmma tile)", a.keys_per_split)}};
+  });
+  rules.push_back([kn](A& a) {
+    a.kv_cache_dim = 64 * u(1, 8);
+    a.q_head_dim = 32 * u(1, a.kv_cache_dim / 32);
+    return BrokenRule{"rows not 576 wide",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("q_head_dim {} and kv_cache_dim {} are not both 576", a.q_head_dim,
+                                       a.kv_cache_dim)}};
+  });
+}
+
+// mla_paged_decode_split_fp8, or (`wgmma`) mla_paged_decode_wgmma_fp8.
+Def<SplitDecodeFp8Args> split_fp8(bool wgmma) {
+  const char* kn = wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8";
+  Def<SplitDecodeFp8Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
+  d.arb = [wgmma] {
     SplitDecodeFp8Args a;
-    arb_split(a);
+    wgmma ? arb_wgmma(a) : arb_split(a);
     a.cache_stride = 16 * u(a.kv_cache_dim / 16, 1u << 16);
     a.sliding_window = u(0, kU32Max);
     a.comp_pool = coin() ? Sentinels(0x80).next() : DevicePtr{};
     a.comp_block_count = u(0, 1u << 16);
     return a;
   };
-  d.launch = [](GpuBackend& g, KernelHandle k, const SplitDecodeFp8Args& a) { mla_paged_decode_split_fp8(g, k, a); };
-  d.expect = [kn](const SplitDecodeFp8Args& a) {
-    auto e = split_launch(kn, a);
+  d.launch = [wgmma](GpuBackend& g, KernelHandle k, const SplitDecodeFp8Args& a) {
+    wgmma ? mla_paged_decode_wgmma_fp8(g, k, a) : mla_paged_decode_split_fp8(g, k, a);
+  };
+  d.expect = [kn, wgmma](const SplitDecodeFp8Args& a) {
+    auto e = split_launch(kn, a, wgmma);
     e.args.insert(e.args.end(), {{"cache_stride", Q(a.cache_stride)},
                                  {"sliding_window", U(a.sliding_window)},
                                  {"comp_pool", P(a.comp_pool)},
@@ -210,26 +250,28 @@ Def<SplitDecodeFp8Args> split_fp8() {
   d.rules = split_rules<A>(kn);
   d.rules.push_back(misalign_rule<A>(kn, "comp_pool", &A::comp_pool));
   d.rules.push_back(misalign_rule<A>(kn, "cache_stride", &A::cache_stride));
+  if (wgmma) add_wgmma_rules<A>(d.rules, kn);
   return d;
 }
 
-Def<SplitDecodeNvfp4Args> split_nvfp4() {
-  const char* kn = "mla_paged_decode_split_nvfp4";
-  Def<SplitDecodeNvfp4Args> d{kFast, kn, {}, {}, {}, {}};
-  d.arb = [] {
+// mla_paged_decode_split_nvfp4, or (`wgmma`) mla_paged_decode_wgmma_nvfp4.
+Def<SplitDecodeNvfp4Args> split_nvfp4(bool wgmma) {
+  const char* kn = wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4";
+  Def<SplitDecodeNvfp4Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
+  d.arb = [wgmma] {
     SplitDecodeNvfp4Args a;
-    arb_split(a);
+    wgmma ? arb_wgmma(a) : arb_split(a);
     const std::uint64_t data = std::uint64_t{a.block_size} * a.kv_cache_dim / 2;  // a multiple of 32
     const std::uint64_t scales = (std::uint64_t{a.block_size} * a.kv_cache_dim / 16 + 15) / 16 * 16;
     a.data_section_bytes = data + (coin() ? 0 : 16 * u(1, 256));
     a.block_stride_bytes = a.data_section_bytes + scales + (coin() ? 0 : 16 * u(1, 256));
     return a;
   };
-  d.launch = [](GpuBackend& g, KernelHandle k, const SplitDecodeNvfp4Args& a) {
-    mla_paged_decode_split_nvfp4(g, k, a);
+  d.launch = [wgmma](GpuBackend& g, KernelHandle k, const SplitDecodeNvfp4Args& a) {
+    wgmma ? mla_paged_decode_wgmma_nvfp4(g, k, a) : mla_paged_decode_split_nvfp4(g, k, a);
   };
-  d.expect = [kn](const SplitDecodeNvfp4Args& a) {
-    auto e = split_launch(kn, a);
+  d.expect = [kn, wgmma](const SplitDecodeNvfp4Args& a) {
+    auto e = split_launch(kn, a, wgmma);
     e.args.insert(e.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
                                  {"data_section_bytes", Q(a.data_section_bytes)},
                                  {"keys_per_split", U(a.keys_per_split)}});
@@ -253,6 +295,7 @@ Def<SplitDecodeNvfp4Args> split_nvfp4() {
                       {kn, fmt::format("NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {}",
                                        a.data_section_bytes, a.block_stride_bytes, a.block_size)}};
   });
+  if (wgmma) add_wgmma_rules<A>(d.rules, kn);
   return d;
 }
 
@@ -397,8 +440,8 @@ Def<K3SdpaArgs> k3_sdpa() {
 }  // namespace
 
 std::vector<Launcher> fast_and_k3_launchers() {
-  return {erase(gemv_wide()), erase(split_fp8()), erase(split_nvfp4()), erase(combine()),
-          erase(k3_rope()),   erase(k3_sdpa())};
+  return {erase(gemv_wide()),       erase(split_fp8(false)), erase(split_nvfp4(false)), erase(split_fp8(true)),
+          erase(split_nvfp4(true)), erase(combine()),        erase(k3_rope()),          erase(k3_sdpa())};
 }
 
 }  // namespace metrale::props::defs
