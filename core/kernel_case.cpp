@@ -333,7 +333,9 @@ const Adapter& adapter(std::string_view module, std::string_view entry) {
 // a case file's tensor of another dtype is refused instead of reinterpreted; a kernel not listed
 // here is not checked.
 std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view entry, std::string_view param) {
-  if (module != kMlaAbsorbedModule && module != kMlaDecodeModule && module != kMlaFastModule) return std::nullopt;
+  if (module != kMlaAbsorbedModule && module != kMlaDecodeModule && module != kMlaFastModule &&
+      module != kMlaWgmmaModule)
+    return std::nullopt;
   constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, FP32 = Dtype::f32;
   using Params = std::map<std::string_view, Dtype>;
   const Params paged = {{"q", BF16},           {"k_cache", U8},   {"v_cache", U8}, {"o", BF16},
@@ -601,11 +603,12 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
   for (std::size_t i = 0; i < g.size(); ++i) {
     const double diff = std::fabs(g[i] - w[i]);
     const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
+    const bool same = both_nan || g[i] == w[i];  // the same infinity included: no difference to report
     // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
     // tolerance of ∞ would accept anything); a finite one within the tolerance.
     bool ok = both_nan || (std::isfinite(w[i]) ? diff <= tol.abs + tol.rel * std::fabs(w[i]) : g[i] == w[i]);
     if (!ok && ulp_check) ok = bf16_ulps(gb[i].bits, wb[i].bits) <= tol.ulps;
-    if (!both_nan) {
+    if (!same) {
       r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);
       if (w[i] != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w[i]));
     }

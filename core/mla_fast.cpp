@@ -30,7 +30,7 @@ std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::
   return std::nullopt;
 }
 
-void validate_split(const Validator& v, const SplitDecodeArgs& a) {
+void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t comp_keys) {
   v.non_null({{"q", a.q},
               {"k_cache", a.k_cache},
               {"v_cache", a.v_cache},
@@ -49,10 +49,32 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a) {
   v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,
           "keys_per_split {} is not a positive multiple of 32", a.keys_per_split);
   v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
+  if (a.rows_per_block > 0)
+    v.check((std::uint64_t{a.num_q_heads} + a.rows_per_block - 1) / a.rows_per_block <= detail::kMaxGridYZ,
+            "num_q_heads {} needs more than {} blocks of rows_per_block {} (the grid's y)", a.num_q_heads,
+            detail::kMaxGridYZ, a.rows_per_block);
+  // Key indices are 32-bit in the kernels; the chunks must cover every key the table can hold.
+  const std::uint64_t capacity = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_keys;
+  v.check(capacity <= 0x7FFF'FFFF, "max_blocks_per_seq {} x block_size {} (+ {} compressed) keys exceed 2^31 - 1",
+          a.max_blocks_per_seq, a.block_size, comp_keys);
+  v.check(std::uint64_t{a.num_splits} * a.keys_per_split >= capacity,
+          "num_splits {} x keys_per_split {} covers fewer keys than the table holds ({}): keys would be dropped",
+          a.num_splits, a.keys_per_split, capacity);
+}
+
+// The handle must name one of `entries` (the split entries share a signature, so the backend's
+// parameter check cannot tell them apart, and each expects its own block and shared memory).
+void validate_entry(const Validator& v, const GpuBackend& gpu, KernelHandle kernel,
+                    std::initializer_list<std::string_view> entries) {
+  const std::string name = gpu.kernel_name(kernel);
+  const std::string_view entry = std::string_view(name).substr(name.find('.') + 1);
+  v.check(std::find(entries.begin(), entries.end(), entry) != entries.end(), "kernel {} is not {}", name,
+          fmt::join(entries, " or "));
 }
 
 // The wgmma entries' extra rules: their block shape and DeepSeek's rows.
 void validate_wgmma(const Validator& v, const SplitDecodeArgs& a) {
+  v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
   v.check(a.rows_per_block == kWgmmaRows, "rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block);
   v.check(a.keys_per_split % kWgmmaTileKeys == 0, "keys_per_split {} is not a multiple of 64 (the wgmma tile)",
           a.keys_per_split);
@@ -258,14 +280,29 @@ namespace {
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
   const Validator v{wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8"};
-  validate_split(v, a);
+  validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
                                       {"comp_pool", a.comp_pool.addr},
-                                      {"cache_stride", a.cache_stride}}))
+                                      {"cache_stride", a.cache_stride},
+                                      {"q", a.q.addr}}))
     v.check(false, "{}", *why);
+  v.check(a.cache_stride >= a.kv_cache_dim, "cache_stride {} < kv_cache_dim {}", a.cache_stride, a.kv_cache_dim);
+  // A row's offset is slot x cache_stride with |slot| < 2^31 x block_size (any int32 in the
+  // table), and compressed entries sit at (s·C + c)·2·cache_stride: both stay inside int64.
+  v.check(a.cache_stride < (std::uint64_t{1} << 32) / a.block_size,
+          "block_size {} x cache_stride {} reaches 2^32 (row offsets would wrap)", a.block_size, a.cache_stride);
+  v.check(!a.comp_pool || a.comp_block_count == 0 ||
+              a.cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{a.num_seqs} * a.comp_block_count),
+          "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)",
+          a.num_seqs, a.comp_block_count, a.cache_stride);
   if (wgmma) validate_wgmma(v, a);
+  if (wgmma) {
+    validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_fp8"});
+  } else {
+    validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
+  }
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, wgmma)
       .arg_u64(a.cache_stride)
@@ -279,19 +316,28 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
   const Validator v{wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4"};
-  validate_split(v, a);
+  validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
                                       {"block_stride_bytes", a.block_stride_bytes},
-                                      {"data_section_bytes", a.data_section_bytes}}))
+                                      {"data_section_bytes", a.data_section_bytes},
+                                      {"q", a.q.addr}}))
     v.check(false, "{}", *why);
+  // A block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
+  v.check(a.block_stride_bytes < (std::uint64_t{1} << 32), "block_stride_bytes {} reaches 2^32 (block offsets would wrap)",
+          a.block_stride_bytes);
   v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
               a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
                   std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) validate_wgmma(v, a);
+  if (wgmma) {
+    validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_nvfp4"});
+  } else {
+    validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
+  }
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::nvfp4, wgmma)
       .arg_u64(a.block_stride_bytes)

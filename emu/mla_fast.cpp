@@ -196,8 +196,8 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
-// M = max(max_z m_z, sink) over the chunks with keys; the sink counts once; no keys and no sink
-// writes zeros.
+// M = max(max_z m_z, sink) over the chunks with keys (l_z ≠ 0, NaN included: NaN in, NaN out); the
+// sink counts once; no keys and no sink writes zeros.
 // Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. Block z of a head takes a run of
 // ⌈tiles/dim_blocks⌉ of the 64-dim tiles; a dim's sum is its chunks' sums by residue mod 4,
 // added in order, as the kernel's threads add them whatever their lanes.
@@ -213,19 +213,19 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   const auto ml = ml_partial.read(2 * base, 2 * std::uint64_t{num_splits});
   float big = -std::numeric_limits<float>::infinity();
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] > 0.0f) big = std::fmax(big, ml[2 * z]);
+    if (ml[2 * z + 1] != 0.0f) big = std::fmax(big, ml[2 * z]);
   if (has_sink) big = std::fmax(sinks[h], big);
   // The denominator as the kernel adds it: thread t the chunks ≡ t (mod 256) in order, a
   // butterfly per warp, then the sink's term and the eight warps' sums in order.
   std::array<std::array<float, kWarp>, 8> part{};
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] > 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
+    if (ml[2 * z + 1] != 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
   float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
   for (const auto& warp : part) denom += warp_sum(warp);
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] > 0.0f) weight[z] = std::exp(ml[2 * z] - big);
+    if (ml[2 * z + 1] != 0.0f) weight[z] = std::exp(ml[2 * z] - big);
   const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims,
                       per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
   const std::uint32_t d_end = std::min(kv_cache_dim, (blk.blockIdx.z + 1) * per_block * kDims);

@@ -472,7 +472,8 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
-// M = max(max_z m_z, sink), over the chunks z with keys (l_z > 0); the sink (when sinks is not
+// M = max(max_z m_z, sink), over the chunks z with keys (l_z ≠ 0: a NaN l_z, from NaN or inf in q,
+// counts and makes the head's output NaN, as the seed kernel's); the sink (when sinks is not
 // null) counts once; no keys and no sink writes zeros.
 // Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. The dims fall in 64-wide tiles, dealt
 // to the dim_blocks blocks of a head in runs of ⌈tiles/dim_blocks⌉ (the launcher raises
@@ -511,7 +512,7 @@ __device__ void combine_few(const float* o_partial, const float* ml, const float
   for (uint32_t z = 0; z < 4; ++z) {
     m[z] = z < num_splits ? ml[2 * z] : 0.0f;
     l[z] = z < num_splits ? ml[2 * z + 1] : 0.0f;
-    live[z] = l[z] > 0.0f;
+    live[z] = l[z] != 0.0f;  // a NaN sum (NaN or inf in q) counts, and poisons the result
     big = live[z] ? fmaxf(big, m[z]) : big;
   }
   if (sink != nullptr) big = fmaxf(*sink, big);
@@ -611,7 +612,8 @@ extern "C" __global__ void __launch_bounds__(256)
                        v_scale, d_begin, d_end, out);
   // M and the denominator, each a block-wide reduction.
   float big = -INFINITY;
-  for (uint32_t z = tid; z < num_splits; z += blockDim.x) big = ml[2 * z + 1] > 0.0f ? fmaxf(big, ml[2 * z]) : big;
+  for (uint32_t z = tid; z < num_splits; z += blockDim.x)
+    big = ml[2 * z + 1] != 0.0f ? fmaxf(big, ml[2 * z]) : big;
   big = warp_max(big);
   if (tid % kWarp == 0) red_max[warp] = big;
   __syncthreads();
@@ -619,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(256)
   for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) big = fmaxf(big, red_max[w]);
   float denom = 0.0f;
   for (uint32_t z = tid; z < num_splits; z += blockDim.x)
-    denom += ml[2 * z + 1] > 0.0f ? expf(ml[2 * z] - big) * ml[2 * z + 1] : 0.0f;
+    denom += ml[2 * z + 1] != 0.0f ? expf(ml[2 * z] - big) * ml[2 * z + 1] : 0.0f;
   denom = warp_sum(denom);
   if (tid % kWarp == 0) red_sum[warp] = denom;
   __syncthreads();
@@ -630,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(256)
   // The weights of chunks [z0, z0 + kCombineBatch).
   auto fill_weights = [&](uint32_t z0) {
     for (uint32_t z = tid; z < kCombineBatch && z0 + z < num_splits; z += blockDim.x)
-      weight[z] = ml[2 * (z0 + z) + 1] > 0.0f ? expf(ml[2 * (z0 + z)] - big) : kCombineSkip;
+      weight[z] = ml[2 * (z0 + z) + 1] != 0.0f ? expf(ml[2 * (z0 + z)] - big) : kCombineSkip;
     __syncthreads();
   };
   const bool one_batch = num_splits <= kCombineBatch;

@@ -100,7 +100,7 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads",
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
 }
 
-TEST_CASE("the wgmma launchers refuse other block shapes and rows", "[mla_fast][wgmma][validation]") {
+TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layouts", "[mla_fast][wgmma][validation]") {
   emu::EmulatorBackend gpu;
   const auto fast = MlaFastKernels::resolve(gpu);
   REQUIRE(fast.wgmma_fp8.id != 0);
@@ -124,6 +124,53 @@ TEST_CASE("the wgmma launchers refuse other block shapes and rows", "[mla_fast][
     a.q_head_dim = a.kv_cache_dim = 512, a.cache_stride = 512;
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"q_head_dim 512 and kv_cache_dim 512 are not both 576"});
+  }
+  SECTION("another entry's handle (same parameters, another block and shared memory)") {
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,
+                        {"kernel mla_fast.mla_paged_decode_split_fp8 is not mla_paged_decode_wgmma_fp8"});
+    a.rows_per_block = 32;
+    test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_split_fp8 or "
+                         "mla_paged_decode_split16_fp8"});
+  }
+  SECTION("q and o_partial misaligned, chunks too few for the table") {
+    a.q = buf.ptr() + 2;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"q 0x", "is not 16-byte aligned"});
+    a.q = buf.ptr(), a.o_partial = buf.ptr() + 4;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"is not 8-byte aligned"});
+    a.o_partial = buf.ptr(), a.max_blocks_per_seq = 10;  // 160 keys, one chunk of 64
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"num_splits 1 x keys_per_split 64 covers fewer keys than the table holds (160)"});
+  }
+}
+
+// A NaN in one head's q makes that head's output NaN, on every path (the split path's combine
+// once took a chunk whose sum is NaN for a chunk without keys, and wrote zeros).
+TEST_CASE("NaN in q reaches the head's output on the seed, split and wgmma paths", "[mla_fast][nan]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(16u, 40u), p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 10, p.num_blocks = 30, p.seq_lens = {150, 33};
+  const bool split = GENERATE(false, true);
+  KernelCase c = split ? gen::split_path_case(p) : gen::paged_decode_case(p);
+  auto q = c.inputs.at("q").values<Bf16>();
+  const std::uint32_t bad = 5;  // head 5 of sequence 1
+  q[(std::uint64_t{1} * p.num_q_heads + bad) * 576 + 100] = Bf16{0x7FC0};
+  c.inputs.at("q") = Tensor::from<Bf16>(c.inputs.at("q").shape, q);
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name << " " << to_string(p.format) << " heads " << p.num_q_heads << " split " << split);
+    auto gpu = test::make_backend(name);
+    const auto o = run_kernel_case(*gpu, c).at("o").values<Bf16>();
+    for (std::uint32_t s = 0; s < 2; ++s)
+      for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
+        const auto row = std::span(o).subspan((std::uint64_t{s} * p.num_q_heads + h) * 576, 576);
+        const bool poisoned = s == 1 && h == bad;
+        const auto nans = std::count_if(row.begin(), row.end(), [](Bf16 x) { return std::isnan(x.to_float()); });
+        INFO("sequence " << s << " head " << h);
+        CHECK(nans == (poisoned ? 576 : 0));
+      }
   }
 }
 

@@ -89,6 +89,13 @@ void arb_split(SplitDecodeArgs& a) {
   a.num_splits = u(1, 1u << 16);
 }
 
+// Enough chunks for every key the table (and `comp` compressed entries) can hold.
+void cover_keys(SplitDecodeArgs& a, std::uint64_t comp) {
+  const std::uint64_t capacity = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp;
+  a.num_splits = static_cast<std::uint32_t>(
+      std::max<std::uint64_t>(a.num_splits, (capacity + a.keys_per_split - 1) / a.keys_per_split));
+}
+
 // The wgmma entries' shapes: 64-head blocks, 64-key tiles, DeepSeek's rows.
 void arb_wgmma(SplitDecodeArgs& a) {
   arb_split(a);
@@ -193,14 +200,30 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
                           {kn, fmt::format("q_head_dim {} > kv_cache_dim {}", a.q_head_dim, a.kv_cache_dim)}};
       },
       misalign_rule<A>(kn, "k_cache", &A::k_cache),
-      misalign_rule<A>(kn, "v_cache", &A::v_cache)};
+      misalign_rule<A>(kn, "v_cache", &A::v_cache),
+      misalign_rule<A>(kn, "q", &A::q),
+      [kn](A& a) {
+        a.keys_per_split = 32;
+        a.num_splits = std::max(1u, a.max_blocks_per_seq * a.block_size / 64);
+        a.max_blocks_per_seq = std::max(a.max_blocks_per_seq, 2u), a.block_size = std::max(a.block_size, 64u);
+        return BrokenRule{"chunks cover fewer keys than the table",
+                          Errc::invalid_argument,
+                          {kn, fmt::format("num_splits {} x keys_per_split 32 covers fewer keys", a.num_splits)}};
+      }};
 }
 
 // What the wgmma launchers refuse beyond the split launchers' rules.
 template <class A>
 void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn) {
   rules.push_back([kn](A& a) {
+    a.o_partial = a.o_partial + 4 * u(1, 1);
+    return BrokenRule{"o_partial not 8-byte aligned",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("o_partial {:#x} is not 8-byte aligned", a.o_partial.addr)}};
+  });
+  rules.push_back([kn](A& a) {
     a.rows_per_block = 16 * u(1, 3);
+    a.num_q_heads = std::min(a.num_q_heads, 65535 * a.rows_per_block);  // the grid's y stays valid
     return BrokenRule{"rows_per_block not 64",
                       Errc::invalid_argument,
                       {kn, fmt::format("rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block)}};
@@ -228,10 +251,11 @@ Def<SplitDecodeFp8Args> split_fp8(bool wgmma) {
   d.arb = [wgmma] {
     SplitDecodeFp8Args a;
     wgmma ? arb_wgmma(a) : arb_split(a);
-    a.cache_stride = 16 * u(a.kv_cache_dim / 16, 1u << 16);
+    a.cache_stride = 16 * u(a.kv_cache_dim / 16, std::min(1u << 16, ((1u << 31) / a.block_size - 1) / 8));
     a.sliding_window = u(0, kU32Max);
     a.comp_pool = coin() ? Sentinels(0x80).next() : DevicePtr{};
     a.comp_block_count = u(0, 1u << 16);
+    cover_keys(a, a.comp_pool ? a.comp_block_count : 0);
     return a;
   };
   d.launch = [wgmma](GpuBackend& g, KernelHandle k, const SplitDecodeFp8Args& a) {
@@ -265,6 +289,7 @@ Def<SplitDecodeNvfp4Args> split_nvfp4(bool wgmma) {
     const std::uint64_t scales = (std::uint64_t{a.block_size} * a.kv_cache_dim / 16 + 15) / 16 * 16;
     a.data_section_bytes = data + (coin() ? 0 : 16 * u(1, 256));
     a.block_stride_bytes = a.data_section_bytes + scales + (coin() ? 0 : 16 * u(1, 256));
+    cover_keys(a, 0);
     return a;
   };
   d.launch = [wgmma](GpuBackend& g, KernelHandle k, const SplitDecodeNvfp4Args& a) {
