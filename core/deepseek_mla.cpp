@@ -39,7 +39,7 @@ void expect_size(const char* what, std::size_t got, std::size_t want) {
 
 DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk,
                                        std::span<const Bf16> w_uv, PagedKvCache& cache)
-    : gpu_(gpu), cfg_(cfg), cache_(cache), k_(MlaAbsorbedKernels::resolve(gpu)) {
+    : gpu_(gpu), cfg_(cfg), cache_(cache), k_(MlaAbsorbedKernels::resolve(gpu)), fast_(MlaFastKernels::resolve(gpu)) {
   if (&cache.backend() != &gpu)  // its pool addresses mean nothing (or something else) on this backend
     fail(Errc::invalid_argument, "deepseek mla: the paged cache lives on another backend ({}) than the decoder ({})",
          cache.backend().name(), gpu.name());
@@ -143,13 +143,17 @@ void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<con
                                  cc.block_size,
                                  cfg_.softmax_scale,
                                  tables.num_seqs};
+  // The dispatchers: the split path (mla_fast, or mla_wgmma on sm_90 above 32 heads) where it
+  // applies, else the seed kernel. Its workspace lives for this step only, so a step leaves no
+  // allocation behind (and a failed one nothing at all).
+  DecodeWorkspace ws;
   if (cc.format == KvFormat::fp8) {
     const PagedDecodeFp8Args a{common, cc.k_scale, cc.v_scale, cache_.cache_stride(), 0, {}, {}, 0};
-    mla_paged_decode_fp8(gpu_, k_.paged_decode_fp8, a);
+    paged_decode_fp8(gpu_, k_, fast_, a, ws);
   } else {
-    mla_paged_decode_nvfp4(gpu_, k_.paged_decode_nvfp4,
-                           {common, cache_.block_stride_bytes(), cache_.data_section_bytes()});
+    paged_decode_nvfp4(gpu_, k_, fast_, {common, cache_.block_stride_bytes(), cache_.data_section_bytes()}, ws);
   }
+  gpu_.synchronize(0);  // the workspace is freed when this returns
 }
 
 DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
@@ -181,9 +185,9 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
 
   const auto nq = static_cast<std::uint32_t>(S * H);
   for (std::size_t s = 0; s < S; ++s)
-    mla_batched_gemv(gpu_, k_.batched_gemv,
-                     {q_full_d.ptr() + s * H * hd * kBf16, w_uk_t_.ptr(), q_abs.ptr() + s * H * cd * kBf16, d.kv_lora,
-                      d.nope, H, hd, cd});
+    batched_gemv(gpu_, k_, fast_,
+                 {q_full_d.ptr() + s * H * hd * kBf16, w_uk_t_.ptr(), q_abs.ptr() + s * H * cd * kBf16, d.kv_lora,
+                  d.nope, H, hd, cd});
   mark("absorb q (gemv W_UK)");
   if (d.rope > 0) {
     mla_q_rope_scatter(gpu_, k_.q_rope_scatter,
@@ -202,9 +206,9 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   attend(q_abs.ptr(), o.ptr(), in.seqs);
   mark("paged decode");
   for (std::size_t s = 0; s < S; ++s)
-    mla_batched_gemv(gpu_, k_.batched_gemv,
-                     {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head,
-                      d.kv_lora, H, cd, d.v_head});
+    batched_gemv(gpu_, k_, fast_,
+                 {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head,
+                  d.kv_lora, H, cd, d.v_head});
   mark("up-project (gemv W_UV)");
 
   StepOutput out;

@@ -214,32 +214,9 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
   };
 
-  // Q rows of this head group as FP16, a warp per row (rows past num_q_heads are zero).
-  for (uint32_t row = warp; row < G; row += blockDim.x / kWarp) {
-    const uint32_t h = head0 + row;
-    const uint4* src = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim);
-    uint4 v[kMaxQUnits];
-    uint32_t big = 0;  // the row's largest BF16 magnitude bits (NaN above inf)
-#pragma unroll
-    for (uint32_t i = 0; i < kMaxQUnits; ++i) {
-      const uint32_t part = lane + i * kWarp;
-      v[i] = h < num_q_heads && part < q_head_dim / 8 ? src[part] : make_uint4(0, 0, 0, 0);
-      for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
-    }
-    const QScale qs = q_scale_of(__reduce_max_sync(0xFFFFFFFFu, big));
-#pragma unroll
-    for (uint32_t i = 0; i < kMaxQUnits; ++i) {
-      const uint32_t part = lane + i * kWarp;
-      if (part >= q_head_dim / 8) break;
-      uint32_t out[4];
-      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        out[w] = pack_f16(__uint_as_float(words[w] << 16) * qs.up, __uint_as_float(words[w] & 0xFFFF0000u) * qs.up);
-      st_shared_v4(sm.q + row * sm.pitch + 8 * part, out[0], out[1], out[2], out[3]);
-    }
-    if (lane == 0) sm.q_unscale[row] = qs.down;
-  }
+  // Q rows of this head group as FP16 (rows past num_q_heads are zero).
+  load_q_rows<kMaxQUnits>(q, s, head0, G, num_q_heads, q_head_dim, sm.q_unscale,
+                          [&](uint32_t row, uint32_t part) { return sm.q + row * sm.pitch + 8 * part; });
   // Prologue: the rows of tile 0 (rows_ahead: and of tile 1); staged, tile 0's K and V in flight
   // and its K landed; held, its K in registers.
   locate_tile(begin, row_set(sm, 0));

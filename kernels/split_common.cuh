@@ -3,6 +3,7 @@
 // exact E4M3 and NVFP4 to FP16 conversions, and the paged rows of each cache format.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -89,6 +90,41 @@ __device__ inline QScale q_scale_of(uint32_t big) {
   const int field = max(1, static_cast<int>(big >> 7));  // BF16 exponent field; subnormals as 1
   const int e = min(126, 141 - field);                    // 14 − (field − 127)
   return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
+}
+
+// Q rows [head0, head0 + rows) of sequence s as FP16, a warp per row (rows past num_q_heads are
+// zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims)
+// stored at dst(row, part), its unscale factor 2^-e at q_unscale[row]. kUnits: units per lane,
+// enough for q_head_dim.
+template <uint32_t kUnits, class Dst>
+__device__ inline void load_q_rows(const __nv_bfloat16* q, uint32_t s, uint32_t head0, uint32_t rows,
+                                   uint32_t num_q_heads, uint32_t q_head_dim, float* q_unscale, const Dst& dst) {
+  const uint32_t lane = threadIdx.x % kWarp;
+  for (uint32_t row = threadIdx.x / kWarp; row < rows; row += blockDim.x / kWarp) {
+    const uint32_t h = head0 + row;
+    const uint4* src = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim);
+    uint4 v[kUnits];
+    uint32_t big = 0;  // the row's largest BF16 magnitude bits (NaN above inf)
+#pragma unroll
+    for (uint32_t i = 0; i < kUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      v[i] = h < num_q_heads && part < q_head_dim / 8 ? src[part] : make_uint4(0, 0, 0, 0);
+      for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
+    }
+    const QScale qs = q_scale_of(__reduce_max_sync(0xFFFFFFFFu, big));
+#pragma unroll
+    for (uint32_t i = 0; i < kUnits; ++i) {
+      const uint32_t part = lane + i * kWarp;
+      if (part >= q_head_dim / 8) break;
+      uint32_t out[4];
+      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        out[w] = pack_f16(__uint_as_float(words[w] << 16) * qs.up, __uint_as_float(words[w] & 0xFFFF0000u) * qs.up);
+      st_shared_v4(dst(row, part), out[0], out[1], out[2], out[3]);
+    }
+    if (lane == 0) q_unscale[row] = qs.down;
+  }
 }
 
 // Two E4M3 codes (the low and high byte of `pair`) as an FP16 pair, exactly: one conversion.

@@ -17,6 +17,7 @@
 #include "metrale/buffer.hpp"
 #include "metrale/formats.hpp"
 #include "metrale/mla_absorbed.hpp"
+#include "metrale/mla_fast.hpp"
 #include "metrale/paged_cache.hpp"
 
 namespace metrale {
@@ -92,6 +93,7 @@ class DeepseekMlaDecoder {
   DeepseekMlaConfig cfg_;
   PagedKvCache& cache_;
   MlaAbsorbedKernels k_;
+  MlaFastKernels fast_;
   DeviceBuffer w_uk_t_;  // [H, kv_lora, nope] bf16
   DeviceBuffer w_uv_;    // [H, v_head, kv_lora] bf16
   StageTimes times_;
