@@ -207,8 +207,8 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   mark("paged decode");
   for (std::size_t s = 0; s < S; ++s)
     batched_gemv(gpu_, k_, fast_,
-                 {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head,
-                  d.kv_lora, H, cd, d.v_head});
+                 {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head, d.kv_lora,
+                  H, cd, d.v_head});
   mark("up-project (gemv W_UV)");
 
   StepOutput out;

@@ -49,10 +49,9 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
   v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,
           "keys_per_split {} is not a positive multiple of 32", a.keys_per_split);
   v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
-  if (a.rows_per_block > 0)
-    v.check((std::uint64_t{a.num_q_heads} + a.rows_per_block - 1) / a.rows_per_block <= detail::kMaxGridYZ,
-            "num_q_heads {} needs more than {} blocks of rows_per_block {} (the grid's y)", a.num_q_heads,
-            detail::kMaxGridYZ, a.rows_per_block);
+  v.check((std::uint64_t{a.num_q_heads} + a.rows_per_block - 1) / a.rows_per_block <= detail::kMaxGridYZ,
+          "num_q_heads {} needs more than {} blocks of rows_per_block {} (the grid's y)", a.num_q_heads,
+          detail::kMaxGridYZ, a.rows_per_block);
   // Key indices are 32-bit in the kernels; the chunks must cover every key the table can hold.
   const std::uint64_t capacity = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_keys;
   v.check(capacity <= 0x7FFF'FFFF, "max_blocks_per_seq {} x block_size {} (+ {} compressed) keys exceed 2^31 - 1",
@@ -79,8 +78,7 @@ void validate_wgmma(const Validator& v, const SplitDecodeArgs& a) {
   v.check(a.keys_per_split % kWgmmaTileKeys == 0, "keys_per_split {} is not a multiple of 64 (the wgmma tile)",
           a.keys_per_split);
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
-          "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim,
-          a.kv_cache_dim);
+          "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
 }
 
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma) launch.
@@ -134,10 +132,14 @@ bool module_runs_on(const GpuBackend& gpu, std::string_view module) {
 
 MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
   auto k = [&](const char* entry) { return gpu.kernel(kMlaFastModule, entry); };
-  MlaFastKernels r{k("mla_paged_decode_split_fp8"),   k("mla_paged_decode_split_nvfp4"),
-                   k("mla_paged_decode_combine"),     k("mla_batched_gemv_wide"),
-                   k("mla_paged_decode_split16_fp8"), k("mla_paged_decode_split16_nvfp4"),
-                   {},                                {}};
+  MlaFastKernels r{k("mla_paged_decode_split_fp8"),
+                   k("mla_paged_decode_split_nvfp4"),
+                   k("mla_paged_decode_combine"),
+                   k("mla_batched_gemv_wide"),
+                   k("mla_paged_decode_split16_fp8"),
+                   k("mla_paged_decode_split16_nvfp4"),
+                   {},
+                   {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
     r.wgmma_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_nvfp4");
@@ -148,11 +150,11 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
 std::uint32_t wgmma_shared_bytes(KvFormat format) {
   const std::uint32_t half_pitch =
       format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
-  return 1024                                            // alignment of the swizzled tiles
+  return 1024                                             // alignment of the swizzled tiles
          + (kWgmmaRows + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
-         + 2 * kWgmmaTileKeys * half_pitch               // the raw K and V half-tiles
-         + 2 * 4 * kWgmmaTileKeys * 8                    // row pointers, two tiles
-         + kWgmmaRows * 4;                               // the Q rows' unscale factors
+         + 2 * kWgmmaTileKeys * half_pitch                // the raw K and V half-tiles
+         + 2 * 4 * kWgmmaTileKeys * 8                     // row pointers, two tiles
+         + kWgmmaRows * 4;                                // the Q rows' unscale factors
 }
 
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes) {
@@ -295,10 +297,10 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
           "block_size {} x cache_stride {} reaches 2^32 (row offsets would wrap)", a.block_size, a.cache_stride);
   v.check(!a.comp_pool || a.comp_block_count == 0 ||
               a.cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{a.num_seqs} * a.comp_block_count),
-          "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)",
-          a.num_seqs, a.comp_block_count, a.cache_stride);
-  if (wgmma) validate_wgmma(v, a);
+          "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)", a.num_seqs,
+          a.comp_block_count, a.cache_stride);
   if (wgmma) {
+    validate_wgmma(v, a);
     validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_fp8"});
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
@@ -325,15 +327,15 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
                                       {"q", a.q.addr}}))
     v.check(false, "{}", *why);
   // A block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
-  v.check(a.block_stride_bytes < (std::uint64_t{1} << 32), "block_stride_bytes {} reaches 2^32 (block offsets would wrap)",
-          a.block_stride_bytes);
+  v.check(a.block_stride_bytes < (std::uint64_t{1} << 32),
+          "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", a.block_stride_bytes);
   v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
               a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
                   std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
-  if (wgmma) validate_wgmma(v, a);
   if (wgmma) {
+    validate_wgmma(v, a);
     validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_nvfp4"});
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
@@ -418,7 +420,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
-                                       gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
@@ -441,7 +443,7 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
     return DecodePath::seed;
   }
   const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(),
-                                       gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
   if (p.wgmma) {

@@ -36,15 +36,15 @@ using namespace metrale::split;
 
 namespace {
 
-constexpr uint32_t kRows = 64;                                        // heads per block: the wgmma M
-constexpr uint32_t kTileKeys = 64;                                    // keys per tile: Q·Kᵀ's N
-constexpr uint32_t kSlabBytes = 64 * 128;                             // 64 rows of a 64-column slab
-constexpr uint32_t kDim = 576;                                        // q_head_dim = kv_cache_dim (DeepSeek)
-constexpr uint32_t kQkSteps0 = 16, kQkSteps1 = 20;                    // Q·Kᵀ k-steps of warpgroups 0 and 1
-constexpr uint32_t kAtoms0 = 5, kAtoms1 = 4;                          // P·V 64-dim atoms of warpgroups 0 and 1
+constexpr uint32_t kRows = 64;                      // heads per block: the wgmma M
+constexpr uint32_t kTileKeys = 64;                  // keys per tile: Q·Kᵀ's N
+constexpr uint32_t kSlabBytes = 64 * 128;           // 64 rows of a 64-column slab
+constexpr uint32_t kDim = 576;                      // q_head_dim = kv_cache_dim (DeepSeek)
+constexpr uint32_t kQkSteps0 = 16, kQkSteps1 = 20;  // Q·Kᵀ k-steps of warpgroups 0 and 1
+constexpr uint32_t kAtoms0 = 5, kAtoms1 = 4;        // P·V 64-dim atoms of warpgroups 0 and 1
 constexpr uint32_t kMaxAtoms = kAtoms0;
-constexpr uint32_t kQUnits = kDim / 8 / kWarp + 1;                    // 16-byte units of a Q row per lane (≤)
-constexpr uint32_t kDequantBatch = 3;                                 // units in flight per thread
+constexpr uint32_t kQUnits = kDim / 8 / kWarp + 1;  // 16-byte units of a Q row per lane (≤)
+constexpr uint32_t kDequantBatch = 3;               // units in flight per thread
 
 // D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate; A and B K-major in shared memory (descriptors).
 // `accumulate` 0 overwrites D. (Operand lists written out: 32 accumulator registers.)
@@ -121,7 +121,8 @@ __device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], u
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
 #pragma unroll
-    for (uint32_t a = 0; a < kAtoms; ++a) wgmma_rs_m64n64k16_tb(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4));
+    for (uint32_t a = 0; a < kAtoms; ++a)
+      wgmma_rs_m64n64k16_tb(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4));
   }
   wgmma_commit();
 }
@@ -273,7 +274,7 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
     cp_async_wait_all_but_newest();  // V's bytes (the next tile's K may still be in flight)
     __syncthreads();                 // and the exchange read everywhere
-    dequant(tile, 1);  // V
+    dequant(tile, 1);                // V
     __syncthreads();
     // P·V over this warpgroup's atoms, issued; the next tile's V starts streaming into the slot
     // just dequantised and the rows two tiles on are looked up while the tensor cores work.
@@ -301,7 +302,8 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 #pragma unroll
       for (uint32_t j = 0; j < 8; ++j) {
         const uint32_t d = (atom_begin + a) * 64 + 8 * j + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(o_partial + slot * dim + d) = make_float2(o[a][4 * j + 2 * hi], o[a][4 * j + 2 * hi + 1]);
+        *reinterpret_cast<float2*>(o_partial + slot * dim + d) =
+            make_float2(o[a][4 * j + 2 * hi], o[a][4 * j + 2 * hi + 1]);
       }
     }
     if (wg == 0 && lane % 4 == 0) {

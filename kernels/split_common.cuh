@@ -88,7 +88,7 @@ struct QScale {
 };
 __device__ inline QScale q_scale_of(uint32_t big) {
   const int field = max(1, static_cast<int>(big >> 7));  // BF16 exponent field; subnormals as 1
-  const int e = min(126, 141 - field);                    // 14 − (field − 127)
+  const int e = min(126, 141 - field);                   // 14 − (field − 127)
   return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
 }
 
@@ -282,9 +282,9 @@ struct Nvfp4Rows {
 
 // The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).
 __device__ inline Fp8Rows fp8_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
-                            const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
-                            uint32_t block_size, uint64_t cache_stride, uint32_t sliding_window,
-                            const uint8_t* comp_pool, uint32_t comp_block_count) {
+                                   const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                                   uint32_t block_size, uint64_t cache_stride, uint32_t sliding_window,
+                                   const uint8_t* comp_pool, uint32_t comp_block_count) {
   const uint32_t s = blockIdx.z;
   const uint32_t comp = comp_pool != nullptr && comp_block_count > 0 ? comp_block_count : 0;
   return {k_cache,
@@ -301,8 +301,8 @@ __device__ inline Fp8Rows fp8_rows(const uint8_t* k_cache, const uint8_t* v_cach
 
 // The rows of sequence blockIdx.z of an NVFP4 cache.
 __device__ inline Nvfp4Rows nvfp4_rows(const uint8_t* k_cache, const uint8_t* v_cache, const int32_t* block_tables,
-                                const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
-                                uint32_t block_size, uint64_t block_stride_bytes, uint64_t data_section_bytes) {
+                                       const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t kv_cache_dim,
+                                       uint32_t block_size, uint64_t block_stride_bytes, uint64_t data_section_bytes) {
   const uint32_t s = blockIdx.z;
   return {k_cache,
           v_cache,
@@ -313,6 +313,5 @@ __device__ inline Nvfp4Rows nvfp4_rows(const uint8_t* k_cache, const uint8_t* v_
           kv_cache_dim,
           key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0)};
 }
-
 
 }  // namespace metrale::split

@@ -59,7 +59,8 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
     p.max_blocks_per_seq = 20, p.seq_lens = {99, 1, 64};
     if (p.format == KvFormat::fp8) p.sliding_window = 40, p.comp_pool = true, p.comp_block_count = 2;
   }
-  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), sixteen ? gen::SplitEntry::split16 : gen::SplitEntry::split));
+  const gen::SplitEntry entry = sixteen ? gen::SplitEntry::split16 : gen::SplitEntry::split;
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
 
 // The wgmma entries (module mla_wgmma: the emulator's port everywhere, the sm_90a kernel on an

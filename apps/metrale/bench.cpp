@@ -314,7 +314,8 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
           const bool wgmma = p.wgmma(H);
           const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : split_us;
           fmt::print(
-              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} {:>11} "
+              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} "
+              "{:>11} "
               "{:>7}\n",
               to_string(f), B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
               mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",

@@ -106,7 +106,13 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 /// let the combine start before it ends: blocks started early crowd onto the few SMs with room
 /// left (measured: 1.5× slower at one sequence of 16K keys). Errors (`invalid_argument`):
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
-/// keys_per_split not a multiple of 32; the split path's dimension and alignment rules.
+/// keys_per_split not a multiple of 32; num_splits × keys_per_split short of the table's
+/// capacity (max_blocks_per_seq × block_size, + comp_block_count with a comp_pool), or that
+/// capacity past 2^31 − 1; more than 65535 head groups; the split path's dimension and alignment
+/// rules (q, the pools and their pitches 16-byte aligned); FP8: cache_stride below kv_cache_dim or
+/// with row offsets past 2^32 (block_size × cache_stride) or compressed offsets past 2^62; NVFP4:
+/// block_stride_bytes from 2^32 or sections too small for block_size rows; `kernel` not the
+/// format's split or 16-head entry.
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
@@ -115,7 +121,7 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, wgmma_shared_bytes(format) of shared
 /// memory; launched early as they are. Errors (`invalid_argument`): those of the split launchers,
 /// plus rows_per_block not 64, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim
-/// not 576.
+/// not 576, o_partial not 8-byte aligned, `kernel` not the format's wgmma entry.
 void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);

@@ -181,9 +181,9 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
   if (entry == "paged_decode_nvfp4_split_path") return gen::split_path_case(arb_split_spec(KvFormat::nvfp4));
   if (entry.starts_with("mla_paged_decode_split")) {
     const KvFormat format = entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4;
-    return gen::split_kernel_case(arb_split_spec(format), u(1, 4),
-                                  entry.find("split16") != std::string::npos ? gen::SplitEntry::split16
-                                                                             : gen::SplitEntry::split);
+    return gen::split_kernel_case(
+        arb_split_spec(format), u(1, 4),
+        entry.find("split16") != std::string::npos ? gen::SplitEntry::split16 : gen::SplitEntry::split);
   }
   if (entry.starts_with("mla_paged_decode_wgmma")) {  // DeepSeek's rows, more than 32 heads, short tables
     gen::PagedSpec p = arb_split_spec(entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4);

@@ -232,7 +232,8 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
     a.keys_per_split = 64 * u(0, 1u << 15) + 32;
     return BrokenRule{"keys_per_split not a multiple of 64",
                       Errc::invalid_argument,
-                      {kn, fmt::format("keys_per_split {} is not a multiple of 64 (the wgmma tile)", a.keys_per_split)}};
+                      {kn, fmt::format("keys_per_split {} is not a multiple of 64 (the wgmma tile)",
+                                       a.keys_per_split)}};
   });
   rules.push_back([kn](A& a) {
     a.kv_cache_dim = 64 * u(1, 8);
