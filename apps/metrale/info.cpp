@@ -6,6 +6,7 @@
 #include "backends.hpp"
 #include "commands.hpp"
 #include "metrale/emu/emulator.hpp"
+#include "metrale/mla_fast.hpp"
 
 namespace metrale::cli {
 
@@ -22,6 +23,11 @@ void add_info(CLI::App& app) {
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
+    const bool wgmma = module_runs_on(emu, kMlaWgmmaModule) &&
+                       wgmma_shared_bytes(KvFormat::nvfp4) <= emu.max_shared_bytes_per_block();
+    fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma {})\n",
+               emu.compute_capability(), emu.multiprocessor_count(),
+               wgmma ? "dispatched for 576-wide rows above 32 heads" : "not dispatched: too little shared memory");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
       fmt::print("    {:<40} {} parameters\n", e.full_name(), e.params.size());
