@@ -185,10 +185,15 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
         arb_split_spec(format), u(1, 4),
         entry.find("split16") != std::string::npos ? gen::SplitEntry::split16 : gen::SplitEntry::split);
   }
-  if (entry.starts_with("mla_paged_decode_wgmma")) {  // DeepSeek's rows, more than 32 heads, short tables
-    gen::PagedSpec p = arb_split_spec(entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4);
-    p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = u(33, 80);
-    if (p.format == KvFormat::fp8 && p.cache_stride != 0) p.cache_stride = 576 + 16 * u(1, 3);
+  if (entry.starts_with("mla_paged_decode_wgmma")) {
+    // DeepSeek's rows, more than 32 heads (one or two head groups), and short tables: the port
+    // multiplies 64 rows of 576 for every key, and a property runs every launcher per case.
+    gen::PagedSpec p;
+    p.format = entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4;
+    p.block_size = *rc::gen::oneOf(in_range<std::uint32_t>(1, 9), element<std::uint32_t>(15, 16, 17, 31, 32, 33, 64));
+    p.num_kv_heads = 1, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = u(33, 66);
+    if (p.format == KvFormat::fp8) p.cache_stride = *rc::gen::arbitrary<bool>() ? 0 : 576 + 16 * u(1, 3);
+    arb_batch(p, 2, 3);
     return gen::split_kernel_case(p, u(1, 2), gen::SplitEntry::wgmma);
   }
   if (entry == "mla_paged_decode_combine")
