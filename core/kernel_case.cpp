@@ -563,7 +563,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
 }
 
 KernelCase read_kernel_case(const std::filesystem::path& path) {
-  return with_context(path.string(), [&] { return kernel_case_from(SafeTensors::read(path), path.stem().string()); });
+  const SafeTensors file = SafeTensors::read(path);  // its errors name the file already
+  return with_context(path.string(), [&] { return kernel_case_from(file, path.stem().string()); });
 }
 
 std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase& c, bool all) {

@@ -14,11 +14,11 @@ void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "version, backends and emulator settings");
   cmd->callback([] {
     const auto t0 = std::chrono::steady_clock::now();
+    const emu::EmulatorBackend emu;  // first: a bad METRALE_EMU_* setting fails before anything is printed
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
                  b.can_run ? "yes" : "no", b.detail);
-    const emu::EmulatorBackend emu;
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
