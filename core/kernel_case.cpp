@@ -524,7 +524,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     const bool from_block = g != a.from_grid.end() && g->second == 'r';
     if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    const std::uint32_t rows = a.module == "mla_wgmma" ? 64 : c.block.x / 8;
+    const std::uint32_t rows = a.module == kMlaWgmmaModule ? 64 : c.block.x / 8;
     c.scalars[field] = KernelArg::u32(from_block         ? rows
                                       : g->second == 'x' ? c.grid.x
                                       : g->second == 'y' ? c.grid.y

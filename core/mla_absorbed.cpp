@@ -8,12 +8,15 @@
 
 namespace metrale {
 
+using detail::kMaxKeys;
+using detail::validate_block_offsets;
+using detail::validate_comp_offsets;
+using detail::validate_row_offsets;
 using detail::Validator;
 
 namespace {
 
 constexpr Dim3 kBlock256{256, 1, 1};
-constexpr std::uint64_t kMaxKeys = 0x7FFF'FFFF;  // keys per sequence, compressed entries included
 
 void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
   v.non_null({{"q", a.q},
@@ -42,20 +45,10 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
           "max_blocks_per_seq {} x block_size {} keys exceed {}", a.max_blocks_per_seq, a.block_size, kMaxKeys);
 }
 
-// A row's byte offset is slot x pitch with |slot| < 2^31 x block_size (any int32 in the table):
-// block_size x pitch < 2^32 keeps it inside int64, so a garbage table entry faults instead of
-// wrapping around to a valid row.
-void validate_row_offsets(const Validator& v, std::uint32_t block_size, std::uint64_t pitch, const char* pitch_name) {
-  v.check(pitch < (std::uint64_t{1} << 32) / block_size, "block_size {} x {} {} reaches 2^32 (row offsets would wrap)",
-          block_size, pitch_name, pitch);
-}
-
 // NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
 void validate_nvfp4_layout(const Validator& v, std::uint64_t row_width, std::uint32_t block_size,
                            std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes) {
-  // A block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
-  v.check(block_stride_bytes < (std::uint64_t{1} << 32),
-          "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", block_stride_bytes);
+  validate_block_offsets(v, block_stride_bytes);
   // Compared by division (block_size > 0, row_width % 16 == 0 make it exact) so that neither
   // block_size x row width nor data_section_bytes + scales can wrap around 2^64.
   v.check(row_width % 16 == 0, "row width {} is not a multiple of 16", row_width);
@@ -225,14 +218,11 @@ void validate(const PagedDecodeFp8Args& a) {
           std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.num_kv_heads, a.kv_cache_dim);
   validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   if (a.comp_pool) {
-    // Entries are 32-bit key indices after the table's, and entry offsets (s·C + c)·2·cache_stride stay in int64.
+    // Entries are 32-bit key indices after the table's.
     v.check(std::uint64_t{a.max_blocks_per_seq} * a.block_size + a.comp_block_count <= kMaxKeys,
             "comp_block_count {} with max_blocks_per_seq {} x block_size {} exceeds {} keys", a.comp_block_count,
             a.max_blocks_per_seq, a.block_size, kMaxKeys);
-    v.check(a.comp_block_count == 0 ||
-                a.cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{a.num_seqs} * a.comp_block_count),
-            "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)",
-            a.num_seqs, a.comp_block_count, a.cache_stride);
+    validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   }
 }
 

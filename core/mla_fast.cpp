@@ -54,7 +54,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
           detail::kMaxGridYZ, a.rows_per_block);
   // Key indices are 32-bit in the kernels; the chunks must cover every key the table can hold.
   const std::uint64_t capacity = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_keys;
-  v.check(capacity <= 0x7FFF'FFFF, "max_blocks_per_seq {} x block_size {} (+ {} compressed) keys exceed 2^31 - 1",
+  v.check(capacity <= detail::kMaxKeys, "max_blocks_per_seq {} x block_size {} (+ {} compressed) keys exceed 2^31 - 1",
           a.max_blocks_per_seq, a.block_size, comp_keys);
   v.check(std::uint64_t{a.num_splits} * a.keys_per_split >= capacity,
           "num_splits {} x keys_per_split {} covers fewer keys than the table holds ({}): keys would be dropped",
@@ -291,14 +291,8 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
                                       {"q", a.q.addr}}))
     v.check(false, "{}", *why);
   v.check(a.cache_stride >= a.kv_cache_dim, "cache_stride {} < kv_cache_dim {}", a.cache_stride, a.kv_cache_dim);
-  // A row's offset is slot x cache_stride with |slot| < 2^31 x block_size (any int32 in the
-  // table), and compressed entries sit at (s·C + c)·2·cache_stride: both stay inside int64.
-  v.check(a.cache_stride < (std::uint64_t{1} << 32) / a.block_size,
-          "block_size {} x cache_stride {} reaches 2^32 (row offsets would wrap)", a.block_size, a.cache_stride);
-  v.check(!a.comp_pool || a.comp_block_count == 0 ||
-              a.cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{a.num_seqs} * a.comp_block_count),
-          "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)", a.num_seqs,
-          a.comp_block_count, a.cache_stride);
+  detail::validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
+  if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   if (wgmma) {
     validate_wgmma(v, a);
     validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_fp8"});
@@ -326,9 +320,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
                                       {"data_section_bytes", a.data_section_bytes},
                                       {"q", a.q.addr}}))
     v.check(false, "{}", *why);
-  // A block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
-  v.check(a.block_stride_bytes < (std::uint64_t{1} << 32),
-          "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", a.block_stride_bytes);
+  detail::validate_block_offsets(v, a.block_stride_bytes);
   v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
               a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
                   std::uint64_t{a.block_size} * a.kv_cache_dim / 16,

@@ -42,4 +42,31 @@ struct Validator {
   }
 };
 
+/// Keys per sequence, compressed entries included: the kernels index them with 32 bits.
+inline constexpr std::uint64_t kMaxKeys = 0x7FFF'FFFF;
+
+/// A row's byte offset is slot x pitch with |slot| < 2^31 x block_size (any int32 in the table):
+/// block_size x pitch < 2^32 keeps it inside int64, so a garbage table entry faults instead of
+/// wrapping around to a valid row.
+inline void validate_row_offsets(const Validator& v, std::uint32_t block_size, std::uint64_t pitch,
+                                 const char* pitch_name) {
+  v.check(pitch < (std::uint64_t{1} << 32) / block_size, "block_size {} x {} {} reaches 2^32 (row offsets would wrap)",
+          block_size, pitch_name, pitch);
+}
+
+/// Compressed-pool entries sit at (s·C + c)·2·cache_stride: keep those offsets inside int64.
+inline void validate_comp_offsets(const Validator& v, std::uint32_t num_seqs, std::uint32_t comp_block_count,
+                                  std::uint64_t cache_stride) {
+  v.check(comp_block_count == 0 ||
+              cache_stride < (std::uint64_t{1} << 62) / (2 * std::uint64_t{num_seqs} * comp_block_count),
+          "num_seqs {} x comp_block_count {} x 2 x cache_stride {} reaches 2^62 (entry offsets would wrap)", num_seqs,
+          comp_block_count, cache_stride);
+}
+
+/// An NVFP4 block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
+inline void validate_block_offsets(const Validator& v, std::uint64_t block_stride_bytes) {
+  v.check(block_stride_bytes < (std::uint64_t{1} << 32),
+          "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", block_stride_bytes);
+}
+
 }  // namespace metrale::detail

@@ -128,7 +128,7 @@ __device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], u
 }
 
 // The split decode of one block: see the module comment. `Rows` as for mla_fast's split_decode,
-// with one half of a tile staged at a time (half_pitch, half_units, stage_half, staged_half).
+// with one half of a tile staged at a time (half_pitch, half_units_of, stage_half, staged_half).
 template <class Rows>
 __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              float logit_scale, uint32_t keys_per_split, const Rows& layout) {
@@ -156,9 +156,9 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
   };
   // Start copying half h of the tile's raw bytes into its slot of `raw`, as one commit group (empty
-  // past the end, so that every tile commits two): four threads
-  // per key, thread j taking the key's units j, j + 4, ... (a warp reads eight rows, 64
-  // contiguous bytes of each at a time), the row's address looked up once.
+  // past the end, so that every tile commits two): four threads per key, thread j taking the key's
+  // units j, j + 4, ... (a warp reads eight rows, 64 contiguous bytes of each at a time), the
+  // row's address looked up once.
   auto stage = [=](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
     constexpr uint32_t kUnits = Rows::half_units_of(kDim);
     const uint32_t key = tid / 4;

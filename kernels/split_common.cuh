@@ -213,7 +213,6 @@ struct Fp8Rows {
   // One half staged alone (the wgmma kernels): a key's row of that half, dim bytes and 16 of
   // padding (a pitch of 148 words puts eight keys' 16-byte reads in distinct banks).
   __device__ uint32_t half_pitch() const { return dim + 16; }
-  __device__ uint32_t half_units() const { return half_units_of(dim); }
   __host__ __device__ static constexpr uint32_t half_units_of(uint32_t dim) { return dim / 16; }
   __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
     cp_async16(dst + 16 * u, rows[2 * h] + 16 * u);
@@ -265,7 +264,6 @@ struct Nvfp4Rows {
   __device__ void convert(const Raw& raw, uint32_t (&out)[8]) const { nvfp4x16_to_f16(raw.data, raw.scale, out); }
   // One half staged alone (the wgmma kernels): [data | scales] (dim/2, dim/16 bytes), padded to 16.
   __device__ uint32_t half_pitch() const { return (dim / 2 + dim / 16 + 15) / 16 * 16; }
-  __device__ uint32_t half_units() const { return half_units_of(dim); }
   __host__ __device__ static constexpr uint32_t half_units_of(uint32_t dim) { return dim / 32 + dim / 64; }
   __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
     if (u < dim / 32) {
