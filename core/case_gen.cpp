@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "metrale/formats.hpp"
+#include "metrale/k3_fast.hpp"
 #include "metrale/reference.hpp"
 
 namespace metrale::gen {
@@ -545,7 +546,7 @@ KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t r
 }
 
 KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
-                        std::uint64_t seed) {
+                        std::uint64_t seed, bool split_path) {
   std::mt19937_64 rng(seed);
   ref::K3SdpaProblem p{heads,
                        dq,
@@ -560,9 +561,10 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
   double bound = 0;
   for (std::size_t h = 0; h < heads; ++h) bound = std::max(bound, k3_sdpa_bound(p, h));
   KernelCase c =
-      make_case(fmt::format("k3_sdpa heads={} dq={} dv={} seq_len={} use_gate={}", heads, dq, dv, seq_len, use_gate),
-                "k3_mla_sdpa_gate_f32");
-  c.module = "mla_decode";
+      make_case(fmt::format("k3_sdpa{} heads={} dq={} dv={} seq_len={} use_gate={}", split_path ? "_split_path" : "",
+                            heads, dq, dv, seq_len, use_gate),
+                split_path ? "k3_sdpa_split_path" : "k3_mla_sdpa_gate_f32");
+  c.module = split_path ? kK3FastModule : kMlaDecodeModule;
   c.inputs["q"] = tensor<float>({heads, dq}, p.q);
   if (seq_len > 0) {
     c.inputs["k"] = tensor<float>({seq_len, heads, dq}, p.k);
@@ -576,6 +578,89 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
                {"heads", KernelArg::u32(heads)},
                {"dq", KernelArg::u32(dq)},
                {"dv", KernelArg::u32(dv)},
+               {"use_gate", KernelArg::u32(use_gate ? 1 : 0)}};
+  return c;
+}
+
+KernelCase k3_split_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
+                         std::uint32_t keys_per_chunk, std::uint32_t num_chunks, std::uint64_t seed) {
+  KernelCase c = k3_sdpa_case(heads, dq, dv, seq_len, false, seed);
+  ref::K3SdpaProblem p{heads, dq, dv, seq_len, false, c.inputs.at("q").values<float>(),
+                       seq_len > 0 ? c.inputs.at("k").values<float>() : std::vector<float>{},
+                       seq_len > 0 ? c.inputs.at("v").values<float>() : std::vector<float>{}, {}};
+  const ref::K3SplitPartials want = ref::k3_split_partials(p, keys_per_chunk, num_chunks);
+  c.name = fmt::format("k3_split heads={} dq={} dv={} seq_len={} keys_per_chunk={} num_chunks={}", heads, dq, dv,
+                       seq_len, keys_per_chunk, num_chunks);
+  c.module = kK3FastModule;
+  c.entry = "k3_mla_sdpa_split_f32";
+  c.inputs.erase("g");
+  c.inputs.erase("out");
+  c.expected.clear();
+  c.tolerance.clear();
+  const std::int64_t rows = std::int64_t{num_chunks} * heads;
+  c.inputs["o_partial"] = tensor<float>({rows, dv}, std::vector<float>(want.o.size(), NAN));
+  c.inputs["ml_partial"] = tensor<float>({rows, 2}, std::vector<float>(want.ml.size(), NAN));
+  c.expected["o_partial"] = tensor<double>({rows, dv}, want.o);
+  c.expected["ml_partial"] = tensor<double>({rows, 2}, want.ml);
+  // A logit is off by δ ≤ (dq/32 + 8)·2u·Σ|q·k|/√dq (a lane's sum, the butterfly, the scale); a
+  // weight e^(s − m) by 2δ and the roundings of its exp and of the running rescales, a few u per
+  // key of the chunk: O within l·max|v|·(4δ + (keys + 32)u), l ≥ 1 relatively the same, m by δ.
+  constexpr double kU = 0x1p-24;
+  const double delta = want.max_abs_qk * (dq / 32.0 + 8) * 2 * kU;
+  const double rel = 4 * delta + (keys_per_chunk + 32.0) * kU;
+  double max_l = 0;
+  for (std::size_t i = 1; i < want.ml.size(); i += 2) max_l = std::max(max_l, want.ml[i]);
+  c.tolerance["o_partial"] = {max_l * want.max_abs_v * rel + 1e-30, 0, 0};
+  c.tolerance["ml_partial"] = {2 * delta + 1e-30, rel, 0};
+  c.scalars = {{"seq_len", KernelArg::u32(seq_len)},
+               {"heads", KernelArg::u32(heads)},
+               {"dq", KernelArg::u32(dq)},
+               {"dv", KernelArg::u32(dv)},
+               {"keys_per_chunk", KernelArg::u32(keys_per_chunk)},
+               {"num_chunks", KernelArg::u32(num_chunks)}};
+  return c;
+}
+
+KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t num_chunks, bool use_gate,
+                           std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::size_t rows = std::size_t{num_chunks} * heads;
+  std::vector<float> o(rows * dv), ml(rows * 2), g(std::size_t{heads} * dv);
+  for (auto& x : o) x = uni(rng) * 20.0f;
+  for (auto& x : g) x = uni(rng) * 4.0f;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const bool empty = rng() % 4 == 0;  // a chunk with no keys, as the split kernel writes it
+    ml[2 * r] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
+    ml[2 * r + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
+    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(r * dv), dv, 0.0f);
+  }
+  // The reference takes DeepSeek's layout [sequence, head, chunk, dim]: one sequence, no sinks.
+  std::vector<float> o_t(o.size()), ml_t(ml.size());
+  for (std::size_t c = 0; c < num_chunks; ++c)
+    for (std::size_t h = 0; h < heads; ++h) {
+      std::copy_n(o.begin() + static_cast<std::ptrdiff_t>((c * heads + h) * dv), dv,
+                  o_t.begin() + static_cast<std::ptrdiff_t>((h * num_chunks + c) * dv));
+      std::copy_n(ml.begin() + static_cast<std::ptrdiff_t>((c * heads + h) * 2), 2,
+                  ml_t.begin() + static_cast<std::ptrdiff_t>((h * num_chunks + c) * 2));
+    }
+  ref::CombineResult want = ref::combine_partials(o_t, ml_t, {}, 1, heads, num_chunks, dv, 1.0);
+  if (use_gate)
+    for (std::size_t i = 0; i < want.o.size(); ++i) want.o[i] /= 1.0 + std::exp(-double{g[i]});
+  KernelCase c = make_case(
+      fmt::format("k3_combine heads={} dv={} num_chunks={} use_gate={} seed={}", heads, dv, num_chunks, use_gate, seed),
+      "k3_mla_sdpa_combine_f32");
+  c.module = kK3FastModule;
+  c.inputs["o_partial"] = tensor<float>({static_cast<std::int64_t>(rows), dv}, o);
+  c.inputs["ml_partial"] = tensor<float>({static_cast<std::int64_t>(rows), 2}, ml);
+  c.inputs["g"] = tensor<float>({heads, dv}, g);
+  c.inputs["out"] = tensor<float>({heads, dv}, std::vector<float>(std::size_t{heads} * dv, NAN));
+  c.expected["out"] = tensor<double>({heads, dv}, want.o);
+  // The FP32 sums over the chunks, relative to Σ|weight·O|/denominator, and a few roundings.
+  c.tolerance["out"] = {(num_chunks + 8) * 0x1p-22 * want.max_abs_terms + 1e-30, 0x1p-20, 0};
+  c.scalars = {{"heads", KernelArg::u32(heads)},
+               {"dv", KernelArg::u32(dv)},
+               {"num_chunks", KernelArg::u32(num_chunks)},
                {"use_gate", KernelArg::u32(use_gate ? 1 : 0)}};
   return c;
 }
@@ -716,6 +801,21 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   for (auto [heads, dq, dv, seq] : std::vector<std::array<std::uint32_t, 4>>{
            {1, 1, 1, 0}, {3, 7, 19, 1}, {7, 33, 5, 19}, {64, 192, 128, 300}, {19, 192, 128, 733}, {70, 65, 129, 7}})
     for (bool gate : {false, true}) out.push_back(k3_sdpa_case(heads, dq, dv, seq, gate, ++s));
+  // Its split path: the same shapes, chunks longer and shorter than a four-key step, the widest
+  // rows the split kernel takes (256), and a history of many chunks per head.
+  for (auto [heads, dq, dv, seq] : std::vector<std::array<std::uint32_t, 4>>{{1, 1, 1, 0},
+                                                                            {3, 7, 19, 1},
+                                                                            {7, 33, 5, 19},
+                                                                            {64, 192, 128, 300},
+                                                                            {19, 192, 128, 733},
+                                                                            {70, 65, 129, 7},
+                                                                            {5, 256, 256, 130},
+                                                                            {16, 192, 128, 4099}})
+    for (bool gate : {false, true}) out.push_back(k3_sdpa_case(heads, dq, dv, seq, gate, ++s, true));
+  // Its two kernels alone: chunks ending mid-step and a block of chunks past the keys; a combine
+  // with empty chunks.
+  out.push_back(k3_split_case(19, 192, 128, 733, 13, 64, ++s));
+  for (bool gate : {false, true}) out.push_back(k3_combine_case(7, 128, 12, gate, ++s));
   return out;
 }
 

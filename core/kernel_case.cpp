@@ -10,6 +10,7 @@
 
 #include "metrale/buffer.hpp"
 #include "metrale/error.hpp"
+#include "metrale/k3_fast.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/mla_fast.hpp"
@@ -43,9 +44,9 @@ struct CaseArgs {
 struct Adapter {
   std::string module, entry;
   LauncherFields fields;
-  // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', or 'r' for the split
+  // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', 'r' for the split
   // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads; the wgmma entries'
-  // 256 threads serve 64).
+  // 256 threads serve 64), or 'c' for the K3 split's chunks (grid.x × 4, a chunk per warp).
   std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
 };
@@ -268,6 +269,40 @@ const std::vector<Adapter>& adapters() {
                               {a.ptr("q"), a.ptr("k"), a.ptr("v"), a.ptr("g"), a.ptr("out"), a.u32("seq_len"),
                                a.u32("heads"), a.u32("dq"), a.u32("dv"), a.u32("use_gate") != 0});
        }},
+      {"k3_fast",
+       "k3_mla_sdpa_split_f32",
+       {{{"seq_len", U32}, {"heads", U32}, {"dq", U32}, {"dv", U32}, {"keys_per_chunk", U32}, {"num_chunks", U32}},
+        {"q", "k", "v", "o_partial", "ml_partial"}},
+       {{"num_chunks", 'c'}},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         k3_mla_sdpa_split_f32(g, k,
+                               {a.ptr("q"), a.ptr("k"), a.ptr("v"), a.ptr("o_partial"), a.ptr("ml_partial"),
+                                a.u32("seq_len"), a.u32("heads"), a.u32("dq"), a.u32("dv"), a.u32("keys_per_chunk"),
+                                a.u32("num_chunks")});
+       }},
+      {"k3_fast",
+       "k3_mla_sdpa_combine_f32",
+       {{{"heads", U32}, {"dv", U32}, {"num_chunks", U32}, {"use_gate", U32}}, {"o_partial", "ml_partial", "g", "out"}},
+       {},
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         k3_mla_sdpa_combine_f32(g, k,
+                                 {a.ptr("o_partial"), a.ptr("ml_partial"), a.ptr("g"), a.ptr("out"), a.u32("heads"),
+                                  a.u32("dv"), a.u32("num_chunks"), a.u32("use_gate") != 0});
+       }},
+      // The K3 split path as one step (split + combine, workspace inside): the seed SDPA's fields.
+      {"k3_fast",
+       "k3_sdpa_split_path",
+       {{{"seq_len", U32}, {"heads", U32}, {"dq", U32}, {"dv", U32}, {"use_gate", U32}}, {"q", "k", "v", "g", "out"}},
+       {},
+       [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
+         const K3SdpaArgs args{a.ptr("q"),       a.ptr("k"),       a.ptr("v"),  a.ptr("g"),
+                               a.ptr("out"),     a.u32("seq_len"), a.u32("heads"), a.u32("dq"),
+                               a.u32("dv"),      a.u32("use_gate") != 0};
+         if (auto why = k3_split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
+         DecodeWorkspace ws;
+         k3_sdpa(g, K3MlaDecodeKernels::resolve(g), args, ws);
+         g.synchronize(0);
+       }},
       {"mla_fast",
        "mla_batched_gemv_wide",
        {{{"n_out", U32}, {"k", U32}, {"num_heads", U32}, {"input_stride", U32}, {"output_stride", U32}},
@@ -334,7 +369,7 @@ const Adapter& adapter(std::string_view module, std::string_view entry) {
 // here is not checked.
 std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view entry, std::string_view param) {
   if (module != kMlaAbsorbedModule && module != kMlaDecodeModule && module != kMlaFastModule &&
-      module != kMlaWgmmaModule)
+      module != kMlaWgmmaModule && module != kK3FastModule)
     return std::nullopt;
   constexpr Dtype BF16 = Dtype::bf16, U8 = Dtype::u8, I32 = Dtype::i32, FP32 = Dtype::f32;
   using Params = std::map<std::string_view, Dtype>;
@@ -357,6 +392,10 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_cache_store_nvfp4", store},
       {"k3_mla_maybe_rope_f32", {{"q", FP32}, {"k_new", FP32}}},
       {"k3_mla_sdpa_gate_f32", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
+      {"k3_sdpa_split_path", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
+      {"k3_mla_sdpa_split_f32",
+       {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"o_partial", FP32}, {"ml_partial", FP32}}},
+      {"k3_mla_sdpa_combine_f32", {{"o_partial", FP32}, {"ml_partial", FP32}, {"g", FP32}, {"out", FP32}}},
       {"mla_batched_gemv_wide", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"paged_decode_fp8_split_path", paged},
       {"paged_decode_nvfp4_split_path", paged},
@@ -526,6 +565,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
     const std::uint32_t rows = a.module == kMlaWgmmaModule ? 64 : c.block.x / 8;
     c.scalars[field] = KernelArg::u32(from_block         ? rows
+                                      : g->second == 'c' ? c.grid.x * kK3ChunkWarps
                                       : g->second == 'x' ? c.grid.x
                                       : g->second == 'y' ? c.grid.y
                                                          : c.grid.z);

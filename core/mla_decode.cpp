@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "metrale/error.hpp"
+#include "metrale/k3_fast.hpp"
 #include "metrale/launch.hpp"
 #include "validate.hpp"
 
@@ -199,7 +200,8 @@ std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std:
 // ---- launchers ----------------------------------------------------------------------
 
 K3MlaDecodeKernels K3MlaDecodeKernels::resolve(GpuBackend& gpu) {
-  return {gpu.kernel(kMlaDecodeModule, "k3_mla_maybe_rope_f32"), gpu.kernel(kMlaDecodeModule, "k3_mla_sdpa_gate_f32")};
+  return {gpu.kernel(kMlaDecodeModule, "k3_mla_maybe_rope_f32"), gpu.kernel(kMlaDecodeModule, "k3_mla_sdpa_gate_f32"),
+          gpu.kernel(kK3FastModule, "k3_mla_sdpa_split_f32"), gpu.kernel(kK3FastModule, "k3_mla_sdpa_combine_f32")};
 }
 
 void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArgs& a, Stream stream) {
@@ -222,13 +224,18 @@ void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArg
       .launch(stream);
 }
 
-void k3_mla_sdpa_gate_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaArgs& a, Stream stream) {
+void validate(const K3SdpaArgs& a) {
   const Validator v{"k3_mla_sdpa_gate_f32"};
   v.non_null({{"q", a.q}, {"out", a.out}});
   if (a.seq_len > 0) v.non_null({{"k", a.k}, {"v", a.v}});
   if (a.use_gate) v.non_null({{"g", a.g}});
   v.positive({{"heads", a.heads}, {"dq", a.dq}, {"dv", a.dv}});
   v.at_most("heads", a.heads, detail::kMaxGridX);
+}
+
+void k3_mla_sdpa_gate_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaArgs& a, Stream stream) {
+  validate(a);
+  detail::validate_entry(Validator{"k3_mla_sdpa_gate_f32"}, gpu, kernel, {"k3_mla_sdpa_gate_f32"});
   KernelLaunch(gpu, kernel)
       .grid({a.heads, 1, 1})
       .block({kSdpaBlock, 1, 1})
@@ -340,9 +347,9 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
     const auto hv = with_context("upload V history", [&] { return DeviceBuffer::from_host<float>(gpu, kv.v); });
     const auto dg = with_context("upload g", [&] { return DeviceBuffer::from_host<float>(gpu, g); });
     const auto out = with_context("allocate out", [&] { return DeviceBuffer(gpu, cfg.v_row() * kF32); });
+    DecodeWorkspace ws;
     with_context("attend", [&] {
-      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
-                           sdpa_args(cfg, dq.ptr(), hk.ptr(), hv.ptr(), dg.ptr(), out.ptr(), kv.seq_len), stream);
+      k3_sdpa(gpu, kernels, sdpa_args(cfg, dq.ptr(), hk.ptr(), hv.ptr(), dg.ptr(), out.ptr(), kv.seq_len), ws, stream);
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });
@@ -377,9 +384,9 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
     Rollback undo([&kv, old_len] { kv.truncate(old_len); });
     const auto dg = with_context("upload g", [&] { return DeviceBuffer::from_host<float>(gpu, g); });
     const auto out = with_context("allocate out", [&] { return DeviceBuffer(gpu, cfg.v_row() * kF32); });
+    DecodeWorkspace ws;
     with_context("attend", [&] {
-      k3_mla_sdpa_gate_f32(gpu, kernels.sdpa,
-                           sdpa_args(cfg, dq.ptr(), kv.k(), kv.v(), dg.ptr(), out.ptr(), kv.seq_len()), stream);
+      k3_sdpa(gpu, kernels, sdpa_args(cfg, dq.ptr(), kv.k(), kv.v(), dg.ptr(), out.ptr(), kv.seq_len()), ws, stream);
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });

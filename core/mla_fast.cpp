@@ -8,6 +8,7 @@
 
 namespace metrale {
 
+using detail::validate_entry;
 using detail::Validator;
 
 namespace {
@@ -59,16 +60,6 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
   v.check(std::uint64_t{a.num_splits} * a.keys_per_split >= capacity,
           "num_splits {} x keys_per_split {} covers fewer keys than the table holds ({}): keys would be dropped",
           a.num_splits, a.keys_per_split, capacity);
-}
-
-// The handle must name one of `entries` (the split entries share a signature, so the backend's
-// parameter check cannot tell them apart, and each expects its own block and shared memory).
-void validate_entry(const Validator& v, const GpuBackend& gpu, KernelHandle kernel,
-                    std::initializer_list<std::string_view> entries) {
-  const std::string name = gpu.kernel_name(kernel);
-  const std::string_view entry = std::string_view(name).substr(name.find('.') + 1);
-  v.check(std::find(entries.begin(), entries.end(), entry) != entries.end(), "kernel {} is not {}", name,
-          fmt::join(entries, " or "));
 }
 
 // The wgmma entries' extra rules: their block shape and DeepSeek's rows.
@@ -268,14 +259,6 @@ std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
                               {"block_stride_bytes", a.block_stride_bytes},
                               {"data_section_bytes", a.data_section_bytes},
                               {"q", a.q.addr}});
-}
-
-DevicePtr DecodeWorkspace::get(GpuBackend& gpu, std::uint64_t bytes) {
-  if (buffer_.bytes() < bytes) {
-    buffer_.reset();
-    buffer_ = DeviceBuffer(gpu, bytes);
-  }
-  return buffer_.ptr();
 }
 
 namespace {

@@ -299,4 +299,43 @@ std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p) {
   return out;
 }
 
+K3SplitPartials k3_split_partials(const K3SdpaProblem& p, std::uint32_t keys_per_chunk, std::uint32_t num_chunks) {
+  K3SplitPartials r;
+  r.o.assign(std::size_t{num_chunks} * p.heads * p.dv, 0.0);
+  r.ml.assign(std::size_t{num_chunks} * p.heads * 2, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.dq));
+  for (std::size_t c = 0; c < num_chunks; ++c) {
+    const std::size_t begin = std::min<std::size_t>(c * keys_per_chunk, p.seq_len);
+    const std::size_t end = std::min<std::size_t>(begin + keys_per_chunk, p.seq_len);
+    for (std::size_t h = 0; h < p.heads; ++h) {
+      const std::size_t row = c * p.heads + h;
+      std::vector<double> s;
+      for (std::size_t j = begin; j < end; ++j) {
+        double dot = 0, mag = 0;
+        for (std::size_t d = 0; d < p.dq; ++d) {
+          const double t = double{p.q[h * p.dq + d]} * p.k[(j * p.heads + h) * p.dq + d];
+          dot += t;
+          mag += std::fabs(t);
+        }
+        s.push_back(dot * scale);
+        r.max_abs_qk = std::max(r.max_abs_qk, mag * scale);
+      }
+      const double m = s.empty() ? -std::numeric_limits<double>::infinity() : *std::max_element(s.begin(), s.end());
+      double l = 0;
+      for (std::size_t j = begin; j < end; ++j) {
+        const double w = std::exp(s[j - begin] - m);
+        l += w;
+        for (std::size_t d = 0; d < p.dv; ++d) {
+          const double v = p.v[(j * p.heads + h) * p.dv + d];
+          r.o[row * p.dv + d] += w * v;
+          r.max_abs_v = std::max(r.max_abs_v, std::fabs(v));
+        }
+      }
+      r.ml[2 * row] = m;
+      r.ml[2 * row + 1] = l;
+    }
+  }
+  return r;
+}
+
 }  // namespace metrale::ref

@@ -3,12 +3,17 @@
 // the kernel's name and names the bad value.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 #include <utility>
 
+#include <fmt/ranges.h>
+
+#include "metrale/backend.hpp"
 #include "metrale/device.hpp"
 #include "metrale/error.hpp"
 
@@ -67,6 +72,16 @@ inline void validate_comp_offsets(const Validator& v, std::uint32_t num_seqs, st
 inline void validate_block_offsets(const Validator& v, std::uint64_t block_stride_bytes) {
   v.check(block_stride_bytes < (std::uint64_t{1} << 32),
           "block_stride_bytes {} reaches 2^32 (block offsets would wrap)", block_stride_bytes);
+}
+
+/// The handle must name one of `entries`: entries that share a signature cannot be told apart by
+/// the backend's parameter check, and each expects its own block and shared memory.
+inline void validate_entry(const Validator& v, const GpuBackend& gpu, KernelHandle kernel,
+                           std::initializer_list<std::string_view> entries) {
+  const std::string name = gpu.kernel_name(kernel);
+  const std::string_view entry = std::string_view(name).substr(name.find('.') + 1);
+  v.check(std::find(entries.begin(), entries.end(), entry) != entries.end(), "kernel {} is not {}", name,
+          fmt::join(entries, " or "));
 }
 
 }  // namespace metrale::detail

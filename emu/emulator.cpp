@@ -48,6 +48,7 @@ void register_all_ports(Registry& registry) {
   register_mla_absorbed(registry);
   register_mla_fast(registry);
   register_mla_decode(registry);
+  register_k3_fast(registry);
 }
 
 namespace {

@@ -90,9 +90,20 @@ KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint
 /// plus the FP32 angle error (pos·2^-24 rad).
 KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t rope, std::uint32_t pos, float theta,
                         bool use_nope, std::uint64_t seed);
-/// `k3_mla_sdpa_gate_f32` over a random history. Tolerance: k3_sdpa_bound.
+/// `k3_mla_sdpa_gate_f32` over a random history, or with `split_path` the same problem through
+/// the split path (`k3_fast.k3_sdpa_split_path`: k3_sdpa's split and combine; dq, dv ≤ 256).
+/// Tolerance: k3_sdpa_bound.
 KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
-                        std::uint64_t seed);
+                        std::uint64_t seed, bool split_path = false);
+/// `k3_mla_sdpa_split_f32` over a random history (as k3_sdpa_case's) in `num_chunks` chunks
+/// (a multiple of 4) of `keys_per_chunk` keys: the partials against ref::k3_split_partials,
+/// within the FP32 logit error and a few roundings per key.
+KernelCase k3_split_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
+                         std::uint32_t keys_per_chunk, std::uint32_t num_chunks, std::uint64_t seed);
+/// `k3_mla_sdpa_combine_f32` of random partials (a quarter of the chunks empty) and gate
+/// logits, against the float64 combine (ref::combine_partials) and sigmoid.
+KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t num_chunks, bool use_gate,
+                           std::uint64_t seed);
 /// The FP32 error bound of head h's SDPA output: a logit error δ (dq/32 + 8
 /// rounded additions per lane sum and butterfly, over Σ|q·k|) moves each weight
 /// by ≲ 2δ relatively; the online rescaling adds a few roundings per key to the

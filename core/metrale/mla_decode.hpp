@@ -3,7 +3,8 @@
 //
 //   q, k_new ─k3_mla_maybe_rope_f32─► rotated (unless NoPE) ─► K history gains k_new, V history gains v
 //   out[h] = softmax(q[h]·K[:, h]ᵀ / √qk_head_dim) · V[:, h]  (× sigmoid(g[h]) with the output gate)
-//                                     ─k3_mla_sdpa_gate_f32─►
+//                                     ─k3_sdpa─► the split path (module k3_fast) or the seed's
+//                                                k3_mla_sdpa_gate_f32
 //
 // Two KV placements: a host `MlaKv` (the history is uploaded for every token)
 // and a device-resident `MlaDeviceKv` (one row appended per token, attention
@@ -88,7 +89,8 @@ std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std:
 
 /// Handles of both kernels of the module, looked up once.
 struct K3MlaDecodeKernels {
-  KernelHandle rope, sdpa;
+  KernelHandle rope, sdpa;            // module mla_decode (the seed's)
+  KernelHandle sdpa_split, sdpa_combine;  // module k3_fast (the split path, core/metrale/k3_fast.hpp)
   /// Errors: `not_found` naming the module and the missing entry.
   static K3MlaDecodeKernels resolve(GpuBackend& gpu);
 };
@@ -120,9 +122,12 @@ struct K3SdpaArgs {
   std::uint32_t seq_len = 0, heads = 0, dq = 0, dv = 0;
   bool use_gate = false;
 };
-/// Grid heads, block 32 (one warp per head). Errors (`invalid_argument`): null
-/// q or out; null k or v with seq_len > 0; null g with use_gate; heads, dq or
-/// dv 0; heads past the grid limit 2^31 − 1.
+/// The seed kernel's rules for `a`, which the split path (k3_sdpa) keeps too. Errors
+/// (`invalid_argument`, prefixed "k3_mla_sdpa_gate_f32:"): null q or out; null k or v with
+/// seq_len > 0; null g with use_gate; heads, dq or dv 0; heads past the grid limit 2^31 − 1.
+void validate(const K3SdpaArgs& a);
+/// Grid heads, block 32 (one warp per head). Errors (`invalid_argument`): those of
+/// validate(a); `kernel` not k3_mla_sdpa_gate_f32.
 void k3_mla_sdpa_gate_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaArgs& a, Stream stream = 0);
 
 // ---- device-resident KV ---------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "metrale/backend.hpp"
 #include "metrale/buffer.hpp"
+#include "metrale/dispatch.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/paged_cache.hpp"  // KvFormat
 
@@ -68,16 +69,6 @@ bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t ma
 /// kv_cache_dim a multiple of 64, at most 576; 16-byte aligned rows), or nothing when it can.
 std::optional<std::string> split_unsupported(const PagedDecodeFp8Args& a);
 std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a);
-
-/// A device buffer reused across decode steps, grown when a step needs more.
-class DecodeWorkspace {
- public:
-  /// At least `bytes` of device memory. Errors: the backend's alloc.
-  DevicePtr get(GpuBackend& gpu, std::uint64_t bytes);
-
- private:
-  DeviceBuffer buffer_;
-};
 
 /// The raw kernels' arguments.
 struct SplitDecodeArgs {
@@ -168,9 +159,6 @@ void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGe
 /// Output rows per block of the wide GEMV: 32·(32/S), a row summed by S lanes, S the largest
 /// power of two ≤ min(32, k/8) (k = 128: 64 rows; k ≥ 256: 32).
 std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
-
-/// Which kernels a dispatcher ran.
-enum class DecodePath { seed, split };
 
 /// Paged decode: the split path (split + combine, its workspace from `ws`) when
 /// split_unsupported is empty and a 16-head split block fits the device's shared memory — on the

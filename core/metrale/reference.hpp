@@ -118,4 +118,15 @@ struct K3SdpaProblem {
 /// zeros without keys.
 std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p);
 
+/// The K3 split SDPA's partial results by their definition: chunk c of head h takes keys
+/// [c·keys_per_chunk, (c+1)·keys_per_chunk) ∩ [0, seq_len), s_j = q·k_j/√dq, m = max s_j,
+/// l = Σ e^(s_j − m), O = Σ e^(s_j − m)·v_j; a chunk with no keys has m = −∞, l = 0, O = 0.
+/// Layout as the kernel's: o [num_chunks, heads, dv], ml [num_chunks, heads, 2]. The
+/// magnitudes are for a tolerance: the largest Σ|q_i·k_ji|/√dq and the largest |v_jd|.
+struct K3SplitPartials {
+  std::vector<double> o, ml;
+  double max_abs_qk = 0, max_abs_v = 0;
+};
+K3SplitPartials k3_split_partials(const K3SdpaProblem& p, std::uint32_t keys_per_chunk, std::uint32_t num_chunks);
+
 }  // namespace metrale::ref

@@ -208,8 +208,17 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
     const std::uint32_t nope = u(0, 8), rope = u(nope == 0 ? 1 : 0, 8);
     return gen::k3_rope_case(u(1, 9), nope, rope, u(0, 5000), arb_scale(100, 1e5f), *rc::gen::arbitrary<bool>(), seed);
   }
-  if (entry == "k3_mla_sdpa_gate_f32")
-    return gen::k3_sdpa_case(u(1, 5), u(1, 40), u(1, 40), u(0, 20), *rc::gen::arbitrary<bool>(), seed);
+  if (entry == "k3_mla_sdpa_gate_f32" || entry == "k3_sdpa_split_path")
+    return gen::k3_sdpa_case(u(1, 5), u(1, 40), u(1, 40), u(0, 20), *rc::gen::arbitrary<bool>(), seed,
+                             entry == "k3_sdpa_split_path");
+  if (entry == "k3_mla_sdpa_split_f32") {
+    const std::uint32_t seq_len = u(0, 40), keys_per_chunk = u(1, 9);
+    const std::uint32_t needed = (std::max(seq_len, 1u) + keys_per_chunk - 1) / keys_per_chunk;
+    return gen::k3_split_case(u(1, 5), u(1, 40), u(1, 40), seq_len, keys_per_chunk, ((needed + 3) / 4 + u(0, 1)) * 4,
+                              seed);
+  }
+  if (entry == "k3_mla_sdpa_combine_f32")
+    return gen::k3_combine_case(u(1, 5), u(1, 40), 4 * u(1, 5), *rc::gen::arbitrary<bool>(), seed);
   fail(Errc::not_found, "no generator for kernel {}.{}", module, entry);
 }
 

@@ -139,5 +139,6 @@ void register_all_ports(Registry& registry);
 void register_mla_absorbed(Registry& registry);
 void register_mla_fast(Registry& registry);
 void register_mla_decode(Registry& registry);
+void register_k3_fast(Registry& registry);
 
 }  // namespace metrale::emu
