@@ -16,7 +16,7 @@ using detail::Validator;
 namespace {
 
 constexpr std::uint32_t kStepKeys = 4;       // keys a warp loads at once
-constexpr std::uint32_t kMinChunkKeys = 32;  // below, a chunk's partial row costs more than its keys
+constexpr std::uint32_t kMinChunkKeys = 32;  // below, the partial row and the combine cost more than the keys (measured)
 constexpr std::uint32_t kWarpsPerSm = 32;    // the plan's target: two rounds of 16 resident warps
 
 void validate_chunks(const Validator& v, std::uint32_t num_chunks) {
@@ -29,7 +29,9 @@ void validate_chunks(const Validator& v, std::uint32_t num_chunks) {
 K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::uint32_t dv,
                                std::uint32_t multiprocessors) {
   const std::uint64_t keys = std::max<std::uint32_t>(seq_len, 1);
-  const std::uint64_t want = div_ceil<std::uint64_t>(std::uint64_t{multiprocessors} * kWarpsPerSm, heads);
+  // Whole blocks of four chunks, no more than two rounds' worth: a third round of a few blocks
+  // would cost as much as a full one.
+  const std::uint64_t want = std::uint64_t{multiprocessors} * kWarpsPerSm / heads / kK3ChunkWarps * kK3ChunkWarps;
   const std::uint64_t most = std::clamp<std::uint64_t>(keys / kMinChunkKeys, 1, kK3MaxChunks);  // chunks of ≥ 32 keys
   const std::uint64_t chunks = std::clamp<std::uint64_t>(want, 1, most);
   K3SplitPlan p;

@@ -145,16 +145,22 @@ TEST_CASE("the K3 split plan covers every key with few empty chunks", "[k3_fast]
     RC_ASSERT(std::uint64_t{p.num_chunks} * p.keys_per_chunk >= seq_len);
     // No block of four chunks is wholly past the keys.
     RC_ASSERT(std::uint64_t{p.num_chunks - kK3ChunkWarps} * p.keys_per_chunk < std::max<std::uint32_t>(seq_len, 1));
-    // Chunks are never cut below 32 keys unless the history is shorter, nor more than the device asks.
+    // Chunks are never cut below 32 keys unless the history is shorter, and there are never more
+    // blocks than two rounds of the device's (4 per SM) unless a head alone needs one.
     RC_ASSERT(p.keys_per_chunk >= std::min<std::uint32_t>(32, (std::max<std::uint32_t>(seq_len, 1) + 3) / 4 * 4));
+    RC_ASSERT(std::uint64_t{p.num_chunks / kK3ChunkWarps} * heads <= std::max<std::uint64_t>(8ull * sms, heads));
     const std::uint64_t rows = std::uint64_t{p.num_chunks} * heads;
     RC_ASSERT(p.ml_offset == rows * dv * 4);
     RC_ASSERT(p.workspace_bytes == p.ml_offset + rows * 8);
   });
-  // The H200's K3 shape: 64 heads, 4K keys: 64 chunks of 64 keys, 4096 warps (two rounds).
-  const K3SplitPlan h200 = plan_k3_sdpa_split(4096, 64, 128, 132);
-  CHECK(h200.num_chunks == 64);
-  CHECK(h200.keys_per_chunk == 64);
+  // The H200's K3 shapes: 64 heads over 16K keys, 64 chunks of 256 keys: 1024 blocks, two
+  // rounds of 528; 16 heads over 4K keys, 128 chunks of 32 (one round: no chunk under 32 keys).
+  const K3SplitPlan h64 = plan_k3_sdpa_split(16384, 64, 128, 132);
+  CHECK(h64.num_chunks == 64);
+  CHECK(h64.keys_per_chunk == 256);
+  const K3SplitPlan h16 = plan_k3_sdpa_split(4096, 16, 128, 132);
+  CHECK(h16.num_chunks == 128);
+  CHECK(h16.keys_per_chunk == 32);
 }
 
 TEST_CASE("k3_sdpa takes the split path up to 256 dims and the seed kernel beyond", "[k3_fast][dispatch]") {

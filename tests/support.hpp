@@ -84,7 +84,13 @@ inline std::vector<std::string> backends() {
 
 inline std::unique_ptr<GpuBackend> make_backend(const std::string& name) {
 #ifdef METRALE_WITH_CUDA
-  if (name == "cuda") return std::make_unique<CudaBackend>();
+  if (name == "cuda") {
+    // One backend kept for the whole run holds the device's primary context: without it each
+    // backend's end releases the context, and the next one creates it again (about 0.1 s each,
+    // thousands of times over the properties).
+    static const CudaBackend keep_context;
+    return std::make_unique<CudaBackend>();
+  }
 #endif
   (void)name;
   return std::make_unique<emu::EmulatorBackend>();

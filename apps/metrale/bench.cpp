@@ -1,5 +1,5 @@
 // metrale bench: time the paged decode (both formats, seed and split paths), the batched GEMV
-// and the K3 SDPA on a backend. On CUDA each launch is timed with events (median after warm-up)
+// and the K3 SDPA (seed and split paths) on a backend. On CUDA each launch is timed with events (median after warm-up)
 // and set against a device-to-device copy measured in the same run; `--sweep` times the decode
 // over batch × context × heads against the roofline (docs/performance.md) and, with `--torch`,
 // against the PyTorch baseline of bench/torch_baseline.py. On the emulator, wall clock on small
@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "metrale/buffer.hpp"
 #include "metrale/formats.hpp"
+#include "metrale/k3_fast.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/mla_fast.hpp"
@@ -243,20 +244,26 @@ Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_o
           2.0 * H * n_out * k};
 }
 
-// The K3 SDPA with gate over a resident history of `seq` tokens.
+// The K3 SDPA with gate over a resident history of `seq` tokens: the seed kernel, or the split
+// path (k3_sdpa's split and combine).
 Row bench_k3_sdpa(Bench& bench, GpuBackend& gpu, std::uint32_t heads, std::uint32_t seq, std::uint32_t dq,
-                  std::uint32_t dv) {
+                  std::uint32_t dv, bool split) {
   const std::size_t kb = std::size_t{seq} * heads * dq * 4, vb = std::size_t{seq} * heads * dv * 4;
   const DeviceBuffer k = bench.random_buffer(kb, 7, 0x3F), v = bench.random_buffer(vb, 8, 0x3F);  // small floats
   const DeviceBuffer q = bench.random_buffer(std::size_t{heads} * dq * 4, 9, 0x3F);
   const DeviceBuffer g = bench.random_buffer(std::size_t{heads} * dv * 4, 10, 0x3F);
   const DeviceBuffer out(gpu, std::size_t{heads} * dv * 4);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  DecodeWorkspace ws;
   const double us = bench.median_us([&] {
-    k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, {q.ptr(), k.ptr(), v.ptr(), g.ptr(), out.ptr(), seq, heads, dq, dv, true});
+    const K3SdpaArgs a{q.ptr(), k.ptr(), v.ptr(), g.ptr(), out.ptr(), seq, heads, dq, dv, true};
+    if (!split) return k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, a);
+    if (k3_sdpa(gpu, kernels, a, ws) != DecodePath::split)
+      fail(Errc::unsupported, "bench: the K3 split path does not take dq {} dv {}", dq, dv);
   });
   const double bytes = static_cast<double>(kb + vb) + 4.0 * heads * (dq + 2.0 * dv);
-  return {"k3_sdpa_gate", fmt::format("heads={} seq={} dq={} dv={}", heads, seq, dq, dv), us, bytes,
+  return {fmt::format("k3_sdpa_gate ({})", split ? "split" : "seed"),
+          fmt::format("heads={} seq={} dq={} dv={}", heads, seq, dq, dv), us, bytes,
           2.0 * (dq + dv) * static_cast<double>(seq) * heads};
 }
 
@@ -409,9 +416,11 @@ void add_bench(CLI::App& app) {
                           [&bench, &gpu, H, n, k, g] { return bench_gemv(bench, *gpu, H, n, k, g); });
       };
       constexpr GemvKernel kGemvKernels[] = {GemvKernel::seed, GemvKernel::wide, GemvKernel::wide_early};
-      auto sdpa = [&](std::uint32_t heads, std::uint32_t seq) {
-        plan.emplace_back(fmt::format("k3_sdpa_gate heads={} seq={}", heads, seq),
-                          [&bench, &gpu, heads, seq] { return bench_k3_sdpa(bench, *gpu, heads, seq, 192, 128); });
+      auto sdpa = [&](std::uint32_t heads, std::uint32_t seq, bool split) {
+        plan.emplace_back(fmt::format("k3_sdpa_gate ({}) heads={} seq={}", split ? "split" : "seed", heads, seq),
+                          [&bench, &gpu, heads, seq, split] {
+                            return bench_k3_sdpa(bench, *gpu, heads, seq, 192, 128, split);
+                          });
       };
       if (bench.on_device()) {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
@@ -420,12 +429,17 @@ void add_bench(CLI::App& app) {
               for (std::uint32_t H : {16u, 128u})
                 for (bool split : {false, true}) paged(f, B, L, H, split);
         for (GemvKernel g : kGemvKernels) gemv(128, 512, 128, g), gemv(128, 128, 512, g);
-        for (std::uint32_t seq : {1024u, 4096u, 16384u}) sdpa(64, seq);
+        // K3 (nope 128 + rope 64, v 128, FP32): the seed kernel where it takes under ~0.1 s.
+        for (std::uint32_t heads : {16u, 64u})
+          for (std::uint32_t seq : {1024u, 4096u, 16384u, 65536u}) {
+            if (seq <= 16384) sdpa(heads, seq, false);
+            sdpa(heads, seq, true);
+          }
       } else {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
           for (bool split : {false, true}) paged(f, 1, 256, 16, split);
         for (GemvKernel g : kGemvKernels) gemv(16, 512, 128, g);
-        sdpa(8, 256);
+        sdpa(8, 256, false), sdpa(8, 256, true);
       }
       std::vector<Row> rows;
       for (const auto& [label, run] : plan)

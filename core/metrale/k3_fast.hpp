@@ -31,9 +31,11 @@ struct K3SplitPlan {
 };
 
 /// Plan a split SDPA of `seq_len` keys over `heads` heads of `dv` output dims on a device of
-/// `multiprocessors` SMs: about 32 warps per SM over all heads (each SM holds 16 of the split
-/// kernel's warps at once, so two rounds), no chunk under 32 keys, at most kK3MaxChunks chunks.
-/// seq_len 0 gives one block of empty chunks. Errors: none (heads and dv must be positive).
+/// `multiprocessors` SMs: up to 32 warps per SM over all heads in whole blocks of four chunks
+/// (each SM holds 16 of the split kernel's warps at once: two full rounds, never a third of a few
+/// blocks), no chunk under 32 keys, at most kK3MaxChunks chunks, chunks a multiple of four keys
+/// (a warp's step). seq_len 0 gives one block of empty chunks. Errors: none (heads and dv must be
+/// positive).
 K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::uint32_t dv,
                                std::uint32_t multiprocessors);
 

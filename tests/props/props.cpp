@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "metrale/error.hpp"
+#include "metrale/mla_fast.hpp"  // module_runs_on
 #ifdef METRALE_WITH_CUDA
 #include "metrale/cuda/cuda_backend.hpp"
 #endif
@@ -90,7 +91,10 @@ std::vector<std::string> backends() {
 
 std::unique_ptr<GpuBackend> make_backend(const std::string& name) {
 #ifdef METRALE_WITH_CUDA
-  if (name == "cuda") return std::make_unique<CudaBackend>();
+  if (name == "cuda") {
+    static const CudaBackend keep_context;  // holds the primary context for the run (as support.hpp's)
+    return std::make_unique<CudaBackend>();
+  }
 #endif
   (void)name;
   return std::make_unique<emu::EmulatorBackend>(emulator_options());
@@ -106,6 +110,7 @@ void check_case(const KernelCase& c) {
   std::map<std::string, Tensor> emu_out;
   for (const auto& name : backends()) {
     auto gpu = make_backend(name);
+    if (!module_runs_on(*gpu, c.module)) continue;  // mla_wgmma off sm_90
     auto* emu = dynamic_cast<emu::EmulatorBackend*>(gpu.get());
     const auto before = emu != nullptr ? live_serials(*emu) : std::set<std::uint64_t>{};
     const auto out = run_kernel_case(*gpu, c);
