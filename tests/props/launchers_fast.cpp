@@ -1,9 +1,10 @@
-// The launchers of modules mla_fast (issue 6) and mla_decode (SPEC §4) as generic launcher
-// definitions: valid sentinel arguments (boundaries included), the record, every rule.
+// The launchers of modules mla_fast and k3_fast (issue 6) and mla_decode (SPEC §4) as generic
+// launcher definitions: valid sentinel arguments (boundaries included), the record, every rule.
 #include <algorithm>
 #include <type_traits>
 
 #include "launcher_defs.hpp"
+#include "metrale/k3_fast.hpp"
 #include "metrale/launch.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/mla_fast.hpp"
@@ -16,6 +17,7 @@ constexpr Dim3 k256{256, 1, 1};
 constexpr const char* kFast = "mla_fast";
 constexpr const char* kWgmma = "mla_wgmma";
 constexpr const char* kK3 = "mla_decode";
+constexpr const char* kK3Fast = "k3_fast";
 
 // ---- mla_batched_gemv_wide -----------------------------------------------------------------
 
@@ -463,11 +465,136 @@ Def<K3SdpaArgs> k3_sdpa() {
   return d;
 }
 
+// ---- k3_fast -----------------------------------------------------------------------------------------
+
+// Rule: num_chunks not a positive multiple of 4 up to 4096.
+template <class A>
+std::function<BrokenRule(A&)> chunks_rule(const char* kn) {
+  return [kn](A& a) {
+    a.num_chunks = coin() ? u(kK3MaxChunks + 1, kU32Max) : 4 * u(0, kK3MaxChunks / 4) + u(1, 3);
+    return BrokenRule{"num_chunks not a multiple of 4 up to 4096",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("num_chunks {} is not a positive multiple of 4 up to 4096", a.num_chunks)}};
+  };
+}
+
+Def<K3SdpaSplitArgs> k3_split() {
+  const char* kn = "k3_mla_sdpa_split_f32";
+  Def<K3SdpaSplitArgs> d{kK3Fast, kn, {}, {}, {}, {}};
+  d.arb = [] {
+    Sentinels s;
+    K3SdpaSplitArgs a;
+    a.q = s.next(), a.o_partial = s.next(), a.ml_partial = s.next();
+    a.heads = coin() ? 65535 : u(1, 65535);
+    a.dq = coin() ? kK3SplitMaxDim : u(1, kK3SplitMaxDim);
+    a.dv = coin() ? kK3SplitMaxDim : u(1, kK3SplitMaxDim);
+    a.num_chunks = 4 * u(1, kK3MaxChunks / 4);
+    a.keys_per_chunk = u(1, 1u << 19);
+    const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;  // < 2^31
+    a.seq_len = coin() ? 0 : coin() ? covered : u(1, covered);
+    // k and v may be null without keys.
+    a.k = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
+    a.v = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
+    return a;
+  };
+  d.launch = [](GpuBackend& g, KernelHandle k, const K3SdpaSplitArgs& a) { k3_mla_sdpa_split_f32(g, k, a); };
+  d.expect = [kn](const K3SdpaSplitArgs& a) {
+    auto e = launch_of(kK3Fast, kn, {a.num_chunks / 4, a.heads, 1}, {128, 1, 1});
+    e.args = {{"q", P(a.q)},
+              {"k", P(a.k)},
+              {"v", P(a.v)},
+              {"o_partial", P(a.o_partial)},
+              {"ml_partial", P(a.ml_partial)},
+              {"seq_len", U(a.seq_len)},
+              {"heads", U(a.heads)},
+              {"dq", U(a.dq)},
+              {"dv", U(a.dv)},
+              {"keys_per_chunk", U(a.keys_per_chunk)}};
+    return e;
+  };
+  using A = K3SdpaSplitArgs;
+  auto keys_null = [kn](const char* name, DevicePtr A::*field) {
+    return [=](A& a) {
+      Sentinels s(0x100);
+      a.seq_len = std::max(a.seq_len, 1u);
+      a.k = a.k ? a.k : s.next();  // the other of k and v stays non-null
+      a.v = a.v ? a.v : s.next();
+      a.*field = {};
+      return BrokenRule{fmt::format("{} null with keys", name), Errc::invalid_argument,
+                        {kn, fmt::format("{} is null", name)}};
+    };
+  };
+  d.rules = {null_rule<A>(kn, "q", &A::q),
+             null_rule<A>(kn, "o_partial", &A::o_partial),
+             null_rule<A>(kn, "ml_partial", &A::ml_partial),
+             keys_null("k", &A::k),
+             keys_null("v", &A::v),
+             zero_rule<A>(kn, "heads", &A::heads),
+             zero_rule<A>(kn, "dq", &A::dq),
+             zero_rule<A>(kn, "dv", &A::dv),
+             zero_rule<A>(kn, "keys_per_chunk", &A::keys_per_chunk),
+             over_rule<A>(kn, "dq", &A::dq, kK3SplitMaxDim),
+             over_rule<A>(kn, "dv", &A::dv, kK3SplitMaxDim),
+             over_rule<A>(kn, "heads", &A::heads, 65535),
+             chunks_rule<A>(kn),
+             [kn](A& a) {
+               Sentinels s(0x100);
+               a.k = a.k ? a.k : s.next();
+               a.v = a.v ? a.v : s.next();
+               const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;
+               a.seq_len = u(covered + 1, kU32Max);
+               return BrokenRule{"chunks short of seq_len",
+                                 Errc::invalid_argument,
+                                 {kn, fmt::format("num_chunks {} x keys_per_chunk {} covers fewer keys than seq_len {}",
+                                                  a.num_chunks, a.keys_per_chunk, a.seq_len)}};
+             }};
+  return d;
+}
+
+Def<K3SdpaCombineArgs> k3_combine() {
+  const char* kn = "k3_mla_sdpa_combine_f32";
+  Def<K3SdpaCombineArgs> d{kK3Fast, kn, {}, {}, {}, {}};
+  d.arb = [] {
+    Sentinels s;
+    K3SdpaCombineArgs a;
+    a.o_partial = s.next(), a.ml_partial = s.next(), a.out = s.next();
+    a.use_gate = coin();
+    a.g = !a.use_gate && coin() ? DevicePtr{} : s.next();  // g may be null without the gate
+    a.heads = coin() ? kI32Max : u(1, kI32Max);
+    a.dv = u(1, 1u << 20);
+    a.num_chunks = 4 * u(1, kK3MaxChunks / 4);
+    return a;
+  };
+  d.launch = [](GpuBackend& g, KernelHandle k, const K3SdpaCombineArgs& a) { k3_mla_sdpa_combine_f32(g, k, a); };
+  d.expect = [kn](const K3SdpaCombineArgs& a) {
+    auto e = launch_of(kK3Fast, kn, {a.heads, 1, 1}, k256);
+    e.args = {{"o_partial", P(a.o_partial)}, {"ml_partial", P(a.ml_partial)}, {"g", P(a.g)},
+              {"out", P(a.out)},             {"heads", U(a.heads)},           {"dv", U(a.dv)},
+              {"num_chunks", U(a.num_chunks)}, {"use_gate", U(a.use_gate ? 1 : 0)}};
+    return e;
+  };
+  using A = K3SdpaCombineArgs;
+  d.rules = {null_rule<A>(kn, "o_partial", &A::o_partial),
+             null_rule<A>(kn, "ml_partial", &A::ml_partial),
+             null_rule<A>(kn, "out", &A::out),
+             [kn](A& a) {
+               a.use_gate = true;
+               a.g = {};
+               return BrokenRule{"g null with the gate", Errc::invalid_argument, {kn, "g is null"}};
+             },
+             zero_rule<A>(kn, "heads", &A::heads),
+             zero_rule<A>(kn, "dv", &A::dv),
+             over_rule<A>(kn, "heads", &A::heads, kI32Max),
+             chunks_rule<A>(kn)};
+  return d;
+}
+
 }  // namespace
 
 std::vector<Launcher> fast_and_k3_launchers() {
   return {erase(gemv_wide()),       erase(split_fp8(false)), erase(split_nvfp4(false)), erase(split_fp8(true)),
-          erase(split_nvfp4(true)), erase(combine()),        erase(k3_rope()),          erase(k3_sdpa())};
+          erase(split_nvfp4(true)), erase(combine()),        erase(k3_rope()),          erase(k3_sdpa()),
+          erase(k3_split()),        erase(k3_combine())};
 }
 
 }  // namespace metrale::props::defs
