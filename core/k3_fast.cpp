@@ -88,10 +88,11 @@ void k3_mla_sdpa_combine_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaC
   if (a.use_gate) v.non_null({{"g", a.g}});
   v.positive({{"heads", a.heads}, {"dv", a.dv}});
   v.at_most("heads", a.heads, detail::kMaxGridX);
+  v.at_most("dv", a.dv, std::uint64_t{detail::kMaxGridYZ} * 32);  // blocks of 32 dims: the grid's y
   validate_chunks(v, a.num_chunks);
   validate_entry(v, gpu, kernel, {"k3_mla_sdpa_combine_f32"});
   KernelLaunch(gpu, kernel)
-      .grid({a.heads, 1, 1})
+      .grid({a.heads, div_ceil(a.dv, 32u), 1})
       .block({256, 1, 1})
       .early_start()  // the kernel waits for the split kernel before it reads the partials
       .arg_ptr(a.o_partial)

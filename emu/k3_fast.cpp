@@ -71,15 +71,18 @@ void k3_mla_sdpa_split_f32(Block& blk, Global<const float> q, Global<const float
 // k3_mla_sdpa_combine_f32: out[h] = (Σ_c w_c·O_c) / (Σ_c w_c·l_c), w_c = e^(m_c − M), M = max m_c,
 // over the chunks c with keys (l_c ≠ 0: a NaN l_c, from NaN or inf in q, k or v, counts and makes
 // the head's output NaN, as the seed kernel's); times sigmoid(g[h]) elementwise when use_gate; no
-// keys writes zeros. Thread t takes the chunks ≡ t (mod 256) for M and the denominator (block
-// reductions), writes their weights to shared memory, then sums the dims d ≡ t (mod 256) over
-// the chunks in order, skipping weights of 0.
-// Grid: [heads]. Block: 256.
+// keys writes zeros. Block (h, y) serves dims [32y, 32y + 32): thread t takes the chunks
+// ≡ t (mod 256) for M and the denominator (block reductions) and writes their weights to shared
+// memory; then lane l of warp w sums dim 32y + l over the chunks ≡ w (mod 8) in order, skipping
+// weights of 0 (a warp reads a chunk's 32 dims at once), and the eight warps' sums are added in
+// order.
+// Grid: [heads, ⌈dv/32⌉]. Block: 256.
 //   o_partial [num_chunks, heads, dv] f32; ml_partial [num_chunks, heads, 2] f32
 //   g [heads, dv] f32 (read only when use_gate); out [heads, dv] f32; num_chunks ≤ 4096
 void k3_mla_sdpa_combine_f32(Block& blk, Global<const float> o_partial, Global<const float> ml_partial,
                              Global<const float> g, Global<float> out, std::uint32_t heads, std::uint32_t dv,
                              std::uint32_t num_chunks, std::uint32_t use_gate) {
+  constexpr std::uint32_t kWarps = kCombineThreads / kWarp;
   const std::uint32_t h = blk.blockIdx.x;
   std::vector<float> m(num_chunks), l(num_chunks), weight(num_chunks);  // weight: shared
   float big = -std::numeric_limits<float>::infinity();
@@ -91,20 +94,22 @@ void k3_mla_sdpa_combine_f32(Block& blk, Global<const float> o_partial, Global<c
   }
   // The denominator as the kernel adds it: thread t its chunks in order, the warps' butterflies,
   // then the eight warps' sums in order.
-  std::array<std::array<float, kWarp>, kCombineThreads / kWarp> part{};
+  std::array<std::array<float, kWarp>, kWarps> part{};
   for (std::uint32_t c = 0; c < num_chunks; ++c) {
     weight[c] = l[c] != 0.0f ? std::exp(m[c] - big) : 0.0f;
     const std::uint32_t t = c % kCombineThreads;
     part[t / kWarp][t % kWarp] += weight[c] * l[c];
   }
   float denom = warp_sum(part[0]);
-  for (std::uint32_t w = 1; w < part.size(); ++w) denom += warp_sum(part[w]);
-  const float inv = denom == 0.0f ? 0.0f : 1.0f / denom;
-  for (std::uint32_t d = 0; d < dv; ++d) {
-    float o = 0.0f;
+  for (std::uint32_t w = 1; w < kWarps; ++w) denom += warp_sum(part[w]);
+  const std::uint32_t d_end = std::min(dv, (blk.blockIdx.y + 1) * kWarp);
+  for (std::uint32_t d = blk.blockIdx.y * kWarp; d < d_end; ++d) {
+    std::array<float, kWarps> sum{};  // warp w: the chunks ≡ w (mod 8)
     for (std::uint32_t c = 0; c < num_chunks; ++c)
-      if (weight[c] != 0.0f) o += weight[c] * o_partial[(std::uint64_t{c} * heads + h) * dv + d];
-    o *= inv;
+      if (weight[c] != 0.0f) sum[c % kWarps] += weight[c] * o_partial[(std::uint64_t{c} * heads + h) * dv + d];
+    float o = sum[0];
+    for (std::uint32_t w = 1; w < kWarps; ++w) o += sum[w];
+    o *= denom == 0.0f ? 0.0f : 1.0f / denom;
     if (use_gate != 0) o *= 1.0f / (1.0f + std::exp(-g[std::uint64_t{h} * dv + d]));
     out[std::uint64_t{h} * dv + d] = o;
   }

@@ -117,17 +117,21 @@ extern "C" __global__ void __launch_bounds__(128)
 // k3_mla_sdpa_combine_f32: out[h] = (Σ_c w_c·O_c) / (Σ_c w_c·l_c), w_c = e^(m_c − M), M = max m_c,
 // over the chunks c with keys (l_c ≠ 0: a NaN l_c, from NaN or inf in q, k or v, counts and makes
 // the head's output NaN, as the seed kernel's); times sigmoid(g[h]) elementwise when use_gate; no
-// keys writes zeros. Thread t takes the chunks ≡ t (mod 256) for M and the denominator (block
-// reductions), writes their weights to shared memory, then sums the dims d ≡ t (mod 256) over
-// the chunks in order, skipping weights of 0.
-// Grid: [heads]. Block: 256. Launched early: waits for the split kernel first.
+// keys writes zeros. Block (h, y) serves dims [32y, 32y + 32): thread t takes the chunks
+// ≡ t (mod 256) for M and the denominator (block reductions) and writes their weights to shared
+// memory; then lane l of warp w sums dim 32y + l over the chunks ≡ w (mod 8) in order, skipping
+// weights of 0 (a warp reads a chunk's 32 dims at once), and the eight warps' sums are added in
+// order.
+// Grid: [heads, ⌈dv/32⌉]. Block: 256. Launched early: waits for the split kernel first.
 //   o_partial [num_chunks, heads, dv] f32; ml_partial [num_chunks, heads, 2] f32
 //   g [heads, dv] f32 (read only when use_gate); out [heads, dv] f32; num_chunks ≤ 4096
 extern "C" __global__ void __launch_bounds__(kCombineThreads)
     k3_mla_sdpa_combine_f32(const float* o_partial, const float* ml_partial, const float* g, float* out,
                             uint32_t heads, uint32_t dv, uint32_t num_chunks, uint32_t use_gate) {
+  constexpr uint32_t kWarps = kCombineThreads / kWarp;
   __shared__ float weight[kMaxChunks];
-  __shared__ float red[kCombineThreads / kWarp];
+  __shared__ float red[kWarps];
+  __shared__ float part[kWarps][kWarp];
   wait_for_previous_kernel();
   const uint32_t h = blockIdx.x, t = threadIdx.x;
   float big = -INFINITY;
@@ -136,25 +140,29 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads)
     if (ml_partial[2 * row + 1] != 0.0f) big = fmaxf(big, ml_partial[2 * row]);
   }
   big = block_reduce<true>(big, red);
-  float part = 0.0f;
+  float denom_part = 0.0f;
   for (uint32_t c = t; c < num_chunks; c += kCombineThreads) {
     const uint64_t row = uint64_t{c} * heads + h;
     const float l = ml_partial[2 * row + 1];
     const float w = l != 0.0f ? expf(ml_partial[2 * row] - big) : 0.0f;
     weight[c] = w;
-    part += w * l;
+    denom_part += w * l;
   }
-  const float denom = block_reduce<false>(part, red);  // its barriers also publish the weights
-  const float inv = denom == 0.0f ? 0.0f : 1.0f / denom;
-  for (uint32_t d = t; d < dv; d += kCombineThreads) {
-    float o = 0.0f;
-#pragma unroll 8
-    for (uint32_t c = 0; c < num_chunks; ++c) {
+  const float denom = block_reduce<false>(denom_part, red);  // its barriers also publish the weights
+  const uint32_t lane = t % kWarp, warp = t / kWarp, d = blockIdx.y * kWarp + lane;
+  float o = 0.0f;
+  if (d < dv) {
+#pragma unroll 4
+    for (uint32_t c = warp; c < num_chunks; c += kWarps) {
       const float w = weight[c];
       if (w != 0.0f) o += w * o_partial[(uint64_t{c} * heads + h) * dv + d];
     }
-    o *= inv;
-    if (use_gate != 0) o *= 1.0f / (1.0f + expf(-g[uint64_t{h} * dv + d]));
-    out[uint64_t{h} * dv + d] = o;
   }
+  part[warp][lane] = o;
+  __syncthreads();
+  if (warp != 0 || d >= dv) return;
+  for (uint32_t w = 1; w < kWarps; ++w) o += part[w][lane];
+  o *= denom == 0.0f ? 0.0f : 1.0f / denom;
+  if (use_gate != 0) o *= 1.0f / (1.0f + expf(-g[uint64_t{h} * dv + d]));
+  out[uint64_t{h} * dv + d] = o;
 }

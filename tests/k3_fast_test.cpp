@@ -247,7 +247,7 @@ TEST_CASE("the K3 split launchers pass their arguments under the ports' paramete
   CHECK(split.arg("dv").as_u32() == 128);
   CHECK(split.arg("keys_per_chunk").as_u32() == 19);
   const auto& combine = log[1];
-  CHECK(combine.grid == Dim3{9, 1, 1});
+  CHECK(combine.grid == Dim3{9, 4, 1});  // 100 dims: four blocks of 32
   CHECK(combine.block == Dim3{256, 1, 1});
   const std::pair<const char*, DevicePtr> cp[] = {{"o_partial", a}, {"ml_partial", b}, {"g", c}, {"out", d}};
   for (const auto& [n, ptr] : cp) CHECK(combine.arg(n).as_ptr() == ptr);
@@ -301,6 +301,7 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { combine([](auto& a) { a.g = {}; }); }, bad, {"g is null"});
   require_error([&] { combine([](auto& a) { a.heads = 0; }); }, bad, {"heads is 0"});
   require_error([&] { combine([](auto& a) { a.dv = 0; }); }, bad, {"dv is 0"});
+  require_error([&] { combine([](auto& a) { a.dv = 65535 * 32 + 1; }); }, bad, {"dv 2097121 exceeds 2097120"});
   require_error([&] { combine([](auto& a) { a.num_chunks = 0; }); }, bad, {"num_chunks 0"});
   require_error([&] { combine([](auto&) {}, kernels.sdpa_split); }, bad,
                 {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_combine_f32"});

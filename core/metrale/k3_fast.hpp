@@ -71,10 +71,11 @@ struct K3SdpaCombineArgs {
 };
 /// k3_mla_sdpa_combine_f32: out[h] = Σ_c e^(m_c − M)·O_c / Σ_c e^(m_c − M)·l_c over the chunks
 /// with keys (M their largest m_c; none: zeros), × sigmoid(g[h]) elementwise when use_gate.
-/// Grid [heads], block 256; launched early, it waits for the split kernel before it reads the
-/// partials. Errors (`invalid_argument`): a null o_partial, ml_partial or out, or a null g with
-/// use_gate; heads or dv 0; num_chunks not a positive multiple of 4 up to 4096; `kernel` not
-/// k3_mla_sdpa_combine_f32.
+/// Grid [heads, ⌈dv/32⌉] (a block per 32 dims of a head), block 256; launched early, it waits
+/// for the split kernel before it reads the partials. Errors (`invalid_argument`): a null
+/// o_partial, ml_partial or out, or a null g with use_gate; heads or dv 0; heads past 2^31 − 1;
+/// dv past 65535 × 32 (the grid's y); num_chunks not a positive multiple of 4 up to 4096;
+/// `kernel` not k3_mla_sdpa_combine_f32.
 void k3_mla_sdpa_combine_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaCombineArgs& a, Stream stream = 0);
 
 /// The K3 SDPA: the split path (split + combine, its workspace from `ws`) when

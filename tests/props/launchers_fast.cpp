@@ -567,7 +567,7 @@ Def<K3SdpaCombineArgs> k3_combine() {
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const K3SdpaCombineArgs& a) { k3_mla_sdpa_combine_f32(g, k, a); };
   d.expect = [kn](const K3SdpaCombineArgs& a) {
-    auto e = launch_of(kK3Fast, kn, {a.heads, 1, 1}, k256);
+    auto e = launch_of(kK3Fast, kn, {a.heads, div_ceil(a.dv, 32u), 1}, k256);
     e.args = {{"o_partial", P(a.o_partial)}, {"ml_partial", P(a.ml_partial)}, {"g", P(a.g)},
               {"out", P(a.out)},             {"heads", U(a.heads)},           {"dv", U(a.dv)},
               {"num_chunks", U(a.num_chunks)}, {"use_gate", U(a.use_gate ? 1 : 0)}};
@@ -585,6 +585,7 @@ Def<K3SdpaCombineArgs> k3_combine() {
              zero_rule<A>(kn, "heads", &A::heads),
              zero_rule<A>(kn, "dv", &A::dv),
              over_rule<A>(kn, "heads", &A::heads, kI32Max),
+             over_rule<A>(kn, "dv", &A::dv, 65535 * 32),
              chunks_rule<A>(kn)};
   return d;
 }
