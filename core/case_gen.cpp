@@ -633,10 +633,10 @@ KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t 
   for (auto& x : o) x = uni(rng) * 20.0f;
   for (auto& x : g) x = uni(rng) * 4.0f;
   for (std::size_t r = 0; r < rows; ++r) {
-    const bool empty = rng() % 4 == 0;  // a chunk with no keys, as the split kernel writes it
+    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O not counted (NaN here)
     ml[2 * r] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
     ml[2 * r + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
-    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(r * dv), dv, 0.0f);
+    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(r * dv), dv, std::numeric_limits<float>::quiet_NaN());
   }
   // The reference takes DeepSeek's layout [sequence, head, chunk, dim]: one sequence, no sinks.
   std::vector<float> o_t(o.size()), ml_t(ml.size());

@@ -28,6 +28,9 @@ void validate_chunks(const Validator& v, std::uint32_t num_chunks) {
 
 K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::uint32_t dv,
                                std::uint32_t multiprocessors) {
+  if (heads == 0 || seq_len > detail::kMaxKeys)
+    fail(Errc::invalid_argument, "k3 split plan: heads {} is 0 or seq_len {} exceeds {}", heads, seq_len,
+         detail::kMaxKeys);
   const std::uint64_t keys = std::max<std::uint32_t>(seq_len, 1);
   // Whole blocks of four chunks, no more than two rounds' worth: a third round of a few blocks
   // would cost as much as a full one.
@@ -46,6 +49,9 @@ K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::
 }
 
 std::optional<std::string> k3_split_unsupported(const K3SdpaArgs& a) {
+  if (a.seq_len > detail::kMaxKeys)
+    return fmt::format("seq_len {} above {} (the split kernel steps through keys in 32 bits)", a.seq_len,
+                       detail::kMaxKeys);
   if (a.dq > kK3SplitMaxDim || a.dv > kK3SplitMaxDim)
     return fmt::format("dq {} or dv {} above {} (the split kernel's registers)", a.dq, a.dv, kK3SplitMaxDim);
   if (a.heads > detail::kMaxGridYZ) return fmt::format("heads {} above {} (the grid's y)", a.heads, detail::kMaxGridYZ);
@@ -60,6 +66,7 @@ void k3_mla_sdpa_split_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaSpl
   v.at_most("dq", a.dq, kK3SplitMaxDim);
   v.at_most("dv", a.dv, kK3SplitMaxDim);
   v.at_most("heads", a.heads, detail::kMaxGridYZ);
+  v.at_most("seq_len", a.seq_len, detail::kMaxKeys);  // a warp's key steps must not wrap
   validate_chunks(v, a.num_chunks);
   v.check(std::uint64_t{a.num_chunks} * a.keys_per_chunk >= a.seq_len,
           "num_chunks {} x keys_per_chunk {} covers fewer keys than seq_len {}: keys would be dropped", a.num_chunks,

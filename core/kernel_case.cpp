@@ -564,6 +564,9 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
     const std::uint32_t rows = a.module == kMlaWgmmaModule ? 64 : c.block.x / 8;
+    if (g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
+      fail(Errc::invalid_argument, "case {}: grid.x {} gives {} past 2^32 - 1 (four per block)", c.name, c.grid.x,
+           field);
     c.scalars[field] = KernelArg::u32(from_block         ? rows
                                       : g->second == 'c' ? c.grid.x * kK3ChunkWarps
                                       : g->second == 'x' ? c.grid.x

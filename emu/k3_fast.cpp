@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "metrale/emu/emulator.hpp"
@@ -73,9 +74,10 @@ void k3_mla_sdpa_split_f32(Block& blk, Global<const float> q, Global<const float
 // the head's output NaN, as the seed kernel's); times sigmoid(g[h]) elementwise when use_gate; no
 // keys writes zeros. Block (h, y) serves dims [32y, 32y + 32): thread t takes the chunks
 // ≡ t (mod 256) for M and the denominator (block reductions) and writes their weights to shared
-// memory; then lane l of warp w sums dim 32y + l over the chunks ≡ w (mod 8) in order, skipping
-// weights of 0 (a warp reads a chunk's 32 dims at once), and the eight warps' sums are added in
-// order.
+// memory (none for a chunk without keys); then lane l of warp w sums dim 32y + l over the
+// chunks ≡ w (mod 8) with keys, in order (a warp reads a chunk's 32 dims at once; a weight that
+// underflows to 0 still counts, so NaN or inf in that chunk's V reaches the output as on the seed
+// kernel), and the eight warps' sums are added in order.
 // Grid: [heads, ⌈dv/32⌉]. Block: 256.
 //   o_partial [num_chunks, heads, dv] f32; ml_partial [num_chunks, heads, 2] f32
 //   g [heads, dv] f32 (read only when use_gate); out [heads, dv] f32; num_chunks ≤ 4096
@@ -84,7 +86,8 @@ void k3_mla_sdpa_combine_f32(Block& blk, Global<const float> o_partial, Global<c
                              std::uint32_t num_chunks, std::uint32_t use_gate) {
   constexpr std::uint32_t kWarps = kCombineThreads / kWarp;
   const std::uint32_t h = blk.blockIdx.x;
-  std::vector<float> m(num_chunks), l(num_chunks), weight(num_chunks);  // weight: shared
+  std::vector<float> m(num_chunks), l(num_chunks);
+  std::vector<std::optional<float>> weight(num_chunks);  // shared; none: a chunk without keys
   float big = -std::numeric_limits<float>::infinity();
   for (std::uint32_t c = 0; c < num_chunks; ++c) {
     const auto ml = ml_partial.read(2 * (std::uint64_t{c} * heads + h), 2);
@@ -96,9 +99,10 @@ void k3_mla_sdpa_combine_f32(Block& blk, Global<const float> o_partial, Global<c
   // then the eight warps' sums in order.
   std::array<std::array<float, kWarp>, kWarps> part{};
   for (std::uint32_t c = 0; c < num_chunks; ++c) {
-    weight[c] = l[c] != 0.0f ? std::exp(m[c] - big) : 0.0f;
+    if (l[c] == 0.0f) continue;
+    weight[c] = std::exp(m[c] - big);
     const std::uint32_t t = c % kCombineThreads;
-    part[t / kWarp][t % kWarp] += weight[c] * l[c];
+    part[t / kWarp][t % kWarp] += *weight[c] * l[c];
   }
   float denom = warp_sum(part[0]);
   for (std::uint32_t w = 1; w < kWarps; ++w) denom += warp_sum(part[w]);
@@ -106,7 +110,7 @@ void k3_mla_sdpa_combine_f32(Block& blk, Global<const float> o_partial, Global<c
   for (std::uint32_t d = blk.blockIdx.y * kWarp; d < d_end; ++d) {
     std::array<float, kWarps> sum{};  // warp w: the chunks ≡ w (mod 8)
     for (std::uint32_t c = 0; c < num_chunks; ++c)
-      if (weight[c] != 0.0f) sum[c % kWarps] += weight[c] * o_partial[(std::uint64_t{c} * heads + h) * dv + d];
+      if (weight[c]) sum[c % kWarps] += *weight[c] * o_partial[(std::uint64_t{c} * heads + h) * dv + d];
     float o = sum[0];
     for (std::uint32_t w = 1; w < kWarps; ++w) o += sum[w];
     o *= denom == 0.0f ? 0.0f : 1.0f / denom;

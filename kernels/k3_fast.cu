@@ -22,6 +22,7 @@ constexpr uint32_t kStepKeys = 4;           // keys a warp loads at once
 constexpr uint32_t kLaneDims = 8;           // dims per lane: dq and dv up to 256
 constexpr uint32_t kCombineThreads = 256;   // combine block
 constexpr uint32_t kMaxChunks = 4096;       // chunks per head the combine's weights hold
+constexpr float kCombineSkip = -1.0f;       // the weight of a chunk without keys (e^x is never negative)
 
 // The block's sum or max of one value per thread: each warp's butterfly, then the warps' results
 // in order. Every thread gets the result.
@@ -119,9 +120,10 @@ extern "C" __global__ void __launch_bounds__(128)
 // the head's output NaN, as the seed kernel's); times sigmoid(g[h]) elementwise when use_gate; no
 // keys writes zeros. Block (h, y) serves dims [32y, 32y + 32): thread t takes the chunks
 // ≡ t (mod 256) for M and the denominator (block reductions) and writes their weights to shared
-// memory; then lane l of warp w sums dim 32y + l over the chunks ≡ w (mod 8) in order, skipping
-// weights of 0 (a warp reads a chunk's 32 dims at once), and the eight warps' sums are added in
-// order.
+// memory (kCombineSkip for a chunk without keys); then lane l of warp w sums dim 32y + l over the
+// chunks ≡ w (mod 8) with keys, in order (a warp reads a chunk's 32 dims at once; a weight that
+// underflows to 0 still counts, so NaN or inf in that chunk's V reaches the output as on the seed
+// kernel), and the eight warps' sums are added in order.
 // Grid: [heads, ⌈dv/32⌉]. Block: 256. Launched early: waits for the split kernel first.
 //   o_partial [num_chunks, heads, dv] f32; ml_partial [num_chunks, heads, 2] f32
 //   g [heads, dv] f32 (read only when use_gate); out [heads, dv] f32; num_chunks ≤ 4096
@@ -144,9 +146,9 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads)
   for (uint32_t c = t; c < num_chunks; c += kCombineThreads) {
     const uint64_t row = uint64_t{c} * heads + h;
     const float l = ml_partial[2 * row + 1];
-    const float w = l != 0.0f ? expf(ml_partial[2 * row] - big) : 0.0f;
+    const float w = l != 0.0f ? expf(ml_partial[2 * row] - big) : kCombineSkip;
     weight[c] = w;
-    denom_part += w * l;
+    if (l != 0.0f) denom_part += w * l;
   }
   const float denom = block_reduce<false>(denom_part, red);  // its barriers also publish the weights
   const uint32_t lane = t % kWarp, warp = t / kWarp, d = blockIdx.y * kWarp + lane;
@@ -155,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll 4
     for (uint32_t c = warp; c < num_chunks; c += kWarps) {
       const float w = weight[c];
-      if (w != 0.0f) o += w * o_partial[(uint64_t{c} * heads + h) * dv + d];
+      if (w != kCombineSkip) o += w * o_partial[(uint64_t{c} * heads + h) * dv + d];
     }
   }
   part[warp][lane] = o;

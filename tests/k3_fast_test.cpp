@@ -134,7 +134,8 @@ TEST_CASE("the K3 split and combine kernels match their float64 references", "[k
 TEST_CASE("the K3 split plan covers every key with few empty chunks", "[k3_fast][plan]") {
   rc::prop("any seq_len, heads, dv and device size", [] {
     const auto seq_len = *rc::gen::oneOf(rc::gen::inRange<std::uint32_t>(0, 5000),
-                                         rc::gen::inRange<std::uint32_t>(0, std::numeric_limits<std::uint32_t>::max()));
+                                         rc::gen::inRange<std::uint32_t>(0, 0x8000'0000u),  // to 2^31 - 1
+                                         rc::gen::just<std::uint32_t>(0x7FFF'FFFFu));
     const auto heads = *rc::gen::inRange<std::uint32_t>(1, 65536);
     const auto dv = *rc::gen::inRange<std::uint32_t>(1, 257);
     const auto sms = *rc::gen::element<std::uint32_t>(1, 48, 132, 1000);
@@ -202,6 +203,56 @@ TEST_CASE("NaN in q reaches the head's output on the K3 split path as on the see
         for (std::size_t d = 0; d < 32; ++d) CHECK(std::isnan(out[h * 32 + d]) == (h == 2));
     }
   }
+}
+
+TEST_CASE("NaN or inf in V reaches the output on the K3 split path even where its weight underflows",
+          "[k3_fast][nan]") {
+  // One head of one dim over 64 keys: the first 32 (the split's first chunk) have logits of -200,
+  // whose weights against the others' 0 underflow to zero in FP32; key 0's value is not finite.
+  for (const float bad : {kNan, std::numeric_limits<float>::infinity()})
+  for (const auto& name : test::backends()) {
+    ref::K3SdpaProblem p{1,     1,   1, 64, false, {1.0f}, std::vector<float>(64, 0.0f), std::vector<float>(64, 1.0f),
+                         {0.0f}};
+    std::fill_n(p.k.begin(), 32, -200.0f);
+    p.v[0] = bad;
+    INFO("backend " << name << ", v[0] " << bad);
+    auto gpu = test::make_backend(name);
+    const auto kernels = K3MlaDecodeKernels::resolve(*gpu);
+    for (bool split : {false, true}) {
+      INFO((split ? "split path" : "seed kernel"));
+      const Buffers b(*gpu, p);
+      DecodeWorkspace ws;
+      if (split) {
+        REQUIRE(k3_sdpa(*gpu, kernels, b.args(p), ws) == DecodePath::split);
+      } else {
+        k3_mla_sdpa_gate_f32(*gpu, kernels.sdpa, b.args(p));
+      }
+      gpu->synchronize(0);
+      CHECK(std::isnan(b.out.to_host<float>()[0]));  // 0·NaN and 0·inf are NaN, as in the reference
+    }
+  }
+}
+
+TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed kernel", "[k3_fast][dispatch]") {
+  const std::uint32_t seq_len = GENERATE(0x8000'0000u, 0xFFFF'FFFFu);
+  K3SdpaArgs a{DevicePtr{0x1000}, DevicePtr{0x2000}, DevicePtr{0x3000}, {}, DevicePtr{0x4000}, seq_len, 2000, 1, 1,
+               false};
+  REQUIRE(k3_split_unsupported(a).has_value());
+  CHECK_THAT(*k3_split_unsupported(a), Catch::Matchers::Contains(fmt::format("seq_len {}", seq_len)));
+  test::require_error([&] { plan_k3_sdpa_split(seq_len, 2000, 1, 132); }, Errc::invalid_argument,
+                      {fmt::format("seq_len {} exceeds 2147483647", seq_len)});
+  test::require_error([&] { plan_k3_sdpa_split(5, 0, 1, 132); }, Errc::invalid_argument, {"heads 0 is 0"});
+  emu::EmulatorBackend gpu;
+  gpu.set_dry_run(true);
+  gpu.record_launches(true);
+  DecodeWorkspace ws;
+  CHECK(k3_sdpa(gpu, K3MlaDecodeKernels::resolve(gpu), a, ws) == DecodePath::seed);
+  test::require_error(
+      [&] {
+        k3_mla_sdpa_split_f32(gpu, K3MlaDecodeKernels::resolve(gpu).sdpa_split,
+                              {a.q, a.k, a.v, DevicePtr{0x5000}, DevicePtr{0x6000}, seq_len, 1, 1, 1, 1u << 20, 4096});
+      },
+      Errc::invalid_argument, {fmt::format("seq_len {} exceeds 2147483647", seq_len)});
 }
 
 TEST_CASE("a recorded K3 split-path step replays kernel by kernel", "[k3_fast][recorded]") {

@@ -100,7 +100,8 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
 /// within the FP32 logit error and a few roundings per key.
 KernelCase k3_split_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
                          std::uint32_t keys_per_chunk, std::uint32_t num_chunks, std::uint64_t seed);
-/// `k3_mla_sdpa_combine_f32` of random partials (a quarter of the chunks empty) and gate
+/// `k3_mla_sdpa_combine_f32` of random partials (a quarter of the chunks empty, their O NaN:
+/// a chunk without keys must not count whatever its row holds) and gate
 /// logits, against the float64 combine (ref::combine_partials) and sigmoid.
 KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t num_chunks, bool use_gate,
                            std::uint64_t seed);

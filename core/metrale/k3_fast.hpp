@@ -34,12 +34,13 @@ struct K3SplitPlan {
 /// `multiprocessors` SMs: up to 32 warps per SM over all heads in whole blocks of four chunks
 /// (each SM holds 16 of the split kernel's warps at once: two full rounds, never a third of a few
 /// blocks), no chunk under 32 keys, at most kK3MaxChunks chunks, chunks a multiple of four keys
-/// (a warp's step). seq_len 0 gives one block of empty chunks. Errors: none (heads and dv must be
-/// positive).
+/// (a warp's step). seq_len 0 gives one block of empty chunks. Errors (`invalid_argument`): heads
+/// 0, or seq_len above 2^31 − 1 (the split kernel's limit).
 K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::uint32_t dv,
                                std::uint32_t multiprocessors);
 
-/// Why the split path cannot take `a` (dq or dv above 256, more than 65535 heads), or nothing.
+/// Why the split path cannot take `a` (seq_len above 2^31 − 1, dq or dv above 256, more than
+/// 65535 heads), or nothing.
 std::optional<std::string> k3_split_unsupported(const K3SdpaArgs& a);
 
 /// The raw split kernel's arguments.
@@ -56,7 +57,8 @@ struct K3SdpaSplitArgs {
 /// unnormalised output and (max, sum). Launched early (programmatic dependent launch on sm_90
 /// and later): it waits for the kernel ahead of it before it touches memory.
 /// Errors (`invalid_argument`, naming the value): a null q, o_partial or ml_partial, or a null
-/// k or v with seq_len > 0; heads, dq, dv or keys_per_chunk 0; dq or dv above 256; num_chunks
+/// k or v with seq_len > 0; heads, dq, dv or keys_per_chunk 0; dq or dv above 256; seq_len above
+/// 2^31 − 1 (a warp's 32-bit key steps would wrap); num_chunks
 /// not a positive multiple of 4 up to 4096; num_chunks × keys_per_chunk short of seq_len (keys
 /// would be dropped); heads above 65535 (the grid's y); `kernel` not k3_mla_sdpa_split_f32.
 void k3_mla_sdpa_split_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaSplitArgs& a, Stream stream = 0);
