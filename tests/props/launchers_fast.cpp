@@ -489,8 +489,8 @@ Def<K3SdpaSplitArgs> k3_split() {
     a.dq = coin() ? kK3SplitMaxDim : u(1, kK3SplitMaxDim);
     a.dv = coin() ? kK3SplitMaxDim : u(1, kK3SplitMaxDim);
     a.num_chunks = 4 * u(1, kK3MaxChunks / 4);
-    a.keys_per_chunk = u(1, 1u << 19);
-    const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;  // < 2^31
+    a.keys_per_chunk = u(1, (1u << 19) - 1);
+    const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;  // < 2^31 - 1
     a.seq_len = coin() ? 0 : coin() ? covered : u(1, covered);
     // k and v may be null without keys.
     a.k = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
@@ -542,11 +542,20 @@ Def<K3SdpaSplitArgs> k3_split() {
                a.k = a.k ? a.k : s.next();
                a.v = a.v ? a.v : s.next();
                const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;
-               a.seq_len = u(covered + 1, kU32Max);
+               a.seq_len = u(covered + 1, kI32Max);
                return BrokenRule{"chunks short of seq_len",
                                  Errc::invalid_argument,
                                  {kn, fmt::format("num_chunks {} x keys_per_chunk {} covers fewer keys than seq_len {}",
                                                   a.num_chunks, a.keys_per_chunk, a.seq_len)}};
+             },
+             [kn](A& a) {
+               Sentinels s(0x100);
+               a.k = a.k ? a.k : s.next();
+               a.v = a.v ? a.v : s.next();
+               a.seq_len = u(kI32Max + 1u, kU32Max);
+               return BrokenRule{"seq_len past 2^31 - 1",
+                                 Errc::invalid_argument,
+                                 {kn, fmt::format("seq_len {} exceeds {}", a.seq_len, kI32Max)}};
              }};
   return d;
 }
