@@ -273,19 +273,33 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   return c;
 }
 
+namespace {
+
+// A split decode's partial rows as a combine reads them: `rows` of O (dim values in ±20) and
+// (m, l), a quarter of them chunks without keys (m = −∞, l = 0, O NaN: never counted).
+void random_partials(std::size_t rows, std::size_t dim, std::mt19937_64& rng, std::vector<float>& o,
+                     std::vector<float>& ml) {
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  o.resize(rows * dim);
+  ml.resize(rows * 2);
+  for (auto& x : o) x = uni(rng) * 20.0f;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const bool empty = rng() % 4 == 0;
+    ml[2 * r] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
+    ml[2 * r + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
+    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(r * dim), dim, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+}  // namespace
+
 KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32_t dim, std::uint32_t num_splits,
                         bool sinks, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const std::size_t slots = std::size_t{num_seqs} * heads * num_splits;
-  std::vector<float> o(slots * dim), ml(slots * 2), sink;
-  for (auto& x : o) x = uni(rng) * 20.0f;
-  for (std::size_t z = 0; z < slots; ++z) {
-    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O not counted (NaN here)
-    ml[2 * z] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
-    ml[2 * z + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
-    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(z * dim), dim, std::numeric_limits<float>::quiet_NaN());
-  }
+  std::vector<float> o, ml, sink;
+  random_partials(slots, dim, rng, o, ml);
   if (sinks)
     for (std::uint32_t h = 0; h < heads; ++h) sink.push_back(uni(rng) * 12.0f);  // from negligible to dominant
   const float v_scale = 0.5f + std::fabs(uni(rng));
@@ -629,15 +643,9 @@ KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t 
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const std::size_t rows = std::size_t{num_chunks} * heads;
-  std::vector<float> o(rows * dv), ml(rows * 2), g(std::size_t{heads} * dv);
-  for (auto& x : o) x = uni(rng) * 20.0f;
+  std::vector<float> o, ml, g(std::size_t{heads} * dv);
+  random_partials(rows, dv, rng, o, ml);
   for (auto& x : g) x = uni(rng) * 4.0f;
-  for (std::size_t r = 0; r < rows; ++r) {
-    const bool empty = rng() % 4 == 0;  // a chunk with no keys: m = −∞, l = 0, O not counted (NaN here)
-    ml[2 * r] = empty ? -std::numeric_limits<float>::infinity() : uni(rng) * 4.0f;
-    ml[2 * r + 1] = empty ? 0.0f : 1.0f + std::fabs(uni(rng)) * 8.0f;  // a chunk's l ≥ 1 (its max term)
-    if (empty) std::fill_n(o.begin() + static_cast<std::ptrdiff_t>(r * dv), dv, std::numeric_limits<float>::quiet_NaN());
-  }
   // The reference takes DeepSeek's layout [sequence, head, chunk, dim]: one sequence, no sinks.
   std::vector<float> o_t(o.size()), ml_t(ml.size());
   for (std::size_t c = 0; c < num_chunks; ++c)

@@ -56,6 +56,20 @@ struct Buffers {
   }
 };
 
+// out of the seed kernel or (split) the dispatcher's split path, on `gpu`.
+std::vector<float> run_sdpa(GpuBackend& gpu, const ref::K3SdpaProblem& p, bool split) {
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  const Buffers b(gpu, p);
+  DecodeWorkspace ws;
+  if (split) {
+    REQUIRE(k3_sdpa(gpu, kernels, b.args(p), ws) == DecodePath::split);
+  } else {
+    k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, b.args(p));
+  }
+  gpu.synchronize(0);
+  return b.out.to_host<float>();
+}
+
 // Every output within k3_sdpa_bound of the float64 reference, finite, and exactly 0 without keys.
 template <class Assert>
 void check_against_reference(const ref::K3SdpaProblem& p, const std::vector<float>& got, Assert&& require) {
@@ -187,18 +201,9 @@ TEST_CASE("NaN in q reaches the head's output on the K3 split path as on the see
   for (const auto& name : test::backends()) {
     INFO("backend " << name);
     auto gpu = test::make_backend(name);
-    const auto kernels = K3MlaDecodeKernels::resolve(*gpu);
     for (bool split : {false, true}) {
       INFO((split ? "split path" : "seed kernel"));
-      const Buffers b(*gpu, p);
-      DecodeWorkspace ws;
-      if (split) {
-        k3_sdpa(*gpu, kernels, b.args(p), ws);
-      } else {
-        k3_mla_sdpa_gate_f32(*gpu, kernels.sdpa, b.args(p));
-      }
-      gpu->synchronize(0);
-      const auto out = b.out.to_host<float>();
+      const auto out = run_sdpa(*gpu, p, split);
       for (std::size_t h = 0; h < 4; ++h)
         for (std::size_t d = 0; d < 32; ++d) CHECK(std::isnan(out[h * 32 + d]) == (h == 2));
     }
@@ -209,26 +214,17 @@ TEST_CASE("NaN or inf in V reaches the output on the K3 split path even where it
           "[k3_fast][nan]") {
   // One head of one dim over 64 keys: the first 32 (the split's first chunk) have logits of -200,
   // whose weights against the others' 0 underflow to zero in FP32; key 0's value is not finite.
-  for (const float bad : {kNan, std::numeric_limits<float>::infinity()})
-  for (const auto& name : test::backends()) {
-    ref::K3SdpaProblem p{1,     1,   1, 64, false, {1.0f}, std::vector<float>(64, 0.0f), std::vector<float>(64, 1.0f),
-                         {0.0f}};
+  for (const float bad : {kNan, std::numeric_limits<float>::infinity()}) {
+    ref::K3SdpaProblem p{1, 1, 1, 64, false, {1.0f}, std::vector<float>(64, 0.0f), std::vector<float>(64, 1.0f), {0.0f}};
     std::fill_n(p.k.begin(), 32, -200.0f);
     p.v[0] = bad;
-    INFO("backend " << name << ", v[0] " << bad);
-    auto gpu = test::make_backend(name);
-    const auto kernels = K3MlaDecodeKernels::resolve(*gpu);
-    for (bool split : {false, true}) {
-      INFO((split ? "split path" : "seed kernel"));
-      const Buffers b(*gpu, p);
-      DecodeWorkspace ws;
-      if (split) {
-        REQUIRE(k3_sdpa(*gpu, kernels, b.args(p), ws) == DecodePath::split);
-      } else {
-        k3_mla_sdpa_gate_f32(*gpu, kernels.sdpa, b.args(p));
+    for (const auto& name : test::backends()) {
+      INFO("backend " << name << ", v[0] " << bad);
+      auto gpu = test::make_backend(name);
+      for (bool split : {false, true}) {
+        INFO((split ? "split path" : "seed kernel"));
+        CHECK(std::isnan(run_sdpa(*gpu, p, split)[0]));  // 0·NaN and 0·inf are NaN, as in the reference
       }
-      gpu->synchronize(0);
-      CHECK(std::isnan(b.out.to_host<float>()[0]));  // 0·NaN and 0·inf are NaN, as in the reference
     }
   }
 }
