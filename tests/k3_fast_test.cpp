@@ -237,7 +237,7 @@ TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed ker
   CHECK_THAT(*k3_split_unsupported(a), Catch::Matchers::Contains(fmt::format("seq_len {}", seq_len)));
   test::require_error([&] { plan_k3_sdpa_split(seq_len, 2000, 1, 132); }, Errc::invalid_argument,
                       {fmt::format("seq_len {} exceeds 2147483647", seq_len)});
-  test::require_error([&] { plan_k3_sdpa_split(5, 0, 1, 132); }, Errc::invalid_argument, {"heads 0 is 0"});
+  test::require_error([&] { plan_k3_sdpa_split(5, 0, 1, 132); }, Errc::invalid_argument, {"k3 split plan: heads is 0"});
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);
   gpu.record_launches(true);
