@@ -16,7 +16,7 @@ using detail::Validator;
 namespace {
 
 constexpr std::uint32_t kStepKeys = 4;       // keys a warp loads at once
-constexpr std::uint32_t kMinChunkKeys = 32;  // 16 measured slower (with the first combine)
+constexpr std::uint32_t kMinChunkKeys = 32;  // 16: faster only at 16 heads x 1K (docs/k3.md)
 constexpr std::uint32_t kWarpsPerSm = 32;    // the plan's target: two rounds of 16 resident warps
 
 void validate_chunks(const Validator& v, std::uint32_t num_chunks) {
