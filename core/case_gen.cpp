@@ -562,8 +562,8 @@ KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t r
   return c;
 }
 
-KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
-                        std::uint64_t seed, bool split_path) {
+ref::K3SdpaProblem k3_sdpa_problem(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
+                                   bool use_gate, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   ref::K3SdpaProblem p{heads,
                        dq,
@@ -575,6 +575,12 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
                        random_f32(std::size_t{seq_len} * heads * dv, rng),
                        random_f32(std::size_t{heads} * dv, rng)};
   for (auto& x : p.q) x *= 4.0f;  // logits spread enough that the softmax is not flat
+  return p;
+}
+
+KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
+                        std::uint64_t seed, bool split_path) {
+  const ref::K3SdpaProblem p = k3_sdpa_problem(heads, dq, dv, seq_len, use_gate, seed);
   double bound = 0;
   for (std::size_t h = 0; h < heads; ++h) bound = std::max(bound, k3_sdpa_bound(p, h));
   KernelCase c =
@@ -601,19 +607,17 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
 
 KernelCase k3_split_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
                          std::uint32_t keys_per_chunk, std::uint32_t num_chunks, std::uint64_t seed) {
-  KernelCase c = k3_sdpa_case(heads, dq, dv, seq_len, false, seed);
-  ref::K3SdpaProblem p{heads, dq, dv, seq_len, false, c.inputs.at("q").values<float>(),
-                       seq_len > 0 ? c.inputs.at("k").values<float>() : std::vector<float>{},
-                       seq_len > 0 ? c.inputs.at("v").values<float>() : std::vector<float>{}, {}};
+  const ref::K3SdpaProblem p = k3_sdpa_problem(heads, dq, dv, seq_len, false, seed);
   const ref::K3SplitPartials want = ref::k3_split_partials(p, keys_per_chunk, num_chunks);
-  c.name = fmt::format("k3_split heads={} dq={} dv={} seq_len={} keys_per_chunk={} num_chunks={}", heads, dq, dv,
-                       seq_len, keys_per_chunk, num_chunks);
+  KernelCase c = make_case(fmt::format("k3_split heads={} dq={} dv={} seq_len={} keys_per_chunk={} num_chunks={}",
+                                       heads, dq, dv, seq_len, keys_per_chunk, num_chunks),
+                           "k3_mla_sdpa_split_f32");
   c.module = kK3FastModule;
-  c.entry = "k3_mla_sdpa_split_f32";
-  c.inputs.erase("g");
-  c.inputs.erase("out");
-  c.expected.clear();
-  c.tolerance.clear();
+  c.inputs["q"] = tensor<float>({heads, dq}, p.q);
+  if (seq_len > 0) {
+    c.inputs["k"] = tensor<float>({seq_len, heads, dq}, p.k);
+    c.inputs["v"] = tensor<float>({seq_len, heads, dv}, p.v);
+  }
   const std::int64_t rows = std::int64_t{num_chunks} * heads;
   c.inputs["o_partial"] = tensor<float>({rows, dv}, std::vector<float>(want.o.size(), NAN));
   c.inputs["ml_partial"] = tensor<float>({rows, 2}, std::vector<float>(want.ml.size(), NAN));

@@ -90,12 +90,16 @@ KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint
 /// plus the FP32 angle error (pos·2^-24 rad).
 KernelCase k3_rope_case(std::uint32_t heads, std::uint32_t nope, std::uint32_t rope, std::uint32_t pos, float theta,
                         bool use_nope, std::uint64_t seed);
-/// `k3_mla_sdpa_gate_f32` over a random history, or with `split_path` the same problem through
+/// A random K3 SDPA problem from `seed`: q uniform in ±4 (logits spread enough that the softmax
+/// is not flat), k, v and the gate logits g uniform in ±1.
+ref::K3SdpaProblem k3_sdpa_problem(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,
+                                   bool use_gate, std::uint64_t seed);
+/// `k3_mla_sdpa_gate_f32` over k3_sdpa_problem, or with `split_path` the same problem through
 /// the split path (`k3_fast.k3_sdpa_split_path`: k3_sdpa's split and combine; dq, dv ≤ 256).
 /// Tolerance: k3_sdpa_bound.
 KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
                         std::uint64_t seed, bool split_path = false);
-/// `k3_mla_sdpa_split_f32` over a random history (as k3_sdpa_case's) in `num_chunks` chunks
+/// `k3_mla_sdpa_split_f32` over k3_sdpa_problem (the same as k3_sdpa_case's) in `num_chunks` chunks
 /// (a multiple of 4) of `keys_per_chunk` keys: the partials against ref::k3_split_partials,
 /// within the FP32 logit error and a few roundings per key.
 KernelCase k3_split_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len,

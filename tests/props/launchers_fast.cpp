@@ -368,6 +368,27 @@ Def<CombineArgs> combine() {
 
 // ---- Kimi K3 ----------------------------------------------------------------------------------------
 
+// Non-null k and v (the K3 SDPA launchers need both once there are keys), from slots the draws
+// do not use.
+template <class A>
+void give_keys(A& a) {
+  Sentinels s(0x100);
+  a.k = a.k ? a.k : s.next();
+  a.v = a.v ? a.v : s.next();
+}
+
+// Rule: `field` (k or v) null with keys. Message "<kernel>: <name> is null".
+template <class A>
+std::function<BrokenRule(A&)> keys_null_rule(const char* kn, const char* name, DevicePtr A::*field) {
+  return [=](A& a) {
+    a.seq_len = std::max(a.seq_len, 1u);
+    give_keys(a);  // the other of k and v stays non-null
+    a.*field = {};
+    return BrokenRule{fmt::format("{} null with keys", name), Errc::invalid_argument,
+                      {kn, fmt::format("{} is null", name)}};
+  };
+}
+
 Def<K3RopeArgs> k3_rope() {
   const char* kn = "k3_mla_maybe_rope_f32";
   Def<K3RopeArgs> d{kK3, kn, {}, {}, {}, {}};
@@ -437,22 +458,10 @@ Def<K3SdpaArgs> k3_sdpa() {
     return e;
   };
   using A = K3SdpaArgs;
-  auto keys_null = [kn](const char* name, DevicePtr A::*field) {
-    return [=](A& a) {
-      Sentinels s;
-      a.seq_len = std::max(a.seq_len, 1u);
-      a.k = a.k ? a.k : s.next();  // the other of k and v stays non-null
-      a.v = a.v ? a.v : s.next();
-      a.*field = {};
-      return BrokenRule{fmt::format("{} null with keys", name),
-                        Errc::invalid_argument,
-                        {kn, fmt::format("{} is null", name)}};
-    };
-  };
   d.rules = {null_rule<A>(kn, "q", &A::q),
              null_rule<A>(kn, "out", &A::out),
-             keys_null("k", &A::k),
-             keys_null("v", &A::v),
+             keys_null_rule<A>(kn, "k", &A::k),
+             keys_null_rule<A>(kn, "v", &A::v),
              [kn](A& a) {
                a.use_gate = true;
                a.g = {};
@@ -513,22 +522,11 @@ Def<K3SdpaSplitArgs> k3_split() {
     return e;
   };
   using A = K3SdpaSplitArgs;
-  auto keys_null = [kn](const char* name, DevicePtr A::*field) {
-    return [=](A& a) {
-      Sentinels s(0x100);
-      a.seq_len = std::max(a.seq_len, 1u);
-      a.k = a.k ? a.k : s.next();  // the other of k and v stays non-null
-      a.v = a.v ? a.v : s.next();
-      a.*field = {};
-      return BrokenRule{fmt::format("{} null with keys", name), Errc::invalid_argument,
-                        {kn, fmt::format("{} is null", name)}};
-    };
-  };
   d.rules = {null_rule<A>(kn, "q", &A::q),
              null_rule<A>(kn, "o_partial", &A::o_partial),
              null_rule<A>(kn, "ml_partial", &A::ml_partial),
-             keys_null("k", &A::k),
-             keys_null("v", &A::v),
+             keys_null_rule<A>(kn, "k", &A::k),
+             keys_null_rule<A>(kn, "v", &A::v),
              zero_rule<A>(kn, "heads", &A::heads),
              zero_rule<A>(kn, "dq", &A::dq),
              zero_rule<A>(kn, "dv", &A::dv),
@@ -538,9 +536,7 @@ Def<K3SdpaSplitArgs> k3_split() {
              over_rule<A>(kn, "heads", &A::heads, 65535),
              chunks_rule<A>(kn),
              [kn](A& a) {
-               Sentinels s(0x100);
-               a.k = a.k ? a.k : s.next();
-               a.v = a.v ? a.v : s.next();
+               give_keys(a);
                const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;
                a.seq_len = u(covered + 1, kI32Max);
                return BrokenRule{"chunks short of seq_len",
@@ -549,9 +545,7 @@ Def<K3SdpaSplitArgs> k3_split() {
                                                   a.num_chunks, a.keys_per_chunk, a.seq_len)}};
              },
              [kn](A& a) {
-               Sentinels s(0x100);
-               a.k = a.k ? a.k : s.next();
-               a.v = a.v ? a.v : s.next();
+               give_keys(a);
                a.seq_len = u(kI32Max + 1u, kU32Max);
                return BrokenRule{"seq_len past 2^31 - 1",
                                  Errc::invalid_argument,
