@@ -39,9 +39,8 @@ K3SplitPlan plan_k3_sdpa_split(std::uint32_t seq_len, std::uint32_t heads, std::
   const std::uint64_t chunks = std::clamp<std::uint64_t>(want, 1, most);
   K3SplitPlan p;
   p.keys_per_chunk = static_cast<std::uint32_t>(div_ceil<std::uint64_t>(div_ceil(keys, chunks), kStepKeys) * kStepKeys);
-  p.num_chunks = static_cast<std::uint32_t>(div_ceil<std::uint64_t>(div_ceil<std::uint64_t>(keys, p.keys_per_chunk),
-                                                                    kK3ChunkWarps) *
-                                            kK3ChunkWarps);
+  p.num_chunks = static_cast<std::uint32_t>(
+      div_ceil<std::uint64_t>(div_ceil<std::uint64_t>(keys, p.keys_per_chunk), kK3ChunkWarps) * kK3ChunkWarps);
   const std::uint64_t rows = std::uint64_t{p.num_chunks} * heads;
   p.ml_offset = rows * dv * sizeof(float);
   p.workspace_bytes = p.ml_offset + rows * 2 * sizeof(float);
@@ -122,10 +121,9 @@ DecodePath k3_sdpa(GpuBackend& gpu, const K3MlaDecodeKernels& kernels, const K3S
   }
   const K3SplitPlan p = plan_k3_sdpa_split(a.seq_len, a.heads, a.dv, gpu.multiprocessor_count());
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
-  k3_mla_sdpa_split_f32(gpu, kernels.sdpa_split,
-                        {a.q, a.k, a.v, w, w + p.ml_offset, a.seq_len, a.heads, a.dq, a.dv, p.keys_per_chunk,
-                         p.num_chunks},
-                        stream);
+  k3_mla_sdpa_split_f32(
+      gpu, kernels.sdpa_split,
+      {a.q, a.k, a.v, w, w + p.ml_offset, a.seq_len, a.heads, a.dq, a.dv, p.keys_per_chunk, p.num_chunks}, stream);
   k3_mla_sdpa_combine_f32(gpu, kernels.sdpa_combine,
                           {w, w + p.ml_offset, a.g, a.out, a.heads, a.dv, p.num_chunks, a.use_gate}, stream);
   return DecodePath::split;

@@ -37,7 +37,8 @@ void k3_mla_sdpa_split_f32(Block& blk, Global<const float> q, Global<const float
   for (std::uint32_t warp = 0; warp < kChunkWarps; ++warp) {
     const std::uint32_t c = blk.blockIdx.x * kChunkWarps + warp;
     const auto begin = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{c} * keys_per_chunk, seq_len));
-    const auto end = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{begin} + keys_per_chunk, seq_len));
+    const auto end =
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{begin} + keys_per_chunk, seq_len));
     std::vector<float> acc(dv, 0.0f);  // dim d in lane d mod 32
     float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
     for (std::uint32_t j0 = begin; j0 < end; j0 += kStepKeys) {
@@ -127,9 +128,9 @@ void register_k3_fast(Registry& r) {
       m, "k3_mla_sdpa_split_f32",
       {"q", "k", "v", "o_partial", "ml_partial", "seq_len", "heads", "dq", "dv", "keys_per_chunk"},
       block_is({128, 1, 1}));
-  r.add<&k3_mla_sdpa_combine_f32>(
-      m, "k3_mla_sdpa_combine_f32",
-      {"o_partial", "ml_partial", "g", "out", "heads", "dv", "num_chunks", "use_gate"}, block_is({256, 1, 1}));
+  r.add<&k3_mla_sdpa_combine_f32>(m, "k3_mla_sdpa_combine_f32",
+                                  {"o_partial", "ml_partial", "g", "out", "heads", "dv", "num_chunks", "use_gate"},
+                                  block_is({256, 1, 1}));
   // FP32 throughout, but the kernels' fused multiply-adds and expf round differently from the
   // ports' separate roundings and std::exp: a few units of 2^-24 per term, summed over a chunk's
   // keys or a head's chunks, taken for a recorded case as a floor of the largest value.

@@ -17,12 +17,12 @@ using metrale::warp_sum;
 
 namespace {
 
-constexpr uint32_t kChunkWarps = 4;         // chunks (warps) per split block
-constexpr uint32_t kStepKeys = 4;           // keys a warp loads at once
-constexpr uint32_t kLaneDims = 8;           // dims per lane: dq and dv up to 256
-constexpr uint32_t kCombineThreads = 256;   // combine block
-constexpr uint32_t kMaxChunks = 4096;       // chunks per head the combine's weights hold
-constexpr float kCombineSkip = -1.0f;       // the weight of a chunk without keys (e^x is never negative)
+constexpr uint32_t kChunkWarps = 4;        // chunks (warps) per split block
+constexpr uint32_t kStepKeys = 4;          // keys a warp loads at once
+constexpr uint32_t kLaneDims = 8;          // dims per lane: dq and dv up to 256
+constexpr uint32_t kCombineThreads = 256;  // combine block
+constexpr uint32_t kMaxChunks = 4096;      // chunks per head the combine's weights hold
+constexpr float kCombineSkip = -1.0f;      // the weight of a chunk without keys (e^x is never negative)
 
 // The block's sum or max of one value per thread: each warp's butterfly, then the warps' results
 // in order. Every thread gets the result.
@@ -128,8 +128,8 @@ extern "C" __global__ void __launch_bounds__(128)
 //   o_partial [num_chunks, heads, dv] f32; ml_partial [num_chunks, heads, 2] f32
 //   g [heads, dv] f32 (read only when use_gate); out [heads, dv] f32; num_chunks ≤ 4096
 extern "C" __global__ void __launch_bounds__(kCombineThreads)
-    k3_mla_sdpa_combine_f32(const float* o_partial, const float* ml_partial, const float* g, float* out,
-                            uint32_t heads, uint32_t dv, uint32_t num_chunks, uint32_t use_gate) {
+    k3_mla_sdpa_combine_f32(const float* o_partial, const float* ml_partial, const float* g, float* out, uint32_t heads,
+                            uint32_t dv, uint32_t num_chunks, uint32_t use_gate) {
   constexpr uint32_t kWarps = kCombineThreads / kWarp;
   __shared__ float weight[kMaxChunks];
   __shared__ float red[kWarps];

@@ -6,11 +6,11 @@
 #include <rapidcheck/catch.h>
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <random>
-#include <array>
 #include <set>
 
 #include "metrale/buffer.hpp"
@@ -105,11 +105,12 @@ TEST_CASE("the K3 split path matches the float64 reference", "[k3_fast]") {
         RC_PRE(chunks <= kK3MaxChunks);
         const DeviceBuffer o_partial(*gpu, std::size_t{chunks} * heads * dv * 4);
         const DeviceBuffer ml_partial(*gpu, std::size_t{chunks} * heads * 8);
-        k3_mla_sdpa_split_f32(*gpu, kernels.sdpa_split,
-                              {b.q.ptr(), b.k.ptr(), b.v.ptr(), o_partial.ptr(), ml_partial.ptr(), seq_len, heads, dq,
-                               dv, kpc, chunks});
-        k3_mla_sdpa_combine_f32(*gpu, kernels.sdpa_combine,
-                                {o_partial.ptr(), ml_partial.ptr(), b.g.ptr(), b.out.ptr(), heads, dv, chunks, use_gate});
+        k3_mla_sdpa_split_f32(
+            *gpu, kernels.sdpa_split,
+            {b.q.ptr(), b.k.ptr(), b.v.ptr(), o_partial.ptr(), ml_partial.ptr(), seq_len, heads, dq, dv, kpc, chunks});
+        k3_mla_sdpa_combine_f32(
+            *gpu, kernels.sdpa_combine,
+            {o_partial.ptr(), ml_partial.ptr(), b.g.ptr(), b.out.ptr(), heads, dv, chunks, use_gate});
         gpu->synchronize(0);
       }
       check_against_reference(p, b.out.to_host<float>(), [](bool ok) { RC_ASSERT(ok); });
@@ -125,9 +126,9 @@ TEST_CASE("K3 split-path conformance cases pass on every backend", "[k3_fast]") 
 
 TEST_CASE("the K3 split and combine kernels match their float64 references", "[k3_fast]") {
   SECTION("split: chunks ending mid-step, empty chunks past the keys, the widest rows") {
-    const auto [dq, dv, seq, kpc, chunks] = GENERATE(std::array<std::uint32_t, 5>{192, 128, 733, 13, 64},
-                                                     std::array<std::uint32_t, 5>{256, 256, 100, 32, 8},
-                                                     std::array<std::uint32_t, 5>{7, 3, 0, 4, 4});
+    const auto [dq, dv, seq, kpc, chunks] =
+        GENERATE(std::array<std::uint32_t, 5>{192, 128, 733, 13, 64},
+                 std::array<std::uint32_t, 5>{256, 256, 100, 32, 8}, std::array<std::uint32_t, 5>{7, 3, 0, 4, 4});
     test::check_case(gen::k3_split_case(5, dq, dv, seq, kpc, chunks, seq + 1));
   }
   SECTION("combine: a quarter of the chunks empty, gate on and off") {
@@ -206,7 +207,8 @@ TEST_CASE("NaN or inf in V reaches the output on the K3 split path even where it
   // One head of one dim over 64 keys: the first 32 (the split's first chunk) have logits of -200,
   // whose weights against the others' 0 underflow to zero in FP32; key 0's value is not finite.
   for (const float bad : {kNan, std::numeric_limits<float>::infinity()}) {
-    ref::K3SdpaProblem p{1, 1, 1, 64, false, {1.0f}, std::vector<float>(64, 0.0f), std::vector<float>(64, 1.0f), {0.0f}};
+    ref::K3SdpaProblem p{1,     1, 1, 64, false, {1.0f}, std::vector<float>(64, 0.0f), std::vector<float>(64, 1.0f),
+                         {0.0f}};
     std::fill_n(p.k.begin(), 32, -200.0f);
     p.v[0] = bad;
     for (const auto& name : test::backends()) {
@@ -222,8 +224,8 @@ TEST_CASE("NaN or inf in V reaches the output on the K3 split path even where it
 
 TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed kernel", "[k3_fast][dispatch]") {
   const std::uint32_t seq_len = GENERATE(0x8000'0000u, 0xFFFF'FFFFu);
-  K3SdpaArgs a{DevicePtr{0x1000}, DevicePtr{0x2000}, DevicePtr{0x3000}, {}, DevicePtr{0x4000}, seq_len, 2000, 1, 1,
-               false};
+  K3SdpaArgs a{
+      DevicePtr{0x1000}, DevicePtr{0x2000}, DevicePtr{0x3000}, {}, DevicePtr{0x4000}, seq_len, 2000, 1, 1, false};
   REQUIRE(k3_split_unsupported(a).has_value());
   CHECK_THAT(*k3_split_unsupported(a), Catch::Matchers::Contains(fmt::format("seq_len {}", seq_len)));
   test::require_error([&] { plan_k3_sdpa_split(seq_len, 2000, 1, 132); }, Errc::invalid_argument,
@@ -319,7 +321,8 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { split([](auto& a) { a.dq = 257; }); }, bad, {"dq 257 exceeds 256"});
   require_error([&] { split([](auto& a) { a.dv = 300; }); }, bad, {"dv 300 exceeds 256"});
   require_error([&] { split([](auto& a) { a.heads = 65536; }); }, bad, {"heads 65536 exceeds 65535"});
-  require_error([&] { split([](auto& a) { a.num_chunks = 6; }); }, bad, {"num_chunks 6 is not a positive multiple of 4"});
+  require_error([&] { split([](auto& a) { a.num_chunks = 6; }); }, bad,
+                {"num_chunks 6 is not a positive multiple of 4"});
   require_error([&] { split([](auto& a) { a.num_chunks = 4100; }); }, bad, {"num_chunks 4100"});
   require_error([&] { split([](auto& a) { a.seq_len = 65; }); }, bad,
                 {"num_chunks 4 x keys_per_chunk 16 covers fewer keys than seq_len 65"});
@@ -344,8 +347,11 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { combine([](auto&) {}, kernels.sdpa_split); }, bad,
                 {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_combine_f32"});
   // The seed launcher refuses the split entry, which shares its signature.
-  require_error([&] { k3_mla_sdpa_gate_f32(gpu, kernels.sdpa_split, {p, p, p, p, p, 1, 1, 1, 1, true}); }, bad,
-                {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_gate_f32"});
+  require_error(
+      [&] {
+        k3_mla_sdpa_gate_f32(gpu, kernels.sdpa_split, {p, p, p, p, p, 1, 1, 1, 1, true});
+      },
+      bad, {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_gate_f32"});
   CHECK(gpu.calls(emu::Op::launch) == before);
 
   SECTION("what the rules allow: no keys without k and v, no gate without g") {
