@@ -60,7 +60,7 @@ set_target_properties(metrale_cuda PROPERTIES EXPORT_NAME cuda OUTPUT_NAME metra
 target_include_directories(metrale_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/backends/cuda>
                                                $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                                         PRIVATE ${PROJECT_SOURCE_DIR}/backends/cuda ${CUDAToolkit_INCLUDE_DIRS})
-target_link_libraries(metrale_cuda PUBLIC metrale_core PRIVATE ${CMAKE_DL_LIBS} $<BUILD_INTERFACE:metrale_warnings>)
+target_link_libraries(metrale_cuda PUBLIC metrale_core PRIVATE ${CMAKE_DL_LIBS} spdlog::spdlog $<BUILD_INTERFACE:metrale_warnings>)
 target_compile_definitions(metrale_cuda PUBLIC METRALE_WITH_CUDA=1)
 # The lowest target: kernels built below sm_90 have no griddepcontrol.wait, so the backend
 # launches nothing early (a device could otherwise JIT such a build and run it early).

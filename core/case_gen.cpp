@@ -231,14 +231,17 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   }
   // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
   const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
-  const bool sixteen = which == SplitEntry::split16, wgmma = which == SplitEntry::wgmma;
+  const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16;
+  const bool wgmma = which == SplitEntry::wgmma || wgmma16;
   const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
   const auto num_splits = static_cast<std::uint32_t>((max_keys + keys_per_split - 1) / keys_per_split + 1);  // a spare
-  const std::uint32_t rows = wgmma ? 64 : sixteen ? 16 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
+  const std::uint32_t rows =
+      wgmma16 || sixteen ? 16 : wgmma ? 64 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
   const ref::SplitPartials want = ref::split_partials(r, logit_scale, keys_per_split, num_splits);
 
-  const std::string entry = std::string(wgmma     ? "mla_paged_decode_wgmma_"
+  const std::string entry = std::string(wgmma16   ? "mla_paged_decode_wgmma16_"
+                                        : wgmma   ? "mla_paged_decode_wgmma_"
                                         : sixteen ? "mla_paged_decode_split16_"
                                                   : "mla_paged_decode_split_") +
                             std::string(to_string(spec.format));
@@ -799,6 +802,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8 ? SplitEntry::split16 : SplitEntry::split));
     p.num_q_heads = 70, p.seed = ++s;  // the wgmma entries: two head groups, the second mostly empty
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
+    p.num_q_heads = 13, p.seed = ++s;  // the wgmma16 entries: one head group, three heads short
+    out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16));
   }
   out.push_back(combine_case(3, 5, 576, 7, true, ++s));
   for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path

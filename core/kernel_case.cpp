@@ -46,7 +46,8 @@ struct Adapter {
   LauncherFields fields;
   // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', 'r' for the split
   // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads; the wgmma entries'
-  // 256 threads serve 64), or 'c' for the K3 split's chunks (grid.x × 4, a chunk per warp).
+  // 256 threads serve 64, the wgmma16 entries' 16), or 'c' for the K3 split's chunks (grid.x × 4,
+  // a chunk per warp).
   std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
 };
@@ -131,7 +132,7 @@ SplitDecodeArgs split_common(const CaseArgs& a) {
           false};
 }
 
-// The split entries of module mla_fast, or (`wgmma`) the wgmma entries of module mla_wgmma.
+// The split entries of module mla_fast, or (`wgmma`) the wgmma or wgmma16 entries of module mla_wgmma.
 Adapter split_fp8_adapter(const char* entry, bool wgmma = false) {
   return {wgmma ? "mla_wgmma" : "mla_fast",
           entry,
@@ -319,6 +320,8 @@ const std::vector<Adapter>& adapters() {
       split_nvfp4_adapter("mla_paged_decode_split16_nvfp4"),
       split_fp8_adapter("mla_paged_decode_wgmma_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma_nvfp4", true),
+      split_fp8_adapter("mla_paged_decode_wgmma16_fp8", true),
+      split_nvfp4_adapter("mla_paged_decode_wgmma16_nvfp4", true),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -405,6 +408,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_split16_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma_fp8", split_fp8},
       {"mla_paged_decode_wgmma_nvfp4", split_nvfp4},
+      {"mla_paged_decode_wgmma16_fp8", split_fp8},
+      {"mla_paged_decode_wgmma16_nvfp4", split_nvfp4},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);
@@ -563,7 +568,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     const bool from_block = g != a.from_grid.end() && g->second == 'r';
     if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    const std::uint32_t rows = a.module == kMlaWgmmaModule ? 64 : c.block.x / 8;
+    const std::uint32_t rows =
+        a.module != kMlaWgmmaModule ? c.block.x / 8 : a.entry.starts_with("mla_paged_decode_wgmma16") ? 16 : 64;
     if (g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
       fail(Errc::invalid_argument, "case {}: grid.x {} gives {} past 2^32 - 1 (four per block)", c.name, c.grid.x,
            field);

@@ -14,7 +14,7 @@ using detail::Validator;
 namespace {
 
 constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
-constexpr std::uint32_t kWgmmaRows = 64, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's block
+constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -62,22 +62,27 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
           a.num_splits, a.keys_per_split, capacity);
 }
 
-// The wgmma entries' extra rules: their block shape and DeepSeek's rows.
-void validate_wgmma(const Validator& v, const SplitDecodeArgs& a) {
+// The wgmma entries' extra rules: their block shapes, DeepSeek's rows, and the entry of the block
+// (`entry64` for 64 heads, `entry16` for 16).
+void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a,
+                    const char* entry64, const char* entry16) {
   v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
-  v.check(a.rows_per_block == kWgmmaRows, "rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block);
+  v.check(a.rows_per_block == kWgmmaRows || a.rows_per_block == kWgmma16Rows,
+          "rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block);
   v.check(a.keys_per_split % kWgmmaTileKeys == 0, "keys_per_split {} is not a multiple of 64 (the wgmma tile)",
           a.keys_per_split);
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
           "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
+  validate_entry(v, gpu, kernel, {a.rows_per_block == kWgmmaRows ? entry64 : entry16});
 }
 
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma) launch.
 KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
-      .block({wgmma ? 256 : 8 * a.rows_per_block, 1, 1})
-      .shared_bytes(wgmma ? wgmma_shared_bytes(format) : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
+      .block({wgmma ? wgmma_threads(a.rows_per_block) : 8 * a.rows_per_block, 1, 1})
+      .shared_bytes(wgmma ? wgmma_shared_bytes(format, a.rows_per_block)
+                          : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
       .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
@@ -130,27 +135,44 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    k("mla_paged_decode_split16_fp8"),
                    k("mla_paged_decode_split16_nvfp4"),
                    {},
+                   {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
     r.wgmma_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_nvfp4");
+    r.wgmma16_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_fp8");
+    r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
   }
   return r;
 }
 
-std::uint32_t wgmma_shared_bytes(KvFormat format) {
+std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block) {
+  if (rows_per_block == kWgmma16Rows)
+    return 1024                                                  // alignment of the swizzled tiles
+           + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)
+           + kWgmma16Rows * kWgmmaTileKeys * 2                    // P (FP16)
+           + kWgmma16Rows * 4                                     // the Q rows' unscale factors
+           + 4 * kWgmma16Rows * 4;                                // the consumer's per-warp maxima and sums
   const std::uint32_t half_pitch =
       format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
-  return 1024                                             // alignment of the swizzled tiles
-         + (kWgmmaRows + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
-         + 2 * kWgmmaTileKeys * half_pitch                // the raw K and V half-tiles
-         + 2 * 4 * kWgmmaTileKeys * 8                     // row pointers, two tiles
-         + kWgmmaRows * 4;                                // the Q rows' unscale factors
+  return 1024                                                // alignment of the swizzled tiles
+         + (rows_per_block + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
+         + 2 * kWgmmaTileKeys * half_pitch                    // the raw K and V half-tiles
+         + 2 * 4 * kWgmmaTileKeys * 8                         // row pointers, two tiles
+         + rows_per_block * 4;                                // the Q rows' unscale factors
+}
+
+std::uint32_t wgmma_threads(std::uint32_t rows_per_block) { return rows_per_block == kWgmma16Rows ? 384 : 256; }
+
+std::uint32_t wgmma_rows(const PagedDecodeCommon& a) {
+  if (a.q_head_dim != kWgmmaDim || a.kv_cache_dim != kWgmmaDim) return 0;
+  return a.num_q_heads > 2 * kGroupRows ? kWgmmaRows : a.num_q_heads <= kWgmma16Rows ? kWgmma16Rows : 0;
 }
 
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes) {
-  return a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim && a.num_q_heads > 2 * kGroupRows &&
-         wgmma_shared_bytes(format) <= max_shared_bytes;
+  const std::uint32_t rows = wgmma_rows(a);
+  return rows != 0 && wgmma_shared_bytes(format, rows) <= max_shared_bytes;
 }
 
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
@@ -211,10 +233,10 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
       p.rows_per_block > kGroupRows && staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
   std::uint32_t tile_keys = kTileKeys, blocks_per_sm = per_sm(p.shared_bytes);
-  if (p.wgmma) {  // 64 heads on two warpgroups, 64-key tiles, one block per SM; always staged
-    p.rows_per_block = kWgmmaRows, p.threads = 256, p.staged = true;
-    p.head_groups = (a.num_q_heads + kWgmmaRows - 1) / kWgmmaRows;
-    p.shared_bytes = wgmma_shared_bytes(format);
+  if (p.wgmma) {  // 64 heads on two warpgroups (16 on three), 64-key tiles, one block per SM
+    p.rows_per_block = wgmma_rows(a), p.threads = wgmma_threads(p.rows_per_block), p.staged = true;
+    p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
+    p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block);
     tile_keys = kWgmmaTileKeys, blocks_per_sm = 1;
   }
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
@@ -263,8 +285,18 @@ std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
 
 namespace {
 
+// The name a split launcher's errors start with: the split entry's, or the wgmma entry's that
+// `kernel` is (the 64-head one's when it is neither).
+const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, bool wgmma, const char* split,
+                                const char* wgmma64, const char* wgmma16) {
+  if (!wgmma) return split;
+  const std::string name = gpu.kernel_name(kernel);
+  return name.ends_with(std::string(".") + wgmma16) ? wgmma16 : wgmma64;
+}
+
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const Validator v{wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8"};
+  const Validator v{split_launcher_name(gpu, kernel, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
+                                        "mla_paged_decode_wgmma16_fp8")};
   validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
@@ -277,8 +309,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   detail::validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   if (wgmma) {
-    validate_wgmma(v, a);
-    validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_fp8"});
+    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
   }
@@ -294,7 +325,8 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const Validator v{wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4"};
+  const Validator v{split_launcher_name(gpu, kernel, wgmma, "mla_paged_decode_split_nvfp4",
+                                        "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4")};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
@@ -310,8 +342,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) {
-    validate_wgmma(v, a);
-    validate_entry(v, gpu, kernel, {"mla_paged_decode_wgmma_nvfp4"});
+    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }
@@ -400,7 +431,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
   if (p.wgmma) {
-    mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, s, stream);
+    mla_paged_decode_wgmma_fp8(gpu, p.rows_per_block == kWgmmaRows ? fast.wgmma_fp8 : fast.wgmma16_fp8, s, stream);
   } else {
     mla_paged_decode_split_fp8(gpu, p.rows_per_block == kGroupRows ? fast.split16_fp8 : fast.split_fp8, s, stream);
   }
@@ -422,7 +453,8 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
   if (p.wgmma) {
-    mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma_nvfp4, s, stream);
+    mla_paged_decode_wgmma_nvfp4(gpu, p.rows_per_block == kWgmmaRows ? fast.wgmma_nvfp4 : fast.wgmma16_nvfp4, s,
+                                 stream);
   } else {
     mla_paged_decode_split_nvfp4(gpu, p.rows_per_block == kGroupRows ? fast.split16_nvfp4 : fast.split_nvfp4, s,
                                  stream);

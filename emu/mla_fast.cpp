@@ -31,8 +31,12 @@ struct SplitShape {
 };
 // The mla_fast entries: 16·R heads for 128·R threads, 32-key tiles.
 SplitShape mma_shape(const Block& blk) { return {blk.blockDim.x / (4 * kWarp) * kGroupRows, kTileKeys}; }
-// The mla_wgmma entries (kernels/mla_wgmma.cu): 64 heads, 64-key tiles.
-constexpr SplitShape kWgmmaShape{64, 64};
+// Which kernels a port plays: mla_fast's split entries (the block's threads give its heads), or
+// mla_wgmma's 64-head or 16-head entries (kernels/mla_wgmma.cu), both on 64-key tiles.
+enum class SplitKind { mma, wgmma, wgmma16 };
+SplitShape shape_of(SplitKind kind, const Block& blk) {
+  return kind == SplitKind::mma ? mma_shape(blk) : SplitShape{kind == SplitKind::wgmma ? 64u : 16u, 64};
+}
 
 // The kernel's q_scale_of: the power of two 2^e that brings a Q row's largest BF16 magnitude
 // (bits `big`, NaN above inf) into [2^14, 2^15) for FP16, e in [-114, 126].
@@ -126,9 +130,11 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
 //   ml_partial   [num_seqs, num_q_heads, num_splits, 2] (running max, sum)  f32
 //   block_tables [num_seqs, max_blocks_per_seq] int32; seq_lens [num_seqs] int32
 //   comp_pool    [num_seqs, comp_block_count, 2, cache_stride] e4m3 or null
-// kWgmma: mla_paged_decode_wgmma_fp8 (module mla_wgmma), the same math on 64-head blocks of
-// 64-key tiles (block 256; its two warpgroups' split of the work changes only FP32 order).
-template <bool kWgmma>
+// kKind wgmma: mla_paged_decode_wgmma_fp8 (module mla_wgmma), the same math on 64-head blocks
+// of 64-key tiles (block 256; its two warpgroups' split of the work changes only FP32 order);
+// wgmma16: mla_paged_decode_wgmma16_fp8, on 16-head blocks of 64-key tiles (block 384; its
+// transposed products and per-thread partial sums, again only FP32 order).
+template <SplitKind kKind>
 void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                 Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
                                 Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
@@ -159,13 +165,13 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
     }
   };
   split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               kWgmma ? kWgmmaShape : mma_shape(blk), dequant);
+               shape_of(kKind, blk), dequant);
 }
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
-// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kWgmma as for FP8.
-template <bool kWgmma>
+// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kKind as for FP8.
+template <SplitKind kKind>
 void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                   Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
                                   Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
@@ -191,7 +197,7 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
     }
   };
   split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               kWgmma ? kWgmmaShape : mma_shape(blk), dequant);
+               shape_of(kKind, blk), dequant);
 }
 
 // ---------------------------------------------------------------------------
@@ -294,20 +300,24 @@ void register_mla_fast(Registry& r) {
       "num_q_heads", "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes",
       "data_section_bytes", "keys_per_split"};
   // clang-format on
-  r.add<&mla_paged_decode_split_fp8<false>>(m, "mla_paged_decode_split_fp8", fp8, split_block());
-  r.add<&mla_paged_decode_split_fp8<false>>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
-  r.add<&mla_paged_decode_split_nvfp4<false>>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
-  r.add<&mla_paged_decode_split_nvfp4<false>>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
+  constexpr SplitKind mma = SplitKind::mma, wgmma = SplitKind::wgmma, wgmma16 = SplitKind::wgmma16;
+  r.add<&mla_paged_decode_split_fp8<mma>>(m, "mla_paged_decode_split_fp8", fp8, split_block());
+  r.add<&mla_paged_decode_split_fp8<mma>>(m, "mla_paged_decode_split16_fp8", fp8, block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<mma>>(m, "mla_paged_decode_split_nvfp4", nvfp4, split_block());
+  r.add<&mla_paged_decode_split_nvfp4<mma>>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
   const char* w = "mla_wgmma";
-  r.add<&mla_paged_decode_split_fp8<true>>(w, "mla_paged_decode_wgmma_fp8", fp8, block_is({256, 1, 1}));
-  r.add<&mla_paged_decode_split_nvfp4<true>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_split_fp8<wgmma>>(w, "mla_paged_decode_wgmma_fp8", fp8, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<wgmma>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.
   for (const char* e : {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8", "mla_paged_decode_split_nvfp4",
                         "mla_paged_decode_split16_nvfp4"})
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
-  for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4"})
+  for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_fp8",
+                        "mla_paged_decode_wgmma16_nvfp4"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",

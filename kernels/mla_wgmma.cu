@@ -127,8 +127,64 @@ __device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], u
   wgmma_commit();
 }
 
-// The split decode of one block: see the module comment. `Rows` as for mla_fast's split_decode,
-// with one half of a tile staged at a time (half_pitch, half_units_of, stage_half, staged_half).
+// The cache side of a wgmma block (256 threads, 64-key tiles): the tile's row lookup, the
+// cp.async staging of its raw half-tiles and their dequantisation into the swizzled FP16 tile
+// `skv`. `Rows` as for mla_fast's split_decode, with one half of a tile staged at a time
+// (half_pitch, half_units_of, stage_half, staged_half).
+template <class Rows>
+struct TileFeed {
+  const Rows& layout;
+  uint8_t* skv;  // the FP16 tile, 64-column slabs of kTileKeys rows
+  uint8_t* raw;  // [K | V], kTileKeys · half_pitch each
+  uint32_t end;  // the chunk's end
+
+  // Warps 0-1 look up the rows of the tile's keys (thread = key).
+  __device__ void locate(uint32_t tile, const uint8_t** rows) const {
+    const uint32_t tid = threadIdx.x;
+    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
+  }
+  // Start copying half h of the tile's raw bytes into its slot of `raw`, as one commit group (empty
+  // past the end, so that every tile commits two): four threads per key, thread j taking the key's
+  // units j, j + 4, ... (a warp reads eight rows, 64 contiguous bytes of each at a time), the
+  // row's address looked up once.
+  __device__ void stage(uint32_t tile, const uint8_t* const* rows, uint32_t h) const {
+    constexpr uint32_t kUnits = Rows::half_units_of(kDim);
+    const uint32_t tid = threadIdx.x, key = tid / 4;
+    if (tile + key < end) {
+      const uint8_t* const* row = rows + 4 * key;
+#pragma unroll
+      for (uint32_t u = tid % 4; u < kUnits; u += 4)
+        layout.stage_half(row, raw + (h * kTileKeys + key) * layout.half_pitch(), u, h);
+    }
+    cp_async_commit();
+  }
+  // The staged half as FP16 in skv (zeros for a key past the end — the conversion of raw zeros —
+  // not garbage: 0·NaN would poison P·V). Thread t takes key t % 64 and its 16-value units
+  // t / 64, + 4, ...: a warp's stores fall on 32 keys, which the swizzle spreads over the banks.
+  __device__ void dequant(uint32_t tile, uint32_t h) const {
+    const uint32_t tid = threadIdx.x, key = tid % kTileKeys, parts = kDim / 16;
+    const bool live = tile + key < end;
+    const uint8_t* src = raw + (h * kTileKeys + key) * layout.half_pitch();
+    for (uint32_t p0 = tid / kTileKeys; p0 < parts; p0 += 4 * kDequantBatch) {
+      typename Rows::Raw r[kDequantBatch];
+#pragma unroll
+      for (uint32_t b = 0; b < kDequantBatch; ++b)
+        if (p0 + 4 * b < parts) r[b] = live ? layout.staged_half(src, p0 + 4 * b) : typename Rows::Raw{};
+#pragma unroll
+      for (uint32_t b = 0; b < kDequantBatch; ++b) {
+        const uint32_t part = p0 + 4 * b;
+        if (part >= parts) break;
+        uint32_t w[8];
+        layout.convert(r[b], w);
+        st_shared_v4(skv + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
+        st_shared_v4(skv + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
+      }
+    }
+    fence_to_async_proxy();
+  }
+};
+
+// The split decode of one 64-head block: see the module comment.
 template <class Rows>
 __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                              float logit_scale, uint32_t keys_per_split, const Rows& layout) {
@@ -150,61 +206,18 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
   const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
   const uint32_t atom_begin = wg == 0 ? 0 : kAtoms0, atom_count = wg == 0 ? kAtoms0 : kAtoms1;
-
-  // Warps 0-1 look up the rows of the tile's keys (thread = key).
-  auto locate_tile = [=](uint32_t tile, const uint8_t** rows) {
-    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
-  };
-  // Start copying half h of the tile's raw bytes into its slot of `raw`, as one commit group (empty
-  // past the end, so that every tile commits two): four threads per key, thread j taking the key's
-  // units j, j + 4, ... (a warp reads eight rows, 64 contiguous bytes of each at a time), the
-  // row's address looked up once.
-  auto stage = [=](uint32_t tile, const uint8_t* const* rows, uint32_t h) {
-    constexpr uint32_t kUnits = Rows::half_units_of(kDim);
-    const uint32_t key = tid / 4;
-    if (tile + key < end) {
-      const uint8_t* const* row = rows + 4 * key;
-#pragma unroll
-      for (uint32_t u = tid % 4; u < kUnits; u += 4)
-        layout.stage_half(row, raw + (h * kTileKeys + key) * layout.half_pitch(), u, h);
-    }
-    cp_async_commit();
-  };
-  // The staged half as FP16 in skv (zeros for a key past the end — the conversion of raw zeros —
-  // not garbage: 0·NaN would poison P·V). Thread t takes key t % 64 and its 16-value units
-  // t / 64, + 4, ...: a warp's stores fall on 32 keys, which the swizzle spreads over the banks.
-  auto dequant = [=](uint32_t tile, uint32_t h) {
-    const uint32_t key = tid % kTileKeys, parts = dim / 16;
-    const bool live = tile + key < end;
-    const uint8_t* src = raw + (h * kTileKeys + key) * layout.half_pitch();
-    for (uint32_t p0 = tid / kTileKeys; p0 < parts; p0 += 4 * kDequantBatch) {
-      typename Rows::Raw r[kDequantBatch];
-#pragma unroll
-      for (uint32_t b = 0; b < kDequantBatch; ++b)
-        if (p0 + 4 * b < parts) r[b] = live ? layout.staged_half(src, p0 + 4 * b) : typename Rows::Raw{};
-#pragma unroll
-      for (uint32_t b = 0; b < kDequantBatch; ++b) {
-        const uint32_t part = p0 + 4 * b;
-        if (part >= parts) break;
-        uint32_t w[8];
-        layout.convert(r[b], w);
-        st_shared_v4(skv + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
-        st_shared_v4(skv + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
-      }
-    }
-    fence_to_async_proxy();
-  };
+  const TileFeed<Rows> feed{layout, skv, raw, end};
 
   // Q rows of this head group as FP16 (rows past num_q_heads are zero), in swizzled slabs.
   load_q_rows<kQUnits>(q, s, head0, kRows, num_q_heads, q_head_dim, q_unscale,
                        [&](uint32_t row, uint32_t part) { return sq + swizzled(row, part); });
   fence_to_async_proxy();
   // Prologue: the rows of tiles 0 and 1; tile 0's K and V in flight, its K landed.
-  locate_tile(begin, row_sets);
+  feed.locate(begin, row_sets);
   __syncthreads();
-  stage(begin, row_sets, 0);
-  stage(begin, row_sets, 1);
-  locate_tile(begin + kTileKeys, row_sets + 4 * kTileKeys);
+  feed.stage(begin, row_sets, 0);
+  feed.stage(begin, row_sets, 1);
+  feed.locate(begin + kTileKeys, row_sets + 4 * kTileKeys);
   cp_async_wait_all_but_newest();
   __syncthreads();
 
@@ -218,7 +231,7 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
     const uint8_t** const cur = row_sets + (i % 2) * 4 * kTileKeys;
     const uint8_t** const next = row_sets + ((i + 1) % 2) * 4 * kTileKeys;
-    dequant(tile, 0);  // K
+    feed.dequant(tile, 0);  // K
     __syncthreads();
     // Q·Kᵀ over this warpgroup's k-steps, issued; the next tile's K starts streaming into the slot
     // just dequantised while the tensor cores work; then, once every Q·Kᵀ is done, S = S₀ + S₁
@@ -229,7 +242,7 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     } else {
       qk_tile<kQkSteps1>(sacc, q_desc + (kQkSteps0 / 4 * kSlabBytes >> 4), k_desc + (kQkSteps0 / 4 * kSlabBytes >> 4));
     }
-    stage(tile + kTileKeys, next, 0);
+    feed.stage(tile + kTileKeys, next, 0);
     wgmma_wait_all();
     __syncthreads();  // the K tile's bytes become the exchange
 #pragma unroll
@@ -274,7 +287,7 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
     cp_async_wait_all_but_newest();  // V's bytes (the next tile's K may still be in flight)
     __syncthreads();                 // and the exchange read everywhere
-    dequant(tile, 1);                // V
+    feed.dequant(tile, 1);                // V
     __syncthreads();
     // P·V over this warpgroup's atoms, issued; the next tile's V starts streaming into the slot
     // just dequantised and the rows two tiles on are looked up while the tensor cores work.
@@ -283,8 +296,8 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     } else {
       pv_tile<kAtoms1>(o, pa, v_desc + (kAtoms0 * kSlabBytes >> 4));
     }
-    stage(tile + kTileKeys, next, 1);
-    locate_tile(tile + 2 * kTileKeys, cur);
+    feed.stage(tile + kTileKeys, next, 1);
+    feed.locate(tile + 2 * kTileKeys, cur);
     wgmma_wait_all();
     cp_async_wait_all_but_newest();  // the next tile's K (its V may still be in flight)
     __syncthreads();
@@ -309,6 +322,249 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     if (wg == 0 && lane % 4 == 0) {
       ml_partial[2 * slot] = m[hi];
       ml_partial[2 * slot + 1] = l[hi];
+    }
+  }
+}
+
+// D (+)= A·B, m64n16k16, FP16 in, FP32 accumulate, A and B in shared memory (descriptors), B
+// K-major; A K-major, or MN-major with kTransA (the 16-head blocks' Vᵀ).
+template <int kTransA>
+__device__ void wgmma_ss_m64n16k16(float (&d)[8], uint64_t a, uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+}
+
+// Named barriers of the 16-head blocks (0 is __syncthreads): the producers arrive at a
+// buffer's `full` barrier and the consumer waits there; the consumer arrives at `empty` and the
+// producers wait. kSoftmaxBar is the consumer warpgroup's own.
+enum : uint32_t { kKFull = 1, kKEmpty = 2, kVFull = 3, kVEmpty = 4, kSoftmaxBar = 5 };
+template <uint32_t kId, uint32_t kThreads>
+__device__ void bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <uint32_t kId, uint32_t kThreads>
+__device__ void bar_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// The 16-head blocks: heads are the N of every wgmma, keys and output dims its M.
+constexpr uint32_t kRows16 = 16;
+constexpr uint32_t kSlab16Bytes = kRows16 * 128;  // 16 rows of a 64-column slab (Q, P)
+constexpr uint32_t kThreads16 = 384;              // warpgroup 0 the consumer, 1-2 the producers
+constexpr uint32_t kProducers = 256;
+constexpr uint32_t kAtoms16 = kDim / 64;          // the output's 64-dim atoms, all the consumer's
+constexpr uint32_t kUnitsPerProducer = kDim / 16 * kTileKeys / kProducers;  // 16-value units of a half-tile
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 16-row FP16 matrix of 64-column slabs
+// with the 128-byte swizzle (Q; P, one slab of 64 keys).
+__device__ uint32_t swizzled16(uint32_t row, uint32_t chunk) {
+  return (chunk / 8) * kSlab16Bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// Issue Sᵀ = K·Qᵀ over the whole contraction (36 k-steps of 16 dims; A: the K tile's slabs from
+// descriptor `k`, B: Q's from `q`), one commit group.
+__device__ void kq_tile(float (&sacc)[8], uint64_t k, uint64_t q) {
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t s = 0; s < kDim / 16; ++s) {
+    const uint32_t within = (s % 4) * 32;
+    wgmma_ss_m64n16k16<0>(sacc, k + (((s / 4) * kSlabBytes + within) >> 4), q + (((s / 4) * kSlab16Bytes + within) >> 4),
+                          s != 0);
+  }
+  wgmma_commit();
+}
+
+// Issue Oᵀ += Vᵀ·Pᵀ for one tile: the nine 64-dim atoms of V (MN-major, descriptor `v`), four
+// k-steps of 16 keys, P K-major from descriptor `p`; one commit group.
+__device__ void vp_tile(float (&o)[kAtoms16][8], uint64_t v, uint64_t p) {
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a)
+      wgmma_ss_m64n16k16<1>(o[a], v + ((a * kSlabBytes + kk * 16 * 128) >> 4), p + ((kk * 32) >> 4), 1);
+  }
+  wgmma_commit();
+}
+
+// A producer's share of a half-tile: key `key` of the tile, its units part, part + 4, ... (four
+// producers per key: a warp reads eight rows, 64 contiguous bytes of each at a time), loaded
+// straight from the cache into registers (zeros past the chunk's end).
+template <class Rows>
+struct HalfTile {
+  typename Rows::Raw raw[kUnitsPerProducer];
+  __device__ void load(const Rows& layout, const uint8_t* const* rows, bool live, uint32_t first, uint32_t h) {
+#pragma unroll
+    for (uint32_t i = 0; i < kUnitsPerProducer; ++i)
+      raw[i] = live ? layout.load(rows, first + 4 * i, h) : typename Rows::Raw{};
+  }
+  // As FP16 into the swizzled tile at `dst` (exact), then visible to the tensor cores.
+  __device__ void store(const Rows& layout, uint8_t* dst, uint32_t key, uint32_t first) const {
+#pragma unroll
+    for (uint32_t i = 0; i < kUnitsPerProducer; ++i) {
+      const uint32_t part = first + 4 * i;
+      uint32_t w[8];
+      layout.convert(raw[i], w);
+      st_shared_v4(dst + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
+      st_shared_v4(dst + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
+    }
+    fence_to_async_proxy();
+  }
+};
+
+// The split decode of one 16-head block (the memory-bound rows: a 64-row wgmma of heads would be
+// three quarters zeros), warp-specialised and transposed. Warpgroups 1-2 are producers: each
+// thread loads its units of a tile's K and V straight from the cache into registers, one
+// half-tile ahead, and dequantises them (exactly, to FP16) into the K or the V buffer once the
+// consumer has freed it. Warpgroup 0 is the consumer: Sᵀ = K·Qᵀ puts the tile's 64 keys in M
+// and the 16 heads in N, the online softmax, P (FP16) to a 16 × 64 slab, and Oᵀ = Vᵀ·Pᵀ with the
+// output dims in M — so the next tile's K is dequantised under this tile's P·V, and this tile's
+// V under its Q·Kᵀ and softmax. In the accumulator layout a thread holds keys (or dims of an
+// atom) r0 and r0 + 8 of its warp's 16, and heads 8·(e/4) + 2·(lane%4) + e%2: the max over a
+// tile's keys takes three lane shuffles and an exchange between the four warps; each thread
+// keeps partial sums of its heads (the same rescaling everywhere), added up at the end.
+template <class Rows>
+__device__ void wgmma16_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
+                               float logit_scale, uint32_t keys_per_split, const Rows& layout) {
+  constexpr uint32_t dim = kDim, q_head_dim = kDim;
+  const KeySet& keys = layout.keys;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The carve-up (wgmma_shared_bytes): Q, the K and the V tile, and P in swizzled slabs; the Q
+  // rows' unscale factors and the consumer's per-warp maxima (then sums).
+  uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint8_t* const sk = sq + kRows16 * dim * 2;
+  uint8_t* const sv = sk + kTileKeys * dim * 2;
+  uint8_t* const sp = sv + kTileKeys * dim * 2;  // [16 heads][64 keys] FP16
+  float* const q_unscale = reinterpret_cast<float*>(sp + kSlab16Bytes);
+  float* const red = q_unscale + kRows16;  // [warp][16 heads]
+
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows16, s = blockIdx.z, num_splits = gridDim.x;
+  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
+  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+
+  load_q_rows<kQUnits>(q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
+                       [&](uint32_t row, uint32_t part) { return sq + swizzled16(row, part); });
+  fence_to_async_proxy();
+  __syncthreads();
+
+  if (warp >= 4) {  // ---- producers
+    const uint32_t p = tid - 128, key = p / 4, first = p % 4;
+    const uint8_t* rows[4];
+    auto locate = [&](uint32_t tile) {
+      const bool live = tile + key < end;
+      if (live) layout.locate(tile + key, layout.entry(tile + key), rows);
+      return live;
+    };
+    HalfTile<Rows> kt, vt;
+    bool live = locate(begin);
+    kt.load(layout, rows, live, first, 0);
+    vt.load(layout, rows, live, first, 1);
+    for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
+      const bool more = tile + kTileKeys < end;
+      live = more && locate(tile + kTileKeys);
+      if (tile != begin) bar_sync<kKEmpty, kThreads16>();  // the consumer's Q·Kᵀ of the last tile is done
+      kt.store(layout, sk, key, first);
+      bar_arrive<kKFull, kThreads16>();
+      if (more) kt.load(layout, rows, live, first, 0);
+      if (tile != begin) bar_sync<kVEmpty, kThreads16>();  // and its P·V
+      vt.store(layout, sv, key, first);
+      bar_arrive<kVFull, kThreads16>();
+      if (more) vt.load(layout, rows, live, first, 1);
+    }
+    return;
+  }
+
+  // ---- the consumer (warpgroup 0)
+  const uint32_t r0 = 16 * warp + lane / 4;  // the thread's keys (and dims of an atom) r0, r0 + 8
+  // The thread's heads: j = 2·(e/4) + e%2 is head 8·(j/2) + 2·(lane%4) + j%2.
+  auto head_of = [&](uint32_t j) { return 8 * (j / 2) + 2 * (lane % 4) + j % 2; };
+  float q_down[4];
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) q_down[j] = q_unscale[head_of(j)] * logit_scale;
+  const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), k_desc = smem_desc(smem_addr(sk), 16, 1024);
+  const uint64_t v_desc = smem_desc(smem_addr(sv), kSlabBytes, 1024), p_desc = smem_desc(smem_addr(sp), 16, 1024);
+  float o[kAtoms16][8] = {};
+  float m[4], l[4];  // l: this thread's keys' share of the sum
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) m[j] = -INFINITY, l[j] = 0.0f;
+  for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
+    const bool more = tile + kTileKeys < end;
+    bar_sync<kKFull, kThreads16>();
+    float sacc[8];
+    kq_tile(sacc, k_desc, q_desc);
+    wgmma_wait_all();
+    if (more) bar_arrive<kKEmpty, kThreads16>();
+    // Online softmax over the tile: element e is key r0 + 8·(e%4 ≥ 2) of head j = 2·(e/4) + e%2.
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e) {
+      const uint32_t key = r0 + 8 * ((e % 4) / 2), j = 2 * (e / 4) + e % 2;
+      sacc[e] = tile + key < end ? sacc[e] * q_down[j] : -INFINITY;
+      mx[j] = fmaxf(mx[j], sacc[e]);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) {
+      for (uint32_t off = 4; off < kWarp; off *= 2) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xFFFFFFFFu, mx[j], off));
+      if (lane < 4) red[warp * kRows16 + head_of(j)] = mx[j];
+    }
+    bar_sync<kSoftmaxBar, 128>();
+    float alpha[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) {
+      const uint32_t h = head_of(j);
+      const float t = fmaxf(fmaxf(red[h], red[kRows16 + h]), fmaxf(red[2 * kRows16 + h], red[3 * kRows16 + h]));
+      const float m_new = fmaxf(m[j], t);
+      alpha[j] = expf(m[j] - m_new);
+      m[j] = m_new;
+    }
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e) {
+      const uint32_t key = r0 + 8 * ((e % 4) / 2), j = 2 * (e / 4) + e % 2;
+      const float pe = expf(sacc[e] - m[j]);
+      sum[j] += pe;
+      *reinterpret_cast<__half*>(sp + swizzled16(head_of(j), key / 8) + (key % 8) * 2) = __float2half_rn(pe);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) l[j] = l[j] * alpha[j] + sum[j];
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f || alpha[2] != 1.0f || alpha[3] != 1.0f) {
+#pragma unroll
+      for (uint32_t a = 0; a < kAtoms16; ++a)
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) o[a][e] *= alpha[2 * (e / 4) + e % 2];
+    }
+    fence_to_async_proxy();          // P, for the tensor cores
+    bar_sync<kSoftmaxBar, 128>();    // P written and the maxima read by every consumer warp
+    bar_sync<kVFull, kThreads16>();  // V dequantised
+    vp_tile(o, v_desc, p_desc);
+    wgmma_wait_all();
+    if (more) bar_arrive<kVEmpty, kThreads16>();
+  }
+  // The sums over the block's keys: lanes of one lane%4, then the four warps in order.
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) {
+    for (uint32_t off = 4; off < kWarp; off *= 2) l[j] += __shfl_xor_sync(0xFFFFFFFFu, l[j], off);
+    if (lane < 4) red[warp * kRows16 + head_of(j)] = l[j];
+  }
+  bar_sync<kSoftmaxBar, 128>();
+  // The block's partial: unnormalised O with its running max and sum, per head.
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) {
+    const uint32_t hl = head_of(j), h = head0 + hl;
+    if (h >= num_q_heads) continue;
+    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a)
+#pragma unroll
+      for (uint32_t hi = 0; hi < 2; ++hi) o_partial[slot * dim + a * 64 + r0 + 8 * hi] = o[a][4 * (j / 2) + 2 * hi + j % 2];
+    if (warp == 0 && lane < 4) {
+      ml_partial[2 * slot] = m[j];
+      ml_partial[2 * slot + 1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
     }
   }
 }
@@ -344,4 +600,33 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
   wgmma_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma16_fp8: the same on 16-head blocks (warp-specialised, transposed).
+// Grid: [num_splits, ⌈num_q_heads/16⌉, num_seqs]. Block: 384. keys_per_split a multiple of 64.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    mla_paged_decode_wgmma16_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                 float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                 const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                 uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                 uint64_t cache_stride, uint32_t sliding_window, const uint8_t* comp_pool,
+                                 uint32_t comp_block_count, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma16_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma16_nvfp4: the same over an NVFP4 cache.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    mla_paged_decode_wgmma16_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                   float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                   const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                   uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                   uint64_t block_stride_bytes, uint64_t data_section_bytes,
+                                   uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  wgmma16_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
 }

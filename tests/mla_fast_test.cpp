@@ -74,7 +74,19 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), gen::SplitEntry::wgmma));
 }
 
-TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads", "[mla_fast][plan][wgmma]") {
+// The wgmma16 entries (transposed products: keys and output dims in M, heads in N): one 16-head
+// group, full or short, and a chunk that ends inside a tile.
+TEST_CASE("the wgmma16 entries' partials match the float64 reference", "[mla_fast][wgmma]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(16u, 5u), p.block_size = 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
+  if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), gen::SplitEntry::wgmma16));
+}
+
+TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads and up to 16",
+          "[mla_fast][plan][wgmma]") {
   PagedDecodeCommon a;
   a.num_seqs = 32, a.max_blocks_per_seq = 64, a.block_size = 64, a.q_head_dim = a.kv_cache_dim = 576;
   const KvFormat format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
@@ -89,12 +101,27 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads",
   CHECK(std::uint64_t{p.num_splits} * p.keys_per_split >= 64 * 64);
   CHECK(p.shared_bytes == wgmma_shared_bytes(format));
   CHECK(wgmma_shared_bytes(format) == (format == KvFormat::fp8 ? 228608u : 195840u));
-  // Not without the entries, not at 32 heads or fewer, not for other rows, not in 99 KiB.
+  // Not without the entries, not at 17 to 32 heads, not for other rows, not in 99 KiB.
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, false).wgmma);
   a.num_q_heads = 32;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
+  a.num_q_heads = 17;
+  CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
   a.num_q_heads = 33;
   CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
+  // 16 heads or fewer: the wgmma16 entries, one 16-head group.
+  for (std::uint32_t heads : {16u, 1u}) {
+    a.num_q_heads = heads;
+    const SplitPlan p16 = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+    CHECK(p16.wgmma);
+    CHECK(p16.rows_per_block == 16);
+    CHECK(p16.threads == 384);
+    CHECK(p16.head_groups == 1);
+    CHECK(p16.keys_per_split % 64 == 0);
+    CHECK(p16.shared_bytes == wgmma_shared_bytes(format, 16));
+  }
+  CHECK(wgmma_shared_bytes(format, 16) == 169280u);
+  a.num_q_heads = 33;
   a.kv_cache_dim = 512, a.q_head_dim = 512;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
   a.kv_cache_dim = 576, a.q_head_dim = 576;
@@ -114,7 +141,7 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
   SECTION("rows_per_block") {
     a.rows_per_block = 32;
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
-                        {"mla_paged_decode_wgmma_fp8", "rows_per_block 32 is not 64"});
+                        {"mla_paged_decode_wgmma_fp8", "rows_per_block 32 is not 64 or 16"});
   }
   SECTION("keys_per_split") {
     a.keys_per_split = 96;
@@ -129,6 +156,12 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
   SECTION("another entry's handle (same parameters, another block and shared memory)") {
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,
                         {"kernel mla_fast.mla_paged_decode_split_fp8 is not mla_paged_decode_wgmma_fp8"});
+    a.rows_per_block = 16;  // each wgmma entry serves one block size
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_wgmma16_fp8"});
+    a.rows_per_block = 64;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma16_fp8, a); }, Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_fp8 is not mla_paged_decode_wgmma_fp8"});
     a.rows_per_block = 32;
     test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_split_fp8 or "
@@ -449,7 +482,7 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
   p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12;
   p.num_blocks = 30, p.seq_lens = {150, 41};
-  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the 16-head entry, the split entry, the wgmma entry
+  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, the wgmma entry
   if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
   const auto dir = std::filesystem::temp_directory_path() / "metrale_split_recorder_test";
   std::filesystem::remove_all(dir);
@@ -460,7 +493,7 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     run_kernel_case(gpu, gen::split_path_case(p));
   }
   const std::string f{to_string(p.format)};
-  const std::string split = (p.num_q_heads == 16   ? "mla_paged_decode_split16_"
+  const std::string split = (p.num_q_heads == 16   ? "mla_paged_decode_wgmma16_"
                              : p.num_q_heads == 24 ? "mla_paged_decode_split_"
                                                    : "mla_paged_decode_wgmma_") +
                             f;

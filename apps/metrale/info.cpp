@@ -23,11 +23,15 @@ void add_info(CLI::App& app) {
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
-    const bool wgmma = module_runs_on(emu, kMlaWgmmaModule) &&  // FP8's block is the larger
-                       wgmma_shared_bytes(KvFormat::fp8) <= emu.max_shared_bytes_per_block();
+    auto fits = [&](std::uint32_t rows) {  // FP8's blocks are the larger
+      return module_runs_on(emu, kMlaWgmmaModule) &&
+             wgmma_shared_bytes(KvFormat::fp8, rows) <= emu.max_shared_bytes_per_block();
+    };
+    const char* wgmma = fits(64)   ? "dispatched for 576-wide rows above 32 heads and up to 16"
+                        : fits(16) ? "dispatched for 576-wide rows up to 16 heads"
+                                   : "not dispatched: too little shared memory";
     fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma {})\n",
-               emu.compute_capability(), emu.multiprocessor_count(),
-               wgmma ? "dispatched for 576-wide rows above 32 heads" : "not dispatched: too little shared memory");
+               emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
       fmt::print("    {:<40} {} parameters\n", e.full_name(), e.params.size());

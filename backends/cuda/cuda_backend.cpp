@@ -6,10 +6,16 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <source_location>
 #include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "fatbins.hpp"
 #include "metrale/error.hpp"
@@ -127,7 +133,16 @@ struct CudaBackend::Impl {
   CUmodule module(std::string_view name) {
     for (const auto& [n, m] : modules)
       if (n == name) return m;
-    const auto image = cuda_fatbin(name);
+    std::vector<unsigned char> file;  // METRALE_CUDA_FATBIN_DIR/<module>.fatbin, where it exists
+    if (const char* dir = std::getenv("METRALE_CUDA_FATBIN_DIR"); dir != nullptr && *dir != '\0') {
+      const auto path = std::filesystem::path(dir) / (std::string(name) + ".fatbin");
+      if (std::ifstream in{path, std::ios::binary}) {
+        file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        if (file.empty()) fail(Errc::invalid_argument, "backend cuda: {} is empty", path.string());
+        spdlog::info("backend cuda: module {} from {} (METRALE_CUDA_FATBIN_DIR)", name, path.string());
+      }
+    }
+    const auto image = file.empty() ? cuda_fatbin(name) : std::span<const unsigned char>(file);
     if (image.empty()) fail(Errc::not_found, "backend cuda: no module {} in this build", name);
     CUmodule m{};
     METRALE_CU(cuModuleLoadData(&m, image.data()));

@@ -49,12 +49,14 @@ KernelCase paged_decode_case(const PagedSpec& spec);
 /// or one BF16 ulp.
 KernelCase split_path_case(const PagedSpec& spec);
 
-/// Which raw split entry a case runs: mla_fast's split or 16-head entry, or mla_wgmma's entry.
-enum class SplitEntry { split, split16, wgmma };
+/// Which raw split entry a case runs: mla_fast's split or 16-head entry, or mla_wgmma's 64-head
+/// or 16-head entry.
+enum class SplitEntry { split, split16, wgmma, wgmma16 };
 
 /// The raw split kernel over the inputs of paged_decode_case(spec) (one KV head, the split
 /// path's dimensions): entry mla_paged_decode_split_<format>, mla_paged_decode_split16_<format>
-/// or (module mla_wgmma, 576-dim rows) mla_paged_decode_wgmma_<format> as `entry` says;
+/// or (module mla_wgmma, 576-dim rows) mla_paged_decode_wgmma_<format> or
+/// mla_paged_decode_wgmma16_<format> as `entry` says;
 /// keys_per_split = tiles_per_split tiles of 32 keys (wgmma: 64), one chunk more than the table
 /// holds (a chunk with no keys). Expected: ref::split_partials. Tolerance, against the reference
 /// and against another backend alike: o_partial the FP16 rounding of P (2^-10) plus 3δ and the

@@ -29,6 +29,7 @@ struct MlaFastKernels {
   KernelHandle split_fp8, split_nvfp4, combine, gemv_wide;
   KernelHandle split16_fp8, split16_nvfp4;  // 16-head blocks only: half-tiles held in registers
   KernelHandle wgmma_fp8, wgmma_nvfp4;      // module mla_wgmma; id 0 (absent) unless the device is sm_90
+  KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -41,7 +42,7 @@ struct MlaFastKernels {
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
-  bool wgmma = false;  // the mla_wgmma entries: 64 heads and 64-key tiles per block, 256 threads
+  bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384) threads
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
   std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
@@ -50,7 +51,7 @@ struct SplitPlan {
 /// Plan a split decode of format `format` for `a` (its table capacity bounds the keys:
 /// max_blocks_per_seq · block_size + comp_block_count) on a device of `multiprocessors` SMs whose
 /// blocks may have `max_shared_bytes` of shared memory: with `wgmma` (the device has the
-/// mla_wgmma entries) and wgmma_applies, 64-head blocks on them; else the largest head group (up
+/// mla_wgmma entries) and wgmma_applies, wgmma_rows-head blocks on them; else the largest head group (up
 /// to 64) that fits, staged when that fits too without costing a block per SM; as many splits
 /// (of at least four tiles: 32 keys, or 64 on wgmma) as give the least work to the busiest of the
 /// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
@@ -59,10 +60,15 @@ struct SplitPlan {
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false);
 
-/// Whether the wgmma entries serve `a` (`format` for its shared memory): DeepSeek's rows
-/// (q_head_dim = kv_cache_dim = 576), more than 32 query heads (below, a 64-row block would
-/// mostly multiply zeros; the 16- and 32-head mma.sync blocks serve them), and the block's
-/// wgmma_shared_bytes within `max_shared_bytes`.
+/// The heads per block of the wgmma entries for `a`: DeepSeek's rows (q_head_dim = kv_cache_dim =
+/// 576) with more than 32 query heads take the 64-head entries (mla_paged_decode_wgmma_*), with 16
+/// or fewer the 16-head entries (mla_paged_decode_wgmma16_*); 0 otherwise (17-32 heads stay on the
+/// 32-head mma.sync blocks: a 64-row block would mostly multiply zeros, two 16-head blocks read
+/// the cache twice).
+std::uint32_t wgmma_rows(const PagedDecodeCommon& a);
+
+/// Whether the wgmma entries serve `a`: wgmma_rows is not 0 and that block's
+/// wgmma_shared_bytes (for `format`) is within `max_shared_bytes`.
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes);
 
 /// Why the split path cannot take these arguments (one KV head; q_head_dim a multiple of 32;
@@ -107,20 +113,27 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
-/// mla_paged_decode_wgmma_{fp8,nvfp4} (module mla_wgmma, sm_90a): the split decode on warpgroup
-/// MMA. Same arguments, partial outputs and combine as the split entries; grid
-/// [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, wgmma_shared_bytes(format) of shared
-/// memory; launched early as they are. Errors (`invalid_argument`): those of the split launchers,
-/// plus rows_per_block not 64, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim
-/// not 576, o_partial not 8-byte aligned, `kernel` not the format's wgmma entry.
+/// mla_paged_decode_wgmma_{fp8,nvfp4} and mla_paged_decode_wgmma16_{fp8,nvfp4} (module mla_wgmma,
+/// sm_90a): the split decode on warpgroup MMA, 64 heads per block (or 16 on the wgmma16 entries,
+/// warp-specialised — a consumer warpgroup multiplies, two producer warpgroups dequantise — and
+/// transposed: keys and output dims in M). Same arguments, partial outputs and combine as the
+/// split entries; grid [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block
+/// wgmma_threads(rows_per_block), wgmma_shared_bytes(format, rows_per_block) of shared memory; launched early as they
+/// are. Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not 64 or
+/// 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial not
+/// 8-byte aligned, `kernel` not the format's wgmma entry for rows_per_block.
 void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
-/// Bytes of dynamic shared memory a wgmma block needs (576-dim rows): Q and the K/V tile as FP16
-/// (72 KiB each; the tile also carries the warpgroups' logit exchange), the raw K and V
-/// half-tiles of `format`, row pointers, and 1 KiB to align the swizzled tiles to 1024 bytes.
-/// FP8 223.25 KiB, NVFP4 191.25 KiB.
-std::uint32_t wgmma_shared_bytes(KvFormat format);
+/// Bytes of dynamic shared memory a wgmma block of `rows_per_block` heads (64 or 16) needs
+/// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads: Q and the K/V
+/// tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the raw K
+/// and V half-tiles of `format` and row pointers: FP8 223.25 KiB, NVFP4 191.25 KiB. 16 heads: Q
+/// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
+/// 165.3 KiB for either format (the producers hold the raw bytes in registers).
+std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64);
+/// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16.
+std::uint32_t wgmma_threads(std::uint32_t rows_per_block);
 
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
 /// scales, padded to 16).

@@ -186,15 +186,17 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
         entry.find("split16") != std::string::npos ? gen::SplitEntry::split16 : gen::SplitEntry::split);
   }
   if (entry.starts_with("mla_paged_decode_wgmma")) {
-    // DeepSeek's rows, more than 32 heads (one or two head groups), and short tables: the port
-    // multiplies 64 rows of 576 for every key, and a property runs every launcher per case.
+    // DeepSeek's rows, more than 32 heads (one or two head groups; wgmma16: 1-32 heads, one or two
+    // groups of 16), and short tables: the port multiplies 64 (16) rows of 576 for every key, and
+    // a property runs every launcher per case.
+    const bool sixteen = entry.starts_with("mla_paged_decode_wgmma16");
     gen::PagedSpec p;
     p.format = entry.ends_with("fp8") ? KvFormat::fp8 : KvFormat::nvfp4;
     p.block_size = *rc::gen::oneOf(in_range<std::uint32_t>(1, 9), element<std::uint32_t>(15, 16, 17, 31, 32, 33, 64));
-    p.num_kv_heads = 1, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = u(33, 66);
+    p.num_kv_heads = 1, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = sixteen ? u(1, 32) : u(33, 66);
     if (p.format == KvFormat::fp8) p.cache_stride = *rc::gen::arbitrary<bool>() ? 0 : 576 + 16 * u(1, 3);
     arb_batch(p, 2, 3);
-    return gen::split_kernel_case(p, u(1, 2), gen::SplitEntry::wgmma);
+    return gen::split_kernel_case(p, u(1, 2), sixteen ? gen::SplitEntry::wgmma16 : gen::SplitEntry::wgmma);
   }
   if (entry == "mla_paged_decode_combine")
     return gen::combine_case(u(1, 3), u(1, 5), u(1, 80), u(1, 9), *rc::gen::arbitrary<bool>(), seed);

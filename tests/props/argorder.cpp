@@ -85,7 +85,7 @@ void arb_dispatch(A& a, bool seed_only) {
   a.num_q_heads = u(1, 200);
   a.kv_cache_dim = 64 * u(1, 9);
   a.q_head_dim = 32 * u(1, a.kv_cache_dim / 32);
-  if (coin()) a.q_head_dim = a.kv_cache_dim = 576;  // DeepSeek's rows: the wgmma entries above 32 heads
+  if (coin()) a.q_head_dim = a.kv_cache_dim = 576;  // DeepSeek's rows: the wgmma entries (>32, ≤16 heads)
   if (seed_only) a.q_head_dim -= u(1, 31);          // not a multiple of 32: the seed kernel
   a.block_size = u(1, 512);
   a.max_blocks_per_seq = u(1, 512);
@@ -130,7 +130,8 @@ ExpectedLaunch combine_launch(const PagedDecodeCommon& a, const SplitPlan& p, De
 
 // The module and entry the dispatcher runs for plan `p` of format `f`.
 std::pair<const char*, std::string> split_entry(const SplitPlan& p, const char* f) {
-  if (p.wgmma) return {"mla_wgmma", fmt::format("mla_paged_decode_wgmma_{}", f)};
+  if (p.wgmma)
+    return {"mla_wgmma", fmt::format("{}_{}", p.rows_per_block == 16 ? "mla_paged_decode_wgmma16" : "mla_paged_decode_wgmma", f)};
   return {"mla_fast",
           fmt::format("{}_{}", p.rows_per_block == 16 ? "mla_paged_decode_split16" : "mla_paged_decode_split", f)};
 }

@@ -98,11 +98,11 @@ void cover_keys(SplitDecodeArgs& a, std::uint64_t comp) {
       std::max<std::uint64_t>(a.num_splits, (capacity + a.keys_per_split - 1) / a.keys_per_split));
 }
 
-// The wgmma entries' shapes: 64-head blocks, 64-key tiles, DeepSeek's rows.
-void arb_wgmma(SplitDecodeArgs& a) {
+// The wgmma entries' shapes: 64-head (or 16-head) blocks, 64-key tiles, DeepSeek's rows.
+void arb_wgmma(SplitDecodeArgs& a, std::uint32_t rows) {
   arb_split(a);
-  a.rows_per_block = 64;
-  a.num_q_heads = u(1, 65535 * 64);
+  a.rows_per_block = rows;
+  a.num_q_heads = u(1, 65535 * rows);
   a.keys_per_split = 64 * u(1, 1u << 15);
   a.q_head_dim = a.kv_cache_dim = 576;
 }
@@ -110,7 +110,7 @@ void arb_wgmma(SplitDecodeArgs& a) {
 ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
   auto e = launch_of(wgmma ? kWgmma : kFast, kn,
                      {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
-                     {wgmma ? 256 : 8 * a.rows_per_block, 1, 1});
+                     {wgmma ? wgmma_threads(a.rows_per_block) : 8 * a.rows_per_block, 1, 1});
   e.args = {{"q", P(a.q)},
             {"k_cache", P(a.k_cache)},
             {"v_cache", P(a.v_cache)},
@@ -214,9 +214,10 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
       }};
 }
 
-// What the wgmma launchers refuse beyond the split launchers' rules.
+// What the wgmma launchers refuse beyond the split launchers' rules; `other` is the entry of the
+// other wgmma block size.
 template <class A>
-void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn) {
+void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn, const char* other) {
   rules.push_back([kn](A& a) {
     a.o_partial = a.o_partial + 4 * u(1, 1);
     return BrokenRule{"o_partial not 8-byte aligned",
@@ -224,11 +225,18 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
                       {kn, fmt::format("o_partial {:#x} is not 8-byte aligned", a.o_partial.addr)}};
   });
   rules.push_back([kn](A& a) {
-    a.rows_per_block = 16 * u(1, 3);
+    a.rows_per_block = 16 * u(2, 3);
     a.num_q_heads = std::min(a.num_q_heads, 65535 * a.rows_per_block);  // the grid's y stays valid
-    return BrokenRule{"rows_per_block not 64",
+    return BrokenRule{"rows_per_block not 64 or 16",
                       Errc::invalid_argument,
-                      {kn, fmt::format("rows_per_block {} is not 64 (the wgmma block)", a.rows_per_block)}};
+                      {kn, fmt::format("rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block)}};
+  });
+  rules.push_back([kn, other](A& a) {
+    a.rows_per_block = 80 - a.rows_per_block;  // 64 <-> 16
+    a.num_q_heads = std::min(a.num_q_heads, 65535 * a.rows_per_block);
+    return BrokenRule{"the other block size's rows_per_block",
+                      Errc::invalid_argument,
+                      {fmt::format("kernel mla_wgmma.{} is not {}", kn, other)}};
   });
   rules.push_back([kn](A& a) {
     a.keys_per_split = 64 * u(0, 1u << 15) + 32;
@@ -247,13 +255,22 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
   });
 }
 
-// mla_paged_decode_split_fp8, or (`wgmma`) mla_paged_decode_wgmma_fp8.
-Def<SplitDecodeFp8Args> split_fp8(bool wgmma) {
-  const char* kn = wgmma ? "mla_paged_decode_wgmma_fp8" : "mla_paged_decode_split_fp8";
+// The split launchers' entries: mla_fast's split entry, or mla_wgmma's 64-head or 16-head entry.
+enum class SplitDef { split, wgmma, wgmma16 };
+const char* entry_of(SplitDef which, const char* split, const char* wgmma, const char* wgmma16) {
+  return which == SplitDef::split ? split : which == SplitDef::wgmma ? wgmma : wgmma16;
+}
+std::uint32_t wgmma_rows_of(SplitDef which) { return which == SplitDef::wgmma ? 64 : 16; }
+
+// mla_paged_decode_split_fp8, mla_paged_decode_wgmma_fp8 or mla_paged_decode_wgmma16_fp8.
+Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
+  const bool wgmma = which != SplitDef::split;
+  const char* kn =
+      entry_of(which, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8");
   Def<SplitDecodeFp8Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
-  d.arb = [wgmma] {
+  d.arb = [wgmma, which] {
     SplitDecodeFp8Args a;
-    wgmma ? arb_wgmma(a) : arb_split(a);
+    wgmma ? arb_wgmma(a, wgmma_rows_of(which)) : arb_split(a);
     a.cache_stride = 16 * u(a.kv_cache_dim / 16, std::min(1u << 16, ((1u << 31) / a.block_size - 1) / 8));
     a.sliding_window = u(0, kU32Max);
     a.comp_pool = coin() ? Sentinels(0x80).next() : DevicePtr{};
@@ -277,17 +294,21 @@ Def<SplitDecodeFp8Args> split_fp8(bool wgmma) {
   d.rules = split_rules<A>(kn);
   d.rules.push_back(misalign_rule<A>(kn, "comp_pool", &A::comp_pool));
   d.rules.push_back(misalign_rule<A>(kn, "cache_stride", &A::cache_stride));
-  if (wgmma) add_wgmma_rules<A>(d.rules, kn);
+  if (wgmma)
+    add_wgmma_rules<A>(d.rules, kn,
+                       entry_of(which, "", "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma_fp8"));
   return d;
 }
 
-// mla_paged_decode_split_nvfp4, or (`wgmma`) mla_paged_decode_wgmma_nvfp4.
-Def<SplitDecodeNvfp4Args> split_nvfp4(bool wgmma) {
-  const char* kn = wgmma ? "mla_paged_decode_wgmma_nvfp4" : "mla_paged_decode_split_nvfp4";
+// mla_paged_decode_split_nvfp4, mla_paged_decode_wgmma_nvfp4 or mla_paged_decode_wgmma16_nvfp4.
+Def<SplitDecodeNvfp4Args> split_nvfp4(SplitDef which) {
+  const bool wgmma = which != SplitDef::split;
+  const char* kn = entry_of(which, "mla_paged_decode_split_nvfp4", "mla_paged_decode_wgmma_nvfp4",
+                            "mla_paged_decode_wgmma16_nvfp4");
   Def<SplitDecodeNvfp4Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
-  d.arb = [wgmma] {
+  d.arb = [wgmma, which] {
     SplitDecodeNvfp4Args a;
-    wgmma ? arb_wgmma(a) : arb_split(a);
+    wgmma ? arb_wgmma(a, wgmma_rows_of(which)) : arb_split(a);
     const std::uint64_t data = std::uint64_t{a.block_size} * a.kv_cache_dim / 2;  // a multiple of 32
     const std::uint64_t scales = (std::uint64_t{a.block_size} * a.kv_cache_dim / 16 + 15) / 16 * 16;
     a.data_section_bytes = data + (coin() ? 0 : 16 * u(1, 256));
@@ -323,7 +344,9 @@ Def<SplitDecodeNvfp4Args> split_nvfp4(bool wgmma) {
                       {kn, fmt::format("NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {}",
                                        a.data_section_bytes, a.block_stride_bytes, a.block_size)}};
   });
-  if (wgmma) add_wgmma_rules<A>(d.rules, kn);
+  if (wgmma)
+    add_wgmma_rules<A>(d.rules, kn,
+                       entry_of(which, "", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma_nvfp4"));
   return d;
 }
 
@@ -596,8 +619,14 @@ Def<K3SdpaCombineArgs> k3_combine() {
 }  // namespace
 
 std::vector<Launcher> fast_and_k3_launchers() {
-  return {erase(gemv_wide()),       erase(split_fp8(false)), erase(split_nvfp4(false)), erase(split_fp8(true)),
-          erase(split_nvfp4(true)), erase(combine()),        erase(k3_rope()),          erase(k3_sdpa()),
+  return {erase(gemv_wide()),
+          erase(split_fp8(SplitDef::split)),
+          erase(split_nvfp4(SplitDef::split)),
+          erase(split_fp8(SplitDef::wgmma)),
+          erase(split_nvfp4(SplitDef::wgmma)),
+          erase(split_fp8(SplitDef::wgmma16)),
+          erase(split_nvfp4(SplitDef::wgmma16)),
+          erase(combine()),        erase(k3_rope()),          erase(k3_sdpa()),
           erase(k3_split()),        erase(k3_combine())};
 }
 
