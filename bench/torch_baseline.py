@@ -3,6 +3,8 @@ timed on the same sweep as `metrale bench --sweep`, plus the two roofline ceilin
 same run: device-to-device copy bandwidth and the dense BF16 matrix rate.
 
     python3 bench/torch_baseline.py OUT.json
+    python3 bench/torch_baseline.py OUT.json --rows-from EARLIER.json   # the ceilings only, the
+                                                                        # baseline rows of an earlier run
 
 Two baselines per (batch B, context L, heads H), the faster is the baseline:
   sdpa:   F.scaled_dot_product_attention(q [B,H,1,576], k [B,1,L,576], v [B,1,L,512], enable_gqa=True)
@@ -54,9 +56,16 @@ def ceilings():
     return 2 * n / (copy_ms * 1e-3) / 1e9, 2 * m**3 / (mm_ms * 1e-3) / 1e12
 
 
-def main(out_path):
+def main(out_path, rows_from=None):
     copy_gbps, matmul_tflops = ceilings()
     print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s", flush=True)
+    if rows_from is not None:  # the baseline does not change between metrale builds: reuse its rows
+        with open(rows_from) as f:
+            rows = json.load(f)["rows"]
+        with open(out_path, "w") as f:
+            json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "rows": rows, "rows_from": rows_from},
+                      f, indent=1)
+        return
     scale = 1 / math.sqrt(192)
     rows = []
     for B in (1, 8, 32, 128):
@@ -94,4 +103,9 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) == 4 and sys.argv[2] == "--rows-from":
+        main(sys.argv[1], sys.argv[3])
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        sys.exit("usage: torch_baseline.py OUT.json [--rows-from EARLIER.json]")

@@ -127,6 +127,16 @@ __device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], u
   wgmma_commit();
 }
 
+// One 16-value unit of a key's row, raw, as FP16 (exact) at its place in the swizzled tile.
+template <class Rows>
+__device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, uint8_t* tile, uint32_t key,
+                           uint32_t part) {
+  uint32_t w[8];
+  layout.convert(raw, w);
+  st_shared_v4(tile + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
+  st_shared_v4(tile + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
+}
+
 // The cache side of a wgmma block (256 threads, 64-key tiles): the tile's row lookup, the
 // cp.async staging of its raw half-tiles and their dequantisation into the swizzled FP16 tile
 // `skv`. `Rows` as for mla_fast's split_decode, with one half of a tile staged at a time
@@ -172,12 +182,8 @@ struct TileFeed {
         if (p0 + 4 * b < parts) r[b] = live ? layout.staged_half(src, p0 + 4 * b) : typename Rows::Raw{};
 #pragma unroll
       for (uint32_t b = 0; b < kDequantBatch; ++b) {
-        const uint32_t part = p0 + 4 * b;
-        if (part >= parts) break;
-        uint32_t w[8];
-        layout.convert(r[b], w);
-        st_shared_v4(skv + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
-        st_shared_v4(skv + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
+        if (p0 + 4 * b >= parts) break;
+        store_unit(layout, r[b], skv, key, p0 + 4 * b);
       }
     }
     fence_to_async_proxy();
@@ -405,13 +411,7 @@ struct HalfTile {
   // As FP16 into the swizzled tile at `dst` (exact), then visible to the tensor cores.
   __device__ void store(const Rows& layout, uint8_t* dst, uint32_t key, uint32_t first) const {
 #pragma unroll
-    for (uint32_t i = 0; i < kUnitsPerProducer; ++i) {
-      const uint32_t part = first + 4 * i;
-      uint32_t w[8];
-      layout.convert(raw[i], w);
-      st_shared_v4(dst + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
-      st_shared_v4(dst + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
-    }
+    for (uint32_t i = 0; i < kUnitsPerProducer; ++i) store_unit(layout, raw[i], dst, key, first + 4 * i);
     fence_to_async_proxy();
   }
 };

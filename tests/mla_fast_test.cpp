@@ -63,26 +63,21 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
 
-// The wgmma entries (module mla_wgmma: the emulator's port everywhere, the sm_90a kernel on an
-// H100/H200): DeepSeek's rows, 64-head blocks of 64-key tiles, a second head group mostly empty.
+// The wgmma entries (module mla_wgmma: the emulator's port everywhere, the sm_90a kernels on an
+// H100/H200): DeepSeek's rows; 64-head blocks with a second head group mostly empty, and the
+// warp-specialised 16-head blocks (transposed products), a group full or short; chunks that end
+// inside a tile.
 TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast][wgmma]") {
   gen::PagedSpec p;
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
-  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(40u, 128u), p.block_size = 16, p.num_seqs = 3;
+  const auto [entry, heads] = GENERATE(table<gen::SplitEntry, std::uint32_t>({{gen::SplitEntry::wgmma, 40},
+                                                                             {gen::SplitEntry::wgmma, 128},
+                                                                             {gen::SplitEntry::wgmma16, 16},
+                                                                             {gen::SplitEntry::wgmma16, 5}}));
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 3;
   p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
   if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
-  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), gen::SplitEntry::wgmma));
-}
-
-// The wgmma16 entries (transposed products: keys and output dims in M, heads in N): one 16-head
-// group, full or short, and a chunk that ends inside a tile.
-TEST_CASE("the wgmma16 entries' partials match the float64 reference", "[mla_fast][wgmma]") {
-  gen::PagedSpec p;
-  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
-  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = GENERATE(16u, 5u), p.block_size = 16, p.num_seqs = 3;
-  p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
-  if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
-  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), gen::SplitEntry::wgmma16));
+  test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
 
 TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads and up to 16",
