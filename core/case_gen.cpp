@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <span>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -47,6 +48,21 @@ KernelCase make_case(std::string name, const char* entry) {
   c.module = "mla_absorbed";
   c.entry = entry;
   return c;
+}
+
+// The largest |value| of the rows of an NVFP4 pool (blocks of block_size rows of `width` values:
+// codes at i·width/2, scales at data_section + i·width/16; the padding between holds no values).
+double nvfp4_pool_max(std::span<const std::uint8_t> pool, std::uint64_t block_size, std::uint64_t width,
+                      std::uint64_t block_stride, std::uint64_t data_section) {
+  double big = 0;
+  for (std::uint64_t base = 0; base + block_stride <= pool.size(); base += block_stride)
+    for (std::uint64_t i = 0; i < block_size; ++i)
+      for (std::uint64_t e = 0; e < width; ++e) {
+        const std::uint8_t byte = pool[base + i * width / 2 + e / 2];
+        const double scale = e4m3_decode(pool[base + data_section + i * width / 16 + e / 16]);
+        big = std::max(big, std::fabs(e2m1_decode(e % 2 == 0 ? byte & 0xF : byte >> 4) * scale));
+      }
+  return big;
 }
 
 // E4M3 codes below 0x70 in magnitude (|x| < 2): random data that never hits NaN.
@@ -152,9 +168,11 @@ KernelCase paged_decode_case(const PagedSpec& p) {
   if (!sinks.empty()) c.inputs["sinks"] = tensor<float>({p.num_q_heads}, sinks);
   if (!comp.empty()) c.inputs["comp_pool"] = tensor<std::uint8_t>({static_cast<std::int64_t>(comp.size())}, comp);
   c.expected["o"] = tensor<double>(o_shape, o_ref);
-  double vmax = 6.0 * 448, kmax = vmax;  // NVFP4: bounded by the largest code times the largest scale
-  if (fp8) {
-    vmax = kmax = 0;
+  double vmax = 0, kmax = 0;  // the largest |V| and |K| the pools hold
+  if (!fp8) {
+    vmax = nvfp4_pool_max(v_pool, p.block_size, width, block_stride, data_section);
+    kmax = nvfp4_pool_max(k_pool, p.block_size, width, block_stride, data_section);
+  } else {
     for (std::uint8_t b : v_pool) vmax = std::max(vmax, std::fabs(double{e4m3_decode(b)}) * p.v_scale);
     for (std::uint8_t b : comp) vmax = std::max(vmax, std::fabs(double{e4m3_decode(b)}) * p.v_scale);
     for (std::uint8_t b : k_pool) kmax = std::max(kmax, std::fabs(double{e4m3_decode(b)}) * p.k_scale);
@@ -196,9 +214,12 @@ KernelCase split_path_case(const PagedSpec& spec) {
   c.module = "mla_fast";
   c.entry = spec.format == KvFormat::fp8 ? "paged_decode_fp8_split_path" : "paged_decode_nvfp4_split_path";
   c.name = "split " + c.name;
-  double vmax = 6.0 * 448;  // as paged_decode_case's bound
-  if (spec.format == KvFormat::fp8) {
-    vmax = 0;
+  double vmax = 0;  // the largest |V|, as paged_decode_case's bound
+  if (spec.format == KvFormat::nvfp4) {
+    vmax = nvfp4_pool_max(c.inputs.at("v_cache").values<std::uint8_t>(), spec.block_size,
+                          std::uint64_t{spec.num_kv_heads} * spec.kv_cache_dim,
+                          c.scalars.at("block_stride_bytes").as_u64(), c.scalars.at("data_section_bytes").as_u64());
+  } else {
     for (const char* pool : {"v_cache", "comp_pool"})
       if (c.inputs.count(pool))
         for (std::byte b : c.inputs.at(pool).data)

@@ -143,7 +143,7 @@ void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<con
                                  cc.block_size,
                                  cfg_.softmax_scale,
                                  tables.num_seqs};
-  // The dispatchers: the split path (mla_fast, or mla_wgmma on sm_90 above 32 heads) where it
+  // The dispatchers: the split path (mla_fast, or mla_wgmma on sm_90 above 32 heads and up to 16) where it
   // applies, else the seed kernel. Its workspace lives for this step only, so a step leaves no
   // allocation behind (and a failed one nothing at all).
   DecodeWorkspace ws;

@@ -54,6 +54,11 @@ struct Adapter {
 
 constexpr ArgKind U32 = ArgKind::u32, U64 = ArgKind::u64, F32 = ArgKind::f32;
 
+// Heads per block of a wgmma entry: 16 for mla_paged_decode_wgmma16_*, else 64.
+std::uint32_t wgmma_entry_rows(std::string_view entry) {
+  return entry.starts_with("mla_paged_decode_wgmma16") ? 16 : 64;
+}
+
 PagedDecodeCommon paged_common(const CaseArgs& a) {
   return {a.ptr("q"),
           a.ptr("k_cache"),
@@ -566,10 +571,12 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     const auto g =
         std::find_if(a.from_grid.begin(), a.from_grid.end(), [&](const auto& p) { return p.first == field; });
     const bool from_block = g != a.from_grid.end() && g->second == 'r';
-    if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid || c.grid.count() == 0))
+    if (g != a.from_grid.end() && !from_block && has_grid && c.grid.count() == 0)
+      fail(Errc::invalid_argument, "case {}: grid ({},{},{}) has a zero dimension, so no value for {}", c.name,
+           c.grid.x, c.grid.y, c.grid.z, field);
+    if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid))
       fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    const std::uint32_t rows =
-        a.module != kMlaWgmmaModule ? c.block.x / 8 : a.entry.starts_with("mla_paged_decode_wgmma16") ? 16 : 64;
+    const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_entry_rows(a.entry);
     if (g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
       fail(Errc::invalid_argument, "case {}: grid.x {} gives {} past 2^32 - 1 (four per block)", c.name, c.grid.x,
            field);
@@ -579,6 +586,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
                                       : g->second == 'y' ? c.grid.y
                                                          : c.grid.z);
   }
+  // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
+  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_threads(wgmma_entry_rows(a.entry)), 1, 1})
+    fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
+         c.block.y, c.block.z, a.entry, wgmma_threads(wgmma_entry_rows(a.entry)));
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
       // check_output compares these dtypes; any other would fail only after the launch.

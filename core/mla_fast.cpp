@@ -126,6 +126,18 @@ bool module_runs_on(const GpuBackend& gpu, std::string_view module) {
   return module != kMlaWgmmaModule || gpu.compute_capability() == 90;
 }
 
+std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_view module, std::string_view entry) {
+  if (!module_runs_on(gpu, module))
+    return fmt::format("module {} is not built for compute capability {}", module, gpu.compute_capability());
+  if (module != kMlaWgmmaModule) return std::nullopt;
+  const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
+  const std::uint32_t bytes =
+      wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows);
+  if (bytes <= gpu.max_shared_bytes_per_block()) return std::nullopt;
+  return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", entry, bytes,
+                     gpu.max_shared_bytes_per_block());
+}
+
 MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
   auto k = [&](const char* entry) { return gpu.kernel(kMlaFastModule, entry); };
   MlaFastKernels r{k("mla_paged_decode_split_fp8"),
@@ -149,14 +161,14 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
 
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block) {
   if (rows_per_block == kWgmma16Rows)
-    return 1024                                                  // alignment of the swizzled tiles
+    return 1024                                                   // alignment of the swizzled tiles
            + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)
            + kWgmma16Rows * kWgmmaTileKeys * 2                    // P (FP16)
            + kWgmma16Rows * 4                                     // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4;                                // the consumer's per-warp maxima and sums
   const std::uint32_t half_pitch =
       format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
-  return 1024                                                // alignment of the swizzled tiles
+  return 1024                                                 // alignment of the swizzled tiles
          + (rows_per_block + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
          + 2 * kWgmmaTileKeys * half_pitch                    // the raw K and V half-tiles
          + 2 * 4 * kWgmmaTileKeys * 8                         // row pointers, two tiles
@@ -233,8 +245,10 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
       p.rows_per_block > kGroupRows && staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
   std::uint32_t tile_keys = kTileKeys, blocks_per_sm = per_sm(p.shared_bytes);
-  if (p.wgmma) {  // 64 heads on two warpgroups (16 on three), 64-key tiles, one block per SM
-    p.rows_per_block = wgmma_rows(a), p.threads = wgmma_threads(p.rows_per_block), p.staged = true;
+  if (p.wgmma) {  // 64 heads on two warpgroups, staged (16 on three, their producers' registers
+                  // the staging), 64-key tiles, one block per SM
+    p.rows_per_block = wgmma_rows(a), p.threads = wgmma_threads(p.rows_per_block);
+    p.staged = p.rows_per_block == kWgmmaRows;
     p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
     p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block);
     tile_keys = kWgmmaTileKeys, blocks_per_sm = 1;
@@ -286,16 +300,18 @@ std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
 namespace {
 
 // The name a split launcher's errors start with: the split entry's, or the wgmma entry's that
-// `kernel` is (the 64-head one's when it is neither).
-const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, bool wgmma, const char* split,
-                                const char* wgmma64, const char* wgmma16) {
+// `kernel` is (when it is neither, the one of rows_per_block).
+const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a, bool wgmma,
+                                const char* split, const char* wgmma64, const char* wgmma16) {
   if (!wgmma) return split;
   const std::string name = gpu.kernel_name(kernel);
-  return name.ends_with(std::string(".") + wgmma16) ? wgmma16 : wgmma64;
+  if (name.ends_with(std::string(".") + wgmma16)) return wgmma16;
+  if (name.ends_with(std::string(".") + wgmma64)) return wgmma64;
+  return a.rows_per_block == kWgmma16Rows ? wgmma16 : wgmma64;
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const Validator v{split_launcher_name(gpu, kernel, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
+  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
                                         "mla_paged_decode_wgmma16_fp8")};
   validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
@@ -325,7 +341,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const Validator v{split_launcher_name(gpu, kernel, wgmma, "mla_paged_decode_split_nvfp4",
+  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4",
                                         "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4")};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,

@@ -181,10 +181,10 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
         const std::string report = fmt::format(
             "fuzz_{}: property \"{}\" FAILED at batch seed {} (batch {}, max_size {}) after {} cases in {:.1f} s\n{}\n"
             "reproduce: {}{} --property {} --seed {} --cases {} --batch {} --max-size {}\n"
-            "       or: {}RC_PARAMS=\"seed={} max_success={} max_size={}\" metrale_tests {}\n",
+            "       or: {}RC_PARAMS=\"seed={} max_success={} max_size={}\" {} {}\n",
             family, p.name, params.seed, o.batch, o.max_size, cases, elapsed(), msg.str(), environment(), argv0,
             quoted(p.name), params.seed, o.batch, o.batch, o.max_size, environment(), params.seed, o.batch,
-            o.max_size, quoted(p.name));
+            o.max_size, (fs::path(argv0).parent_path() / "metrale_tests").string(), quoted(p.name));
         std::cout << report;
         const fs::path dir = o.out / fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
         const auto written = write_failure(p, params, f, b.failing, dir, report);

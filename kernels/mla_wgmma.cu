@@ -1,8 +1,10 @@
 // Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
-// warpgroup MMA, for 33 heads and more. Each kernel reads like its port in emu/mla_fast.cpp
-// (split_decode with 64-key tiles); its partials go to mla_fast's combine.
+// warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
+// (mla_paged_decode_wgmma16_*, the warp-specialised block described at wgmma16_decode below).
+// Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
+// partials go to mla_fast's combine.
 //
-// A block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
+// A 64-head block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
 // against one chunk of its keys, in 64-key tiles, with two warpgroups. Q (FP16, each row scaled
 // by a power of two as in mla_fast) stays in shared memory for the whole chunk, in 64-column
 // slabs with the 128-byte swizzle, and is read by the tensor cores through descriptors — no
@@ -293,7 +295,7 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
     }
     cp_async_wait_all_but_newest();  // V's bytes (the next tile's K may still be in flight)
     __syncthreads();                 // and the exchange read everywhere
-    feed.dequant(tile, 1);                // V
+    feed.dequant(tile, 1);           // V
     __syncthreads();
     // P·V over this warpgroup's atoms, issued; the next tile's V starts streaming into the slot
     // just dequantised and the rows two tiles on are looked up while the tensor cores work.
@@ -362,7 +364,7 @@ constexpr uint32_t kRows16 = 16;
 constexpr uint32_t kSlab16Bytes = kRows16 * 128;  // 16 rows of a 64-column slab (Q, P)
 constexpr uint32_t kThreads16 = 384;              // warpgroup 0 the consumer, 1-2 the producers
 constexpr uint32_t kProducers = 256;
-constexpr uint32_t kAtoms16 = kDim / 64;          // the output's 64-dim atoms, all the consumer's
+constexpr uint32_t kAtoms16 = kDim / 64;  // the output's 64-dim atoms, all the consumer's
 constexpr uint32_t kUnitsPerProducer = kDim / 16 * kTileKeys / kProducers;  // 16-value units of a half-tile
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a 16-row FP16 matrix of 64-column slabs
@@ -378,8 +380,8 @@ __device__ void kq_tile(float (&sacc)[8], uint64_t k, uint64_t q) {
 #pragma unroll
   for (uint32_t s = 0; s < kDim / 16; ++s) {
     const uint32_t within = (s % 4) * 32;
-    wgmma_ss_m64n16k16<0>(sacc, k + (((s / 4) * kSlabBytes + within) >> 4), q + (((s / 4) * kSlab16Bytes + within) >> 4),
-                          s != 0);
+    wgmma_ss_m64n16k16<0>(sacc, k + (((s / 4) * kSlabBytes + within) >> 4),
+                          q + (((s / 4) * kSlab16Bytes + within) >> 4), s != 0);
   }
   wgmma_commit();
 }
@@ -561,7 +563,8 @@ __device__ void wgmma16_decode(const __nv_bfloat16* q, float* o_partial, float* 
 #pragma unroll
     for (uint32_t a = 0; a < kAtoms16; ++a)
 #pragma unroll
-      for (uint32_t hi = 0; hi < 2; ++hi) o_partial[slot * dim + a * 64 + r0 + 8 * hi] = o[a][4 * (j / 2) + 2 * hi + j % 2];
+      for (uint32_t hi = 0; hi < 2; ++hi)
+        o_partial[slot * dim + a * 64 + r0 + 8 * hi] = o[a][4 * (j / 2) + 2 * hi + j % 2];
     if (warp == 0 && lane < 4) {
       ml_partial[2 * slot] = m[j];
       ml_partial[2 * slot + 1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
@@ -623,8 +626,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                                    float* o_partial, float* ml_partial, const int32_t* block_tables,
                                    const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
                                    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
-                                   uint64_t block_stride_bytes, uint64_t data_section_bytes,
-                                   uint32_t keys_per_split) {
+                                   uint64_t block_stride_bytes, uint64_t data_section_bytes, uint32_t keys_per_split) {
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);

@@ -55,9 +55,10 @@ void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>
   REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size());
 }
 
-// Run the CLI, stdout and stderr together; returns the exit status.
-int run_cli(const std::string& args, std::string& out) {
-  const std::string cmd = std::string(METRALE_CLI) + " " + args + " 2>&1";
+// Run the CLI, stdout and stderr together, with `env` (NAME=value ...) before it; returns the
+// exit status.
+int run_cli(const std::string& args, std::string& out, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(METRALE_CLI) + " " + args + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   REQUIRE(pipe);
   std::array<char, 4096> buf{};
@@ -235,6 +236,28 @@ TEST_CASE("bad input: a kernel case without a grid does not default its launch-s
   require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"no value for num_seqs"});
   f.metadata["num_seqs"] = "1";
   CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 1);
+}
+
+TEST_CASE("bad input: a kernel case grid with a zero dimension is named as such", "[bad_input][kernel_case]") {
+  SafeTensors f = recorded_decode_case();
+  f.metadata["grid"] = "8,0,1";
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                {"grid (8,0,1) has a zero dimension, so no value for num_seqs"});
+}
+
+// The wgmma entries' block follows from the entry (the launcher sets it): a recorded block that
+// differs once replayed and passed.
+TEST_CASE("bad input: a recorded wgmma16 case with another block is refused", "[bad_input][kernel_case]") {
+  SafeTensors f = SafeTensors::read(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                                    "dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors");
+  REQUIRE(f.meta("block") == "384,1,1");
+  CHECK(kernel_case_from(f, "c").scalars.at("rows_per_block").as_u32() == 16);
+  for (const std::string block : {"256,1,1", "128,1,1", "384,2,1"}) {
+    INFO("block " << block);
+    f.metadata["block"] = block;
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"but mla_paged_decode_wgmma16_fp8 runs blocks of 384 threads"});
+  }
 }
 
 TEST_CASE("bad input: kernel case tolerances are F64, non-negative, whole ulps", "[bad_input][kernel_case]") {
@@ -456,6 +479,21 @@ TEST_CASE("bad input: truncating a host KV that is not whole rows is refused", "
 }
 
 // ---- the CLI ----------------------------------------------------------------------------
+
+// An emulator given a GB10's shared memory cannot launch mla_wgmma's blocks: conform and case
+// run skip those cases with a note (they had failed with launch_failed), and pass.
+TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[bad_input][cli]") {
+  std::string out;
+  const std::string wgmma16 =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";
+  CHECK(run_cli("case run --backend emu " + wgmma16, out) == 0);
+  CHECK_THAT(out, !Catch::Matchers::Contains("skipped"));
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + wgmma16, out, "METRALE_EMU_SHARED_BYTES=101376") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("skipped: mla_paged_decode_wgmma16_fp8 needs 169280 bytes of shared "
+                                            "memory per block, the device allows 101376"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 files on emu (1 skipped: the device cannot run them): PASS"));
+}
 
 TEST_CASE("bad input: metrale case run reports path errors and empty folders", "[bad_input][cli]") {
   SECTION("a name too long for the file system") {

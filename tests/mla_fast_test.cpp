@@ -114,6 +114,7 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
     CHECK(p16.head_groups == 1);
     CHECK(p16.keys_per_split % 64 == 0);
     CHECK(p16.shared_bytes == wgmma_shared_bytes(format, 16));
+    CHECK_FALSE(p16.staged);  // the producers hold the next tile in registers
   }
   CHECK(wgmma_shared_bytes(format, 16) == 169280u);
   a.num_q_heads = 33;
@@ -173,6 +174,30 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"num_splits 1 x keys_per_split 64 covers fewer keys than the table holds (160)"});
   }
+}
+
+// The reference tolerance of a paged decode case must be able to fail: for NVFP4 it once took
+// the largest value a code and a scale can make (6 · 448) for the largest |V| and |K|, 60 times
+// the data's (scales below 8 here), and passed an all-zero output. The same pools with one key
+// fewer, and zeros, must both be out of it; the case itself passes on every backend. (NVFP4's
+// random values reach 45: Q in ±1/64 keeps the logits small enough that every key counts — at
+// ±1 they reach hundreds, the softmax is one-hot and no key but the largest changes o.)
+TEST_CASE("a paged decode case's tolerance catches one dropped key and a zero output", "[mla_fast][tolerance]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41}, p.k_scale = 0.013f, p.v_scale = 0.021f;
+  if (p.format == KvFormat::nvfp4) p.q_range = 1.0f / 64;
+  const KernelCase want = gen::split_path_case(p);
+  test::check_case(want);
+  p.seq_lens = {149, 41};  // the same pools and tables (ten blocks either way), one key fewer
+  const KernelCase shorter = gen::split_path_case(p);
+  REQUIRE(shorter.inputs.at("k_cache").data == want.inputs.at("k_cache").data);
+  const Tolerance& tol = want.tolerance.at("o");
+  CHECK_FALSE(check_output("o", shorter.expected.at("o"), want.expected.at("o"), tol).pass);
+  Tensor zeros = want.expected.at("o");
+  std::fill(zeros.data.begin(), zeros.data.end(), std::byte{0});
+  CHECK_FALSE(check_output("o", zeros, want.expected.at("o"), tol).pass);
 }
 
 // A NaN in one head's q makes that head's output NaN, on every path (the split path's combine

@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "metrale/error.hpp"
 #include "metrale/kernel_case.hpp"
+#include "metrale/mla_fast.hpp"  // entry_unavailable
 
 namespace metrale::cli {
 
@@ -41,10 +42,15 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
     fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
-    int failed = 0, errors = 0;
+    int failed = 0, errors = 0, skipped = 0;
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
+        if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
+          fmt::print("{:<44} {:<20} {:>11} {:>9}  skipped: {}\n", c.name, "-", "-", "-", *why);
+          ++skipped;
+          continue;
+        }
         const auto out = run_kernel_case(*gpu, c);
         if (c.expected.empty())
           fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
@@ -61,7 +67,8 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
                    to_string(e.code()), e.what());
       }
     }
-    fmt::print("\n{} files on {}: {}\n", files.size(), gpu->name(),
+    fmt::print("\n{} files on {}{}: {}\n", files.size(), gpu->name(),
+               skipped > 0 ? fmt::format(" ({} skipped: the device cannot run them)", skipped) : std::string(),
                failed == 0 && errors == 0
                    ? std::string("PASS")
                    : fmt::format("{} outputs FAIL, {} files in error", failed, errors));

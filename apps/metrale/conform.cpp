@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -91,16 +92,22 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
   });
 }
 
-CaseResult file_case(GpuBackend& gpu, const fs::path& path) {
-  return guarded("file", "", path.filename().string(), [&](CaseResult& r) {
+// A recorded case file, or nothing (with a note) when the device cannot run its entry.
+std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path) {
+  std::optional<std::string> skip;
+  CaseResult result = guarded("file", "", path.filename().string(), [&](CaseResult& r) {
     const KernelCase c = read_kernel_case(path);
     r.kernel = c.entry;
+    if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
     const auto out = run_kernel_case(gpu, c);
     for (const auto& [param, want] : c.expected) {
       const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : same_arithmetic_tolerance(want);
       r.checks.push_back(to_check(check_output(param, out.at(param), want, tol), "file"));
     }
   });
+  if (!skip) return result;
+  fmt::print(stderr, "note: conform: {} skipped ({})\n", path.filename().string(), *skip);
+  return std::nullopt;
 }
 
 // A replay's metrics as checks: max_rel carries the replay's rel_l2.
@@ -234,8 +241,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
     for (const auto& c : gen::conformance_sweep(opts->seed)) {
-      if (!module_runs_on(*gpu, c.module)) {
-        fmt::print(stderr, "note: conform: {} skipped (module {} is not built for this device)\n", c.name, c.module);
+      if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
+        fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
         continue;
       }
       results.push_back(sweep_case(*gpu, emu, c));
@@ -244,7 +251,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
     auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
     for (const auto& dir : case_dirs)
-      for (const auto& f : safetensors_in(dir, named_cases)) results.push_back(file_case(*gpu, f));
+      for (const auto& f : safetensors_in(dir, named_cases))
+        if (auto r = file_case(*gpu, f)) results.push_back(std::move(*r));
     if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
       golden_dirs.emplace_back(env);
     std::vector<std::string> seen;

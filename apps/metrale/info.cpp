@@ -2,6 +2,7 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends.hpp"
 #include "commands.hpp"
@@ -23,14 +24,17 @@ void add_info(CLI::App& app) {
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
-    auto fits = [&](std::uint32_t rows) {  // FP8's blocks are the larger
-      return module_runs_on(emu, kMlaWgmmaModule) &&
-             wgmma_shared_bytes(KvFormat::fp8, rows) <= emu.max_shared_bytes_per_block();
+    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows).
+    auto formats = [&](std::uint32_t rows) {
+      std::vector<std::string> fit;
+      for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+        if (module_runs_on(emu, kMlaWgmmaModule) && wgmma_shared_bytes(f, rows) <= emu.max_shared_bytes_per_block())
+          fit.emplace_back(to_string(f));
+      return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
     };
-    const char* wgmma = fits(64)   ? "dispatched for 576-wide rows above 32 heads and up to 16"
-                        : fits(16) ? "dispatched for 576-wide rows up to 16 heads"
-                                   : "not dispatched: too little shared memory";
-    fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma {})\n",
+    const std::string wgmma = fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}", formats(64),
+                                          formats(16));
+    fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma dispatched for {})\n",
                emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())

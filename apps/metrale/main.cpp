@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 #include <spdlog/cfg/env.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "backends.hpp"
@@ -12,6 +14,8 @@
 #include "metrale/error.hpp"
 
 int main(int argc, char** argv) {
+  // Log lines go to stderr, so that stdout holds only a command's output (--json stays JSON).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("metrale"));
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, ...
   CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
   app.set_version_flag("--version", METRALE_VERSION);

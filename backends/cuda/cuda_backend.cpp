@@ -6,10 +6,11 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <mutex>
 #include <source_location>
 #include <string>
@@ -120,6 +121,45 @@ struct Kernel {
   std::uint32_t shared_limit = 48 * 1024;  // dynamic shared memory allowed without opting in
 };
 
+// METRALE_CUDA_FATBIN_DIR/<module>.fatbin when the variable names a folder and that file exists
+// (else nothing: the built-in image), checked to be a whole fatbin — the driver reads an image
+// by its own header, so a truncated one would be read past its end. Errors
+// (`invalid_argument`): the variable names no folder; the file is not a regular file, cannot be
+// read, or is not a fatbin of its size (nvcc -fatbin).
+std::vector<unsigned char> fatbin_override(std::string_view name) {
+  const char* dir = std::getenv("METRALE_CUDA_FATBIN_DIR");
+  if (dir == nullptr || *dir == '\0') return {};
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(Errc::invalid_argument, "backend cuda: METRALE_CUDA_FATBIN_DIR {} is not a folder", dir);
+  const auto path = std::filesystem::path(dir) / (std::string(name) + ".fatbin");
+  if (!std::filesystem::exists(path, ec)) {
+    spdlog::debug("backend cuda: module {} built in (no {})", name, path.string());
+    return {};
+  }
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail(Errc::invalid_argument, "backend cuda: {} is not a regular file", path.string());
+  std::vector<unsigned char> file(std::filesystem::file_size(path, ec));
+  std::ifstream in{path, std::ios::binary};
+  if (ec || !in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file.size())))
+    fail(Errc::invalid_argument, "backend cuda: cannot read {}", path.string());
+  // The fatbin header: magic 0xBA55ED50, version (u16), header size (u16), payload size (u64).
+  constexpr std::uint32_t kMagic = 0xBA55ED50u;
+  std::uint32_t magic = 0;
+  std::uint16_t header = 0;
+  std::uint64_t payload = 0;
+  if (file.size() >= 16) {
+    std::memcpy(&magic, file.data(), 4);
+    std::memcpy(&header, file.data() + 6, 2);
+    std::memcpy(&payload, file.data() + 8, 8);
+  }
+  if (magic != kMagic || header < 16 || payload > file.size() || header + payload > file.size())
+    fail(Errc::invalid_argument, "backend cuda: {} ({} bytes) is not a whole fatbin (nvcc -fatbin)", path.string(),
+         file.size());
+  spdlog::info("backend cuda: module {} from {} (METRALE_CUDA_FATBIN_DIR)", name, path.string());
+  return file;
+}
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -133,15 +173,7 @@ struct CudaBackend::Impl {
   CUmodule module(std::string_view name) {
     for (const auto& [n, m] : modules)
       if (n == name) return m;
-    std::vector<unsigned char> file;  // METRALE_CUDA_FATBIN_DIR/<module>.fatbin, where it exists
-    if (const char* dir = std::getenv("METRALE_CUDA_FATBIN_DIR"); dir != nullptr && *dir != '\0') {
-      const auto path = std::filesystem::path(dir) / (std::string(name) + ".fatbin");
-      if (std::ifstream in{path, std::ios::binary}) {
-        file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        if (file.empty()) fail(Errc::invalid_argument, "backend cuda: {} is empty", path.string());
-        spdlog::info("backend cuda: module {} from {} (METRALE_CUDA_FATBIN_DIR)", name, path.string());
-      }
-    }
+    const std::vector<unsigned char> file = fatbin_override(name);
     const auto image = file.empty() ? cuda_fatbin(name) : std::span<const unsigned char>(file);
     if (image.empty()) fail(Errc::not_found, "backend cuda: no module {} in this build", name);
     CUmodule m{};

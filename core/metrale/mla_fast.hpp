@@ -24,6 +24,11 @@ inline constexpr const char* kMlaWgmmaModule = "mla_wgmma";
 /// Whether `gpu` can run the kernels of `module`: mla_wgmma only on compute capability 9.0 (its
 /// SASS is sm_90a's), every other module on every device.
 bool module_runs_on(const GpuBackend& gpu, std::string_view module);
+/// Why `gpu` cannot run entry `entry` of `module` (a case for it would fail to launch), or
+/// nothing when it can: the module is not built for the device (module_runs_on), or a wgmma
+/// entry's block needs more shared memory than the device allows (wgmma_shared_bytes against
+/// GpuBackend::max_shared_bytes_per_block, e.g. an emulator playing a GB10).
+std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_view module, std::string_view entry);
 
 struct MlaFastKernels {
   KernelHandle split_fp8, split_nvfp4, combine, gemv_wide;
@@ -38,7 +43,7 @@ struct MlaFastKernels {
 /// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block;
 /// `staged` when the block has room to stream the next tile's cache bytes into shared memory
 /// (cp.async) under the current tile's math. 16-head blocks are never staged: they run on the
-/// 16-head entries, which hold the next half-tile in registers instead.
+/// 16-head entries (or the wgmma16 entries), which hold the next half-tile in registers instead.
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;

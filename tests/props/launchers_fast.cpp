@@ -240,6 +240,12 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
   });
   rules.push_back([kn](A& a) {
     a.keys_per_split = 64 * u(0, 1u << 15) + 32;
+    // Chunks still covering the table: the split launchers' coverage rule is checked first.
+    if constexpr (std::is_same_v<A, SplitDecodeFp8Args>) {
+      cover_keys(a, a.comp_block_count);
+    } else {
+      cover_keys(a, 0);
+    }
     return BrokenRule{"keys_per_split not a multiple of 64",
                       Errc::invalid_argument,
                       {kn, fmt::format("keys_per_split {} is not a multiple of 64 (the wgmma tile)",
@@ -275,7 +281,9 @@ Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
     a.sliding_window = u(0, kU32Max);
     a.comp_pool = coin() ? Sentinels(0x80).next() : DevicePtr{};
     a.comp_block_count = u(0, 1u << 16);
-    cover_keys(a, a.comp_pool ? a.comp_block_count : 0);
+    // Chunks that cover the compressed entries even without a pool: a rule that sets one (a
+    // misaligned comp_pool) must not trip the coverage rule first.
+    cover_keys(a, a.comp_block_count);
     return a;
   };
   d.launch = [wgmma](GpuBackend& g, KernelHandle k, const SplitDecodeFp8Args& a) {

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "metrale/error.hpp"
-#include "metrale/mla_fast.hpp"  // module_runs_on
+#include "metrale/mla_fast.hpp"  // entry_unavailable
 #ifdef METRALE_WITH_CUDA
 #include "metrale/cuda/cuda_backend.hpp"
 #endif
@@ -110,7 +110,7 @@ void check_case(const KernelCase& c) {
   std::map<std::string, Tensor> emu_out;
   for (const auto& name : backends()) {
     auto gpu = make_backend(name);
-    if (!module_runs_on(*gpu, c.module)) continue;  // mla_wgmma off sm_90
+    if (entry_unavailable(*gpu, c.module, c.entry)) continue;  // mla_wgmma off sm_90 or in too little shared memory
     auto* emu = dynamic_cast<emu::EmulatorBackend*>(gpu.get());
     const auto before = emu != nullptr ? live_serials(*emu) : std::set<std::uint64_t>{};
     const auto out = run_kernel_case(*gpu, c);
