@@ -222,10 +222,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   auto* cmd = app.add_subcommand("conform", "the conformance set on a backend, against the emulator and the reference");
   cmd->add_option("--backend", opts->backend,
                   "backend under test: emu, cuda or auto (default: METRALE_BACKEND, else auto)");
-  cmd->add_option("--report", opts->report, "write report.json and report.md into DIR");
-  cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)");
+  cmd->add_option("--report", opts->report, "write report.json and report.md into DIR")->option_text("DIR");
+  cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)")
+      ->option_text("DIR ...");
   cmd->add_option("--golden", opts->golden_dirs,
-                  "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)");
+                  "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)")
+      ->option_text("DIR ...");
   cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->capture_default_str();
   cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)");
   cmd->callback([opts, set_exit] {
@@ -267,14 +269,14 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     const auto device = device_json(*gpu);
-    fmt::print("{:<8} {:<28} {:>6} {:>6}\n", "group", "kernel", "cases", "failed");
+    fmt::print("{:<8} {:<34} {:>6} {:>6}\n", "group", "kernel", "cases", "failed");
     std::map<std::pair<std::string, std::string>, std::pair<int, int>> summary;
     for (const auto& r : results) {
       auto& [n, bad] = summary[{r.group, r.kernel}];
       ++n;
       bad += r.pass() ? 0 : 1;
     }
-    for (const auto& [k, v] : summary) fmt::print("{:<8} {:<28} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
+    for (const auto& [k, v] : summary) fmt::print("{:<8} {:<34} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
     const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
     for (const auto& r : results)
       if (!r.pass()) {
