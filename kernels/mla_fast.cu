@@ -131,8 +131,8 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
   const bool rows_ahead = staged || kHeld > 0;  // rows looked up a tile before their loads
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, r = warp / 4, c = warp % 4;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * G, s = blockIdx.z, num_splits = gridDim.x;
-  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
-  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+  const Chunk chunk = chunk_of(keys, z, keys_per_split);
+  const uint32_t begin = chunk.begin, end = chunk.end;
   const uint32_t parts = dim / 16;  // 16-element units of a row
 
   // Warp 0 looks up the rows of the tile's keys (lane = key).

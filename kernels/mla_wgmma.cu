@@ -211,8 +211,8 @@ __device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wg = warp / 4, wt = tid % 128;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows, s = blockIdx.z, num_splits = gridDim.x;
-  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
-  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+  const Chunk chunk = chunk_of(keys, z, keys_per_split);
+  const uint32_t begin = chunk.begin, end = chunk.end;
   const uint32_t atom_begin = wg == 0 ? 0 : kAtoms0, atom_count = wg == 0 ? kAtoms0 : kAtoms1;
   const TileFeed<Rows> feed{layout, skv, raw, end};
 
@@ -446,8 +446,8 @@ __device__ void wgmma16_decode(const __nv_bfloat16* q, float* o_partial, float* 
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows16, s = blockIdx.z, num_splits = gridDim.x;
-  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
-  const uint32_t end = static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split));
+  const Chunk chunk = chunk_of(keys, z, keys_per_split);
+  const uint32_t begin = chunk.begin, end = chunk.end;
 
   load_q_rows<kQUnits>(q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
                        [&](uint32_t row, uint32_t part) { return sq + swizzled16(row, part); });

@@ -66,6 +66,16 @@ struct UnitWalk {
   }
 };
 
+// Keys [begin, end) of chunk z of a key set cut into chunks of keys_per_split (empty past the
+// end; offsets in 64 bits, so a chunk index times its length never wraps).
+struct Chunk {
+  uint32_t begin, end;
+};
+__device__ inline Chunk chunk_of(const KeySet& keys, uint32_t z, uint32_t keys_per_split) {
+  const uint32_t begin = static_cast<uint32_t>(min(uint64_t{z} * keys_per_split, uint64_t{keys.count}));
+  return {begin, static_cast<uint32_t>(min(uint64_t{keys.count}, uint64_t{begin} + keys_per_split))};
+}
+
 __device__ inline uint32_t dynamic_smem_bytes() {
   uint32_t r;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));

@@ -25,15 +25,14 @@ void add_info(CLI::App& app) {
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows).
-    auto formats = [&](std::uint32_t rows) {
+    auto formats = [&](const char* entry) {
       std::vector<std::string> fit;
-      for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-        if (module_runs_on(emu, kMlaWgmmaModule) && wgmma_shared_bytes(f, rows) <= emu.max_shared_bytes_per_block())
-          fit.emplace_back(to_string(f));
+      for (const char* f : {"fp8", "nvfp4"})
+        if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
       return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
     };
-    const std::string wgmma = fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}", formats(64),
-                                          formats(16));
+    const std::string wgmma = fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}",
+                                          formats("mla_paged_decode_wgmma"), formats("mla_paged_decode_wgmma16"));
     fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma dispatched for {})\n",
                emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
