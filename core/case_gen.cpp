@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "metrale/error.hpp"
 #include "metrale/formats.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/reference.hpp"
@@ -252,7 +253,9 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   }
   // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
   const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
-  const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16;
+  const bool rs = which == SplitEntry::wgmma16_rs;
+  if (rs && !fp8) fail(Errc::invalid_argument, "split_kernel_case: the staged 16-head wgmma entry is FP8's only");
+  const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16 || rs;
   const bool wgmma = which == SplitEntry::wgmma || wgmma16;
   const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
@@ -261,7 +264,8 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
       wgmma16 || sixteen ? 16 : wgmma ? 64 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
   const ref::SplitPartials want = ref::split_partials(r, logit_scale, keys_per_split, num_splits);
 
-  const std::string entry = std::string(wgmma16   ? "mla_paged_decode_wgmma16_"
+  const std::string entry = std::string(rs        ? "mla_paged_decode_wgmma16_rs_"
+                                        : wgmma16 ? "mla_paged_decode_wgmma16_"
                                         : wgmma   ? "mla_paged_decode_wgmma_"
                                         : sixteen ? "mla_paged_decode_split16_"
                                                   : "mla_paged_decode_split_") +
@@ -825,6 +829,7 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
     p.num_q_heads = 13, p.seed = ++s;  // the wgmma16 entries: one head group, three heads short
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16));
+    if (f == KvFormat::fp8) p.seed = ++s, out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16_rs));
   }
   out.push_back(combine_case(3, 5, 576, 7, true, ++s));
   for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path

@@ -46,7 +46,7 @@ struct Adapter {
   LauncherFields fields;
   // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', 'r' for the split
   // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads; the wgmma entries'
-  // 256 threads serve 64, the wgmma16 entries' 16), or 'c' for the K3 split's chunks (grid.x × 4,
+  // 256 threads serve 64, the wgmma16 entries' 384 or 128 threads 16), or 'c' for the K3 split's chunks (grid.x × 4,
   // a chunk per warp).
   std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
@@ -54,7 +54,7 @@ struct Adapter {
 
 constexpr ArgKind U32 = ArgKind::u32, U64 = ArgKind::u64, F32 = ArgKind::f32;
 
-// Heads per block of a wgmma entry: 16 for mla_paged_decode_wgmma16_*, else 64.
+// Heads per block of a wgmma entry: 16 for mla_paged_decode_wgmma16_* (the _rs_ entry too), else 64.
 std::uint32_t wgmma_entry_rows(std::string_view entry) {
   return entry.starts_with("mla_paged_decode_wgmma16") ? 16 : 64;
 }
@@ -327,6 +327,7 @@ const std::vector<Adapter>& adapters() {
       split_nvfp4_adapter("mla_paged_decode_wgmma_nvfp4", true),
       split_fp8_adapter("mla_paged_decode_wgmma16_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma16_nvfp4", true),
+      split_fp8_adapter("mla_paged_decode_wgmma16_rs_fp8", true),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -415,6 +416,7 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_wgmma_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma16_fp8", split_fp8},
       {"mla_paged_decode_wgmma16_nvfp4", split_nvfp4},
+      {"mla_paged_decode_wgmma16_rs_fp8", split_fp8},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);
@@ -587,9 +589,11 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
                                                          : c.grid.z);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
-  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_threads(wgmma_entry_rows(a.entry)), 1, 1})
+  const std::uint32_t wgmma_block =
+      wgmma_threads(wgmma_entry_rows(a.entry), a.entry == "mla_paged_decode_wgmma16_rs_fp8");
+  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_block, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
-         c.block.y, c.block.z, a.entry, wgmma_threads(wgmma_entry_rows(a.entry)));
+         c.block.y, c.block.z, a.entry, wgmma_block);
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
       // check_output compares these dtypes; any other would fail only after the launch.

@@ -15,6 +15,11 @@ namespace {
 
 constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
 constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
+// Tiles per block slot from which FP8 16-head rows run on the staged one-warpgroup entry
+// (mla_paged_decode_wgmma16_rs_fp8). Measured on the H200 (docs/performance.md) against the
+// specialised entry: 6–10% faster at about 124 tiles a slot (B = 128 from 16K keys, B = 32 at
+// 64K), level (±2%) at 31, up to 2× slower where a block walks a few tiles.
+constexpr std::uint64_t kStagedTiles16 = 64;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -63,9 +68,9 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
 }
 
 // The wgmma entries' extra rules: their block shapes, DeepSeek's rows, and the entry of the block
-// (`entry64` for 64 heads, `entry16` for 16).
+// (`entry64` for 64 heads; for 16, `entry16` or `entry16_staged`, null where the format has none).
 void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a,
-                    const char* entry64, const char* entry16) {
+                    const char* entry64, const char* entry16, const char* entry16_staged) {
   v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
   v.check(a.rows_per_block == kWgmmaRows || a.rows_per_block == kWgmma16Rows,
           "rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block);
@@ -73,15 +78,28 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
           a.keys_per_split);
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
           "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
-  validate_entry(v, gpu, kernel, {a.rows_per_block == kWgmmaRows ? entry64 : entry16});
+  if (a.rows_per_block == kWgmmaRows) {
+    validate_entry(v, gpu, kernel, {entry64});
+  } else if (entry16_staged != nullptr) {
+    validate_entry(v, gpu, kernel, {entry16, entry16_staged});
+  } else {
+    validate_entry(v, gpu, kernel, {entry16});
+  }
 }
 
-// Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma) launch.
-KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma) {
+// Whether `kernel` is entry `entry` of its module.
+bool is_entry(const GpuBackend& gpu, KernelHandle kernel, std::string_view entry) {
+  return gpu.kernel_name(kernel).ends_with(fmt::format(".{}", entry));
+}
+
+// Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
+// the staged 16-head wgmma entry) launch.
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma,
+                         bool staged16 = false) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
-      .block({wgmma ? wgmma_threads(a.rows_per_block) : 8 * a.rows_per_block, 1, 1})
-      .shared_bytes(wgmma ? wgmma_shared_bytes(format, a.rows_per_block)
+      .block({wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1})
+      .shared_bytes(wgmma ? wgmma_shared_bytes(format, a.rows_per_block, staged16)
                           : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
       .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
@@ -132,7 +150,8 @@ std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_
   if (module != kMlaWgmmaModule) return std::nullopt;
   const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
   const std::uint32_t bytes =
-      wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows);
+      wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
+                         entry == "mla_paged_decode_wgmma16_rs_fp8");
   if (bytes <= gpu.max_shared_bytes_per_block()) return std::nullopt;
   return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", entry, bytes,
                      gpu.max_shared_bytes_per_block());
@@ -149,33 +168,45 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
     r.wgmma_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_nvfp4");
     r.wgmma16_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_fp8");
     r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
+    r.wgmma16_rs_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
   }
   return r;
 }
 
-std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block) {
+std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, bool staged) {
+  const std::uint32_t half_pitch =
+      format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
+  if (rows_per_block == kWgmma16Rows && staged)
+    return 1024                                         // alignment of the swizzled tiles
+           + kWgmma16Rows * kWgmmaDim * 2               // Q (FP16)
+           + kWgmma16Rows * kWgmmaTileKeys * 2          // P (FP16)
+           + kWgmmaTileKeys * (kWgmmaDim + half_pitch)  // the raw FP8 K and V half-tiles (K rows unpadded)
+           + kWgmma16Rows * 4                           // the Q rows' unscale factors
+           + 4 * kWgmma16Rows * 4                       // the per-warp maxima and sums
+           + 2 * 8;                                     // the two slots' mbarriers
   if (rows_per_block == kWgmma16Rows)
     return 1024                                                   // alignment of the swizzled tiles
            + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)
            + kWgmma16Rows * kWgmmaTileKeys * 2                    // P (FP16)
            + kWgmma16Rows * 4                                     // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4;                                // the consumer's per-warp maxima and sums
-  const std::uint32_t half_pitch =
-      format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
-  return 1024                                                 // alignment of the swizzled tiles
-         + (rows_per_block + kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K/V tile (FP16; also the logit exchange)
-         + 2 * kWgmmaTileKeys * half_pitch                    // the raw K and V half-tiles
-         + 2 * 4 * kWgmmaTileKeys * 8                         // row pointers, two tiles
-         + rows_per_block * 4;                                // the Q rows' unscale factors
+  return 1024                                                     // alignment of the swizzled tiles
+         + (rows_per_block + kWgmmaTileKeys) * kWgmmaDim * 2      // Q, the K/V tile (FP16; also the logit exchange)
+         + 2 * kWgmmaTileKeys * half_pitch                        // the raw K and V half-tiles
+         + 2 * 4 * kWgmmaTileKeys * 8                             // row pointers, two tiles
+         + rows_per_block * 4;                                    // the Q rows' unscale factors
 }
 
-std::uint32_t wgmma_threads(std::uint32_t rows_per_block) { return rows_per_block == kWgmma16Rows ? 384 : 256; }
+std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
+  return rows_per_block != kWgmma16Rows ? 256 : staged ? 128 : 384;
+}
 
 std::uint32_t wgmma_rows(const PagedDecodeCommon& a) {
   if (a.q_head_dim != kWgmmaDim || a.kv_cache_dim != kWgmmaDim) return 0;
@@ -245,20 +276,27 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
       p.rows_per_block > kGroupRows && staged_bytes <= max_shared_bytes && per_sm(staged_bytes) == per_sm(direct_bytes);
   p.shared_bytes = p.staged ? staged_bytes : direct_bytes;
   std::uint32_t tile_keys = kTileKeys, blocks_per_sm = per_sm(p.shared_bytes);
-  if (p.wgmma) {  // 64 heads on two warpgroups, staged (16 on three, their producers' registers
-                  // the staging), 64-key tiles, one block per SM
-    p.rows_per_block = wgmma_rows(a), p.threads = wgmma_threads(p.rows_per_block);
-    p.staged = p.rows_per_block == kWgmmaRows;
+  const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
+  if (p.wgmma) {  // 64-key tiles; 64 heads on two warpgroups, staged, one block per SM; 16 heads
+                  // on three (their producers' registers the staging), one per SM, or for FP8
+                  // where each of two block slots per SM has at least kStagedTiles16 tiles to
+                  // walk, staged on one warpgroup (wgmma16_rs), two per SM
+    p.rows_per_block = wgmma_rows(a);
     p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
-    p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block);
-    tile_keys = kWgmmaTileKeys, blocks_per_sm = 1;
+    const std::uint64_t work = std::uint64_t{a.num_seqs} * p.head_groups * ((max_keys + 63) / 64);
+    const std::uint64_t slots16 = 2ull * std::max(1u, multiprocessors);
+    p.staged = p.rows_per_block == kWgmmaRows ||
+               (format == KvFormat::fp8 && work >= kStagedTiles16 * slots16 &&
+                2 * (wgmma_shared_bytes(format, kWgmma16Rows, true) + 1024) <= max_shared_bytes + 1024);
+    p.threads = wgmma_threads(p.rows_per_block, p.staged);
+    p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block, p.staged);
+    tile_keys = kWgmmaTileKeys, blocks_per_sm = p.rows_per_block == kWgmma16Rows && p.staged ? 2 : 1;
   }
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
   // pipeline start, partial and share of the combine); ties go to fewer splits. At least four
   // tiles a split: at one sequence of 4096 keys, 128 one-tile splits took 111 µs on the H200
   // (the combine's loop over them), 32 four-tile splits 58.
-  const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
   const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, blocks_per_sm);
@@ -302,17 +340,18 @@ namespace {
 // The name a split launcher's errors start with: the split entry's, or the wgmma entry's that
 // `kernel` is (when it is neither, the one of rows_per_block).
 const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a, bool wgmma,
-                                const char* split, const char* wgmma64, const char* wgmma16) {
+                                const char* split, const char* wgmma64, const char* wgmma16,
+                                const char* wgmma16_staged = nullptr) {
   if (!wgmma) return split;
-  const std::string name = gpu.kernel_name(kernel);
-  if (name.ends_with(std::string(".") + wgmma16)) return wgmma16;
-  if (name.ends_with(std::string(".") + wgmma64)) return wgmma64;
+  for (const char* entry : {wgmma16, wgmma64, wgmma16_staged})
+    if (entry != nullptr && is_entry(gpu, kernel, entry)) return entry;
   return a.rows_per_block == kWgmma16Rows ? wgmma16 : wgmma64;
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
-                                        "mla_paged_decode_wgmma16_fp8")};
+  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8",
+                                        "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
+                                        "mla_paged_decode_wgmma16_rs_fp8")};
   validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
@@ -325,12 +364,13 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   detail::validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8");
+    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
+                   "mla_paged_decode_wgmma16_rs_fp8");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
   }
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::fp8, wgmma)
+  split_args(l, a, KvFormat::fp8, wgmma, wgmma && is_entry(gpu, kernel, "mla_paged_decode_wgmma16_rs_fp8"))
       .arg_u64(a.cache_stride)
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)
@@ -358,7 +398,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4");
+    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", nullptr);
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }
@@ -447,7 +487,11 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
   if (p.wgmma) {
-    mla_paged_decode_wgmma_fp8(gpu, p.rows_per_block == kWgmmaRows ? fast.wgmma_fp8 : fast.wgmma16_fp8, s, stream);
+    mla_paged_decode_wgmma_fp8(gpu,
+                               p.rows_per_block == kWgmmaRows ? fast.wgmma_fp8
+                               : p.staged                     ? fast.wgmma16_rs_fp8
+                                                              : fast.wgmma16_fp8,
+                               s, stream);
   } else {
     mla_paged_decode_split_fp8(gpu, p.rows_per_block == kGroupRows ? fast.split16_fp8 : fast.split_fp8, s, stream);
   }

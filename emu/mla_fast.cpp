@@ -133,7 +133,9 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
 // kKind wgmma: mla_paged_decode_wgmma_fp8 (module mla_wgmma), the same math on 64-head blocks
 // of 64-key tiles (block 256; its two warpgroups' split of the work changes only FP32 order);
 // wgmma16: mla_paged_decode_wgmma16_fp8, on 16-head blocks of 64-key tiles (block 384; its
-// transposed products and per-thread partial sums, again only FP32 order).
+// transposed products and per-thread partial sums, again only FP32 order), and
+// mla_paged_decode_wgmma16_rs_fp8, the same on one warpgroup (block 128; its permuted contraction
+// and output rows, again only FP32 order).
 template <SplitKind kKind>
 void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                 Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
@@ -310,6 +312,7 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_nvfp4<wgmma>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
+  r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_fp8", fp8, block_is({128, 1, 1}));
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.
@@ -317,7 +320,7 @@ void register_mla_fast(Registry& r) {
                         "mla_paged_decode_split16_nvfp4"})
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
   for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_fp8",
-                        "mla_paged_decode_wgmma16_nvfp4"})
+                        "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",

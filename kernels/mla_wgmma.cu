@@ -1,6 +1,7 @@
 // Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
 // warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
-// (mla_paged_decode_wgmma16_*, the warp-specialised block described at wgmma16_decode below).
+// (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and for FP8
+// mla_paged_decode_wgmma16_rs_fp8, the one-warpgroup block of wgmma16_fp8_decode).
 // Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
 // partials go to mla_fast's combine.
 //
@@ -346,6 +347,342 @@ __device__ void wgmma_ss_m64n16k16(float (&d)[8], uint64_t a, uint64_t b, uint32
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
 }
 
+// D (+)= A·B, m64n16k16, FP16 in, FP32 accumulate: A from registers (each warp's 16 rows as the
+// m16n8k16 A fragment), B K-major in shared memory (descriptor). `accumulate` 0 overwrites D.
+__device__ void wgmma_rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+// Pins register `r` here: the compiler computes it before this point (the A operands of a wgmma
+// before its wgmma_fence, which otherwise costs a fence per wgmma).
+__device__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)); }
+// Wait until at most kPending of this warpgroup's wgmma commit groups are still running.
+template <int kPending>
+__device__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The 16-head blocks: heads are the N of every wgmma, keys and output dims its M. Two designs:
+// warp-specialised (wgmma16_producers_decode: producer warpgroups convert to FP16 tiles in shared
+// memory for a consumer warpgroup; its tile chain is short, so it serves small grids) and, for
+// FP8, one warpgroup converting the cache bytes into its own A fragments (wgmma16_fp8_decode: no
+// FP16 round trip and two blocks per SM, faster where a block slot has many tiles to walk).
+constexpr uint32_t kRows16 = 16;
+constexpr uint32_t kSlab16Bytes = kRows16 * 128;  // 16 rows of a 64-column slab (Q, P)
+constexpr uint32_t kAtoms16 = kDim / 64;          // the output's 64-row atoms (Oᵀ's M), nine
+constexpr uint32_t kKUnits16 = kDim / 64;         // 16-value units of a K row an FP8 block's thread holds
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 16-row FP16 matrix of 64-column slabs
+// with the 128-byte swizzle (Q; P, one slab of 64 keys).
+__device__ uint32_t swizzled16(uint32_t row, uint32_t chunk) {
+  return (chunk / 8) * kSlab16Bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// The online softmax over one tile of a 16-head block (both designs), in the transposed
+// accumulator layout: the thread's element e of Sᵀ is key r0 + 8·(e%4 ≥ 2) of head
+// jj = 2·(e/4) + e%2 (head 8·(jj/2) + 2·(lane%4) + jj%2); keys from `end` on are masked. The max
+// over the tile's keys takes three lane shuffles, then the four warps' maxima through `red`
+// ([warp][16 heads]), `after_maxima` the barrier between their writes and reads (and what may
+// start there). Rescales o and the thread's partial sums l, and writes P (FP16) to the slab `sp`.
+template <class AfterMaxima>
+__device__ void tile_softmax16(float (&sacc)[8], float (&m)[4], float (&l)[4], float (&o)[kAtoms16][8],
+                               const float (&q_down)[4], uint32_t tile, uint32_t end, uint32_t r0, uint32_t warp,
+                               uint32_t lane, float* red, uint8_t* sp, const AfterMaxima& after_maxima) {
+  auto head_of = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * (lane % 4) + jj % 2; };
+  float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) {
+    const uint32_t key = r0 + 8 * ((e % 4) / 2), jj = 2 * (e / 4) + e % 2;
+    sacc[e] = tile + key < end ? sacc[e] * q_down[jj] : -INFINITY;
+    mx[jj] = fmaxf(mx[jj], sacc[e]);
+  }
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) {
+    for (uint32_t off = 4; off < kWarp; off *= 2) mx[jj] = fmaxf(mx[jj], __shfl_xor_sync(0xFFFFFFFFu, mx[jj], off));
+    if (lane < 4) red[warp * kRows16 + head_of(jj)] = mx[jj];
+  }
+  after_maxima();
+  float alpha[4];
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) {
+    const uint32_t h = head_of(jj);
+    const float t = fmaxf(fmaxf(red[h], red[kRows16 + h]), fmaxf(red[2 * kRows16 + h], red[3 * kRows16 + h]));
+    const float m_new = fmaxf(m[jj], t);
+    alpha[jj] = expf(m[jj] - m_new);
+    m[jj] = m_new;
+  }
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) {
+    const uint32_t key = r0 + 8 * ((e % 4) / 2), jj = 2 * (e / 4) + e % 2;
+    const float pe = expf(sacc[e] - m[jj]);
+    sum[jj] += pe;
+    *reinterpret_cast<__half*>(sp + swizzled16(head_of(jj), key / 8) + (key % 8) * 2) = __float2half_rn(pe);
+  }
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) l[jj] = l[jj] * alpha[jj] + sum[jj];
+  if (alpha[0] != 1.0f || alpha[1] != 1.0f || alpha[2] != 1.0f || alpha[3] != 1.0f) {
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a)
+#pragma unroll
+      for (uint32_t e = 0; e < 8; ++e) o[a][e] *= alpha[2 * (e / 4) + e % 2];
+  }
+}
+
+// ---- FP8: one warpgroup, A from registers
+
+// Q's columns in the contraction order of Sᵀ = K·Qᵀ, chosen so that a thread's A fragments of K
+// are whole 16-value units of its two keys' rows: within each 64-dim slab i, dim
+// 64i + 16j + 4t + 2hi + e is column 64i + 16t + 8hi + 2j + e, which k-step 4i + t gives the
+// threads of quad index j (lane % 4) as their A column 2j + 8hi + e — the values 4t + 2hi + e of
+// their unit 4i + j. Unit `part` of a Q row (dims 8·part..+7) thus goes as four FP16 pairs to
+// four chunks, at the same 4-byte place in each.
+__device__ void store_q_permuted(uint8_t* sq, uint32_t row, uint32_t part, const uint32_t (&w)[4]) {
+  const uint32_t chunk0 = 8 * (part / 8) + 4 * (part % 2), byte = 4 * ((part % 8) / 2);
+#pragma unroll
+  for (uint32_t m = 0; m < 4; ++m) *reinterpret_cast<uint32_t*>(sq + swizzled16(row, chunk0 + m) + byte) = w[m];
+}
+
+// Sᵀ = K·Qᵀ for one tile, A from registers: the thread holds keys `key0` and `key1` (rows r0 and
+// r0 + 8 of its warp's 16, staged raw) and converts their units 4i + j (exactly, to FP16) for the
+// four k-steps of slab i, one commit group a slab, the next slab converted while one runs.
+__device__ void kq_tile_rs(float (&sacc)[8], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
+                           uint32_t j, uint64_t q) {
+  uint4 r0 = layout.staged_half(key0, j), r1 = layout.staged_half(key1, j);
+#pragma unroll
+  for (uint32_t i = 0; i < kKUnits16; ++i) {
+    uint32_t w0[8], w1[8];
+    fp8x16_to_f16<true>(r0, w0);
+    fp8x16_to_f16<true>(r1, w1);
+    if (i + 1 < kKUnits16)
+      r0 = layout.staged_half(key0, 4 * (i + 1) + j), r1 = layout.staged_half(key1, 4 * (i + 1) + j);
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e) pin(w0[e]), pin(w1[e]);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t t = 0; t < 4; ++t) {
+      const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
+      wgmma_rs_m64n16k16(sacc, a, q + ((i * kSlab16Bytes + t * 32) >> 4), i + t != 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+}
+
+// Oᵀ += Vᵀ·Pᵀ for one tile, A from registers. Output rows are permuted like Q's columns: the
+// thread of row group qrow = 8·warp + lane/4 holds, in atom a < 8, dims 16·qrow + 2a (its row
+// r0) and + 1 (r0 + 8), and in atom 8 dims 512 + 2·qrow and + 1 — one unit and one pair of each
+// key's V row. K-step kk gives it keys 16kk + 2j + {0, 1, 8, 9} (P's columns, in key order), so
+// each A register pairs one dim of two keys: the converted units' FP16 pairs, transposed by byte
+// permutes. Keys from `live_keys` on are zeros (0·NaN would poison O). One commit group a k-step.
+__device__ void vp_tile_rs(float (&o)[kAtoms16][8], const Fp8Rows& layout, const uint8_t* sv, uint32_t pitch,
+                           uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
+  uint4 raw[4];
+  uint32_t pair[4];  // atom 8's dims of each key, as FP16
+  auto fetch = [&](uint32_t kk) {
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t key = 16 * kk + 2 * j + c % 2 + 8 * (c / 2);
+      const uint8_t* row = sv + key * pitch;
+      const bool live = key < live_keys;
+      raw[c] = live ? layout.staged_half(row, qrow) : uint4{};
+      pair[c] = live ? layout.staged_pair(row, 512 + 2 * qrow) : 0u;
+    }
+  };
+  fetch(0);
+#pragma unroll
+  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+    uint32_t w[4][kAtoms16];  // per key: the unit's eight pairs, then the pair of atom 8
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      uint32_t unit[8];
+      fp8x16_to_f16<true>(raw[c], unit);
+#pragma unroll
+      for (uint32_t a = 0; a < 8; ++a) w[c][a] = unit[a];
+      w[c][8] = pair[c];
+    }
+    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
+    uint32_t f[kAtoms16][4];
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a) {
+      f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
+      f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
+#pragma unroll
+      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a) wgmma_rs_m64n16k16(o[a], f[a], p + ((kk * 32) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+}
+
+// mbarriers and the bulk copy engine (sm_90): a barrier of `count` arrivals whose phase also waits
+// for the bytes announced by expect_tx to land; a copy of `bytes` (a multiple of 16, both ends
+// 16-byte aligned) from global to shared memory that counts them off at barrier `bar`.
+__device__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Wait until phase `parity` (0 or 1) of the barrier has completed.
+__device__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The raw half-tiles of a 16-head FP8 block: half h (0 K, 1 V) of a tile's keys staged into slot
+// h (64 rows of pitch[h] bytes) whole by the bulk copy engine — thread t copies half t / 64 of
+// key t % 64 — and thread 0 or 64 announces the half's bytes at the slot's mbarrier. Each
+// thread's rows are looked up a call ahead; keys past the chunk's end are not copied (their slot
+// rows keep older bytes).
+struct HalfFeed {
+  const Fp8Rows& layout;
+  uint8_t* slot[2];
+  uint32_t pitch[2];
+  uint64_t* bars;
+  uint32_t end;
+  const uint8_t* rows[4] = {};
+
+  __device__ void locate(uint32_t tile) {
+    const uint32_t k = threadIdx.x % kTileKeys;
+    if (tile + k < end) layout.locate(tile + k, layout.entry(tile + k), rows);
+  }
+  // Start half h of the tile located last (whose slot every thread is done reading).
+  __device__ void stage(uint32_t tile, uint32_t h) {
+    const uint32_t k = threadIdx.x % kTileKeys;
+    if (threadIdx.x / kTileKeys != h) return;
+    if (k == 0 && tile < end) mbar_expect_tx(bars + h, min(kTileKeys, end - tile) * layout.dim);
+    if (tile + k < end) {
+      fence_to_async_proxy();  // the slot's earlier reads before the engine's writes
+      bulk_copy(slot[h] + k * pitch[h], rows[2 * h], layout.dim, bars + h);
+    }
+  }
+  // Wait until half h of the block's i-th tile has landed (the mbarrier's completion makes the
+  // engine's writes visible to each thread that observes it).
+  __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + h, i % 2); }
+};
+
+// The split decode of one 16-head block over an FP8 cache (the memory-bound rows: a 64-row wgmma
+// of heads would be three quarters zeros): one warpgroup, transposed products with A from
+// registers, two blocks per SM. Sᵀ = K·Qᵀ puts the tile's 64 keys in M and the 16 heads in N; Oᵀ = Vᵀ·Pᵀ the output
+// dims in M. The raw K and V half-tiles are staged by the bulk copy engine (HalfFeed) into a slot each and read from
+// there by the threads whose fragments hold them, converted in registers — no FP16 copy in shared memory. A tile's V
+// streams in under its Q·Kᵀ and softmax, the next tile's K under its P·V. In the accumulator layout a thread holds keys
+// (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads 8·(e/4) + 2·(lane%4) + e%2: the max over a tile's keys
+// takes three lane shuffles and an exchange between the four warps; each thread keeps partial sums of its heads (the
+// same rescaling everywhere), added up at the end. Four barriers a tile.
+__device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
+                                   float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
+  constexpr uint32_t dim = kDim, q_head_dim = kDim;
+  const KeySet& keys = layout.keys;
+  const uint32_t pitch_k = layout.fragment_pitch(0), pitch_v = layout.fragment_pitch(1);
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The carve-up (wgmma_shared_bytes): Q (permuted) and P in swizzled slabs; the raw K and V
+  // half-tiles; the Q rows' unscale factors and the per-warp maxima (then sums).
+  uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint8_t* const sp = sq + kRows16 * dim * 2;  // [16 heads][64 keys] FP16
+  uint8_t* const sk = sp + kSlab16Bytes;
+  uint8_t* const sv = sk + kTileKeys * pitch_k;
+  float* const q_unscale = reinterpret_cast<float*>(sv + kTileKeys * pitch_v);
+  float* const red = q_unscale + kRows16;                                 // [warp][16 heads]
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(red + 4 * kRows16);  // the K and V slots' mbarriers
+
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, j = lane % 4;
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows16, s = blockIdx.z, num_splits = gridDim.x;
+  const Chunk chunk = chunk_of(keys, z, keys_per_split);
+  const uint32_t begin = chunk.begin, end = chunk.end;
+
+  if (tid == 0) mbar_init(bars, 1), mbar_init(bars + 1, 1), fence_mbar_init();
+  __syncthreads();  // the mbarriers ready before any copy counts off at them
+  // The first tile's K and V on their way, then Q.
+  HalfFeed feed{layout, {sk, sv}, {pitch_k, pitch_v}, bars, end};
+  feed.locate(begin);
+  feed.stage(begin, 0);
+  feed.stage(begin, 1);
+  load_q_rows_with<kQUnits>(
+      q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
+      [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted(sq, row, part, w); });
+  fence_to_async_proxy();
+  __syncthreads();
+
+  const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
+  // The thread's heads: j = 2·(e/4) + e%2 is head 8·(j/2) + 2·(lane%4) + j%2.
+  auto head_of = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * j + jj % 2; };
+  float q_down[4];
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) q_down[jj] = q_unscale[head_of(jj)] * logit_scale;
+  const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), p_desc = smem_desc(smem_addr(sp), 16, 1024);
+  float o[kAtoms16][8] = {};
+  float m[4], l[4];  // l: this thread's keys' share of the sum
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) m[jj] = -INFINITY, l[jj] = 0.0f;
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    feed.wait(0, i);
+    __syncthreads();  // this tile's K everywhere
+    feed.locate(tile + kTileKeys);
+    float sacc[8];
+    kq_tile_rs(sacc, layout, sk + r0 * pitch_k, sk + (r0 + 8) * pitch_k, j, q_desc);
+    tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [&] {
+      __syncthreads();  // the maxima written, the K half-tile read everywhere
+      feed.stage(tile + kTileKeys, 0);
+    });
+    fence_to_async_proxy();  // P, for the tensor cores
+    feed.wait(1, i);
+    __syncthreads();  // P and this tile's V everywhere, the maxima read
+    vp_tile_rs(o, layout, sv, pitch_v, end - tile, j, qrow, p_desc);
+    __syncthreads();  // the V half-tile and P read everywhere
+    feed.stage(tile + kTileKeys, 1);
+  }
+  cp_async_wait_all();
+  // The sums over the block's keys: lanes of one lane%4, then the four warps in order.
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) {
+    for (uint32_t off = 4; off < kWarp; off *= 2) l[jj] += __shfl_xor_sync(0xFFFFFFFFu, l[jj], off);
+    if (lane < 4) red[warp * kRows16 + head_of(jj)] = l[jj];
+  }
+  __syncthreads();
+  // The block's partial: unnormalised O with its running max and sum, per head; the thread's
+  // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile).
+#pragma unroll
+  for (uint32_t jj = 0; jj < 4; ++jj) {
+    const uint32_t hl = head_of(jj), h = head0 + hl;
+    if (h >= num_q_heads) continue;
+    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
+    const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a) {
+      const uint32_t d = a < 8 ? 16 * qrow + 2 * a : 512 + 2 * qrow;
+      *reinterpret_cast<float2*>(o_partial + slot * dim + d) = make_float2(o[a][e0], o[a][e0 + 2]);
+    }
+    if (warp == 0 && lane < 4) {
+      ml_partial[2 * slot] = m[jj];
+      ml_partial[2 * slot + 1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
+    }
+  }
+}
+
+// ---- Warp-specialised (both formats)
+
 // Named barriers of the 16-head blocks (0 is __syncthreads): the producers arrive at a
 // buffer's `full` barrier and the consumer waits there; the consumer arrives at `empty` and the
 // producers wait. kSoftmaxBar is the consumer warpgroup's own.
@@ -359,23 +696,13 @@ __device__ void bar_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
-// The 16-head blocks: heads are the N of every wgmma, keys and output dims its M.
-constexpr uint32_t kRows16 = 16;
-constexpr uint32_t kSlab16Bytes = kRows16 * 128;  // 16 rows of a 64-column slab (Q, P)
-constexpr uint32_t kThreads16 = 384;              // warpgroup 0 the consumer, 1-2 the producers
+constexpr uint32_t kThreads16 = 384;  // warpgroup 0 the consumer, 1-2 the producers
 constexpr uint32_t kProducers = 256;
-constexpr uint32_t kAtoms16 = kDim / 64;  // the output's 64-dim atoms, all the consumer's
 constexpr uint32_t kUnitsPerProducer = kDim / 16 * kTileKeys / kProducers;  // 16-value units of a half-tile
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a 16-row FP16 matrix of 64-column slabs
-// with the 128-byte swizzle (Q; P, one slab of 64 keys).
-__device__ uint32_t swizzled16(uint32_t row, uint32_t chunk) {
-  return (chunk / 8) * kSlab16Bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
-}
 
 // Issue Sᵀ = K·Qᵀ over the whole contraction (36 k-steps of 16 dims; A: the K tile's slabs from
 // descriptor `k`, B: Q's from `q`), one commit group.
-__device__ void kq_tile(float (&sacc)[8], uint64_t k, uint64_t q) {
+__device__ void kq_tile_ss(float (&sacc)[8], uint64_t k, uint64_t q) {
   wgmma_fence();
 #pragma unroll
   for (uint32_t s = 0; s < kDim / 16; ++s) {
@@ -388,7 +715,7 @@ __device__ void kq_tile(float (&sacc)[8], uint64_t k, uint64_t q) {
 
 // Issue Oᵀ += Vᵀ·Pᵀ for one tile: the nine 64-dim atoms of V (MN-major, descriptor `v`), four
 // k-steps of 16 keys, P K-major from descriptor `p`; one commit group.
-__device__ void vp_tile(float (&o)[kAtoms16][8], uint64_t v, uint64_t p) {
+__device__ void vp_tile_ss(float (&o)[kAtoms16][8], uint64_t v, uint64_t p) {
   wgmma_fence();
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
@@ -430,8 +757,9 @@ struct HalfTile {
 // tile's keys takes three lane shuffles and an exchange between the four warps; each thread
 // keeps partial sums of its heads (the same rescaling everywhere), added up at the end.
 template <class Rows>
-__device__ void wgmma16_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
-                               float logit_scale, uint32_t keys_per_split, const Rows& layout) {
+__device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial,
+                                         uint32_t num_q_heads, float logit_scale, uint32_t keys_per_split,
+                                         const Rows& layout) {
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
   const KeySet& keys = layout.keys;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -498,52 +826,14 @@ __device__ void wgmma16_decode(const __nv_bfloat16* q, float* o_partial, float* 
     const bool more = tile + kTileKeys < end;
     bar_sync<kKFull, kThreads16>();
     float sacc[8];
-    kq_tile(sacc, k_desc, q_desc);
+    kq_tile_ss(sacc, k_desc, q_desc);
     wgmma_wait_all();
     if (more) bar_arrive<kKEmpty, kThreads16>();
-    // Online softmax over the tile: element e is key r0 + 8·(e%4 ≥ 2) of head j = 2·(e/4) + e%2.
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-    for (uint32_t e = 0; e < 8; ++e) {
-      const uint32_t key = r0 + 8 * ((e % 4) / 2), j = 2 * (e / 4) + e % 2;
-      sacc[e] = tile + key < end ? sacc[e] * q_down[j] : -INFINITY;
-      mx[j] = fmaxf(mx[j], sacc[e]);
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < 4; ++j) {
-      for (uint32_t off = 4; off < kWarp; off *= 2) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xFFFFFFFFu, mx[j], off));
-      if (lane < 4) red[warp * kRows16 + head_of(j)] = mx[j];
-    }
-    bar_sync<kSoftmaxBar, 128>();
-    float alpha[4];
-#pragma unroll
-    for (uint32_t j = 0; j < 4; ++j) {
-      const uint32_t h = head_of(j);
-      const float t = fmaxf(fmaxf(red[h], red[kRows16 + h]), fmaxf(red[2 * kRows16 + h], red[3 * kRows16 + h]));
-      const float m_new = fmaxf(m[j], t);
-      alpha[j] = expf(m[j] - m_new);
-      m[j] = m_new;
-    }
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (uint32_t e = 0; e < 8; ++e) {
-      const uint32_t key = r0 + 8 * ((e % 4) / 2), j = 2 * (e / 4) + e % 2;
-      const float pe = expf(sacc[e] - m[j]);
-      sum[j] += pe;
-      *reinterpret_cast<__half*>(sp + swizzled16(head_of(j), key / 8) + (key % 8) * 2) = __float2half_rn(pe);
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < 4; ++j) l[j] = l[j] * alpha[j] + sum[j];
-    if (alpha[0] != 1.0f || alpha[1] != 1.0f || alpha[2] != 1.0f || alpha[3] != 1.0f) {
-#pragma unroll
-      for (uint32_t a = 0; a < kAtoms16; ++a)
-#pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) o[a][e] *= alpha[2 * (e / 4) + e % 2];
-    }
+    tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [] { bar_sync<kSoftmaxBar, 128>(); });
     fence_to_async_proxy();          // P, for the tensor cores
     bar_sync<kSoftmaxBar, 128>();    // P written and the maxima read by every consumer warp
     bar_sync<kVFull, kThreads16>();  // V dequantised
-    vp_tile(o, v_desc, p_desc);
+    vp_tile_ss(o, v_desc, p_desc);
     wgmma_wait_all();
     if (more) bar_arrive<kVEmpty, kThreads16>();
   }
@@ -617,10 +907,25 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma16_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma16_producers_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
-// mla_paged_decode_wgmma16_nvfp4: the same over an NVFP4 cache.
+// mla_paged_decode_wgmma16_rs_fp8: the same on 16-head blocks of one warpgroup with register A
+// operands (wgmma16_fp8_decode). Grid: as mla_paged_decode_wgmma16_fp8. Block: 128, two per SM.
+extern "C" __global__ void __launch_bounds__(128, 2)
+    mla_paged_decode_wgmma16_rs_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                    float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                    const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                    uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
+                                    uint64_t cache_stride, uint32_t sliding_window, const uint8_t* comp_pool,
+                                    uint32_t comp_block_count, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma16_fp8_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma16_nvfp4: the same over an NVFP4 cache, warp-specialised. Block: 384.
 extern "C" __global__ void __launch_bounds__(384, 1)
     mla_paged_decode_wgmma16_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
                                    float* o_partial, float* ml_partial, const int32_t* block_tables,
@@ -630,5 +935,5 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
-  wgmma16_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma16_producers_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
 }

@@ -103,12 +103,13 @@ __device__ inline QScale q_scale_of(uint32_t big) {
 }
 
 // Q rows [head0, head0 + rows) of sequence s as FP16, a warp per row (rows past num_q_heads are
-// zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims)
-// stored at dst(row, part), its unscale factor 2^-e at q_unscale[row]. kUnits: units per lane,
-// enough for q_head_dim.
-template <uint32_t kUnits, class Dst>
-__device__ inline void load_q_rows(const __nv_bfloat16* q, uint32_t s, uint32_t head0, uint32_t rows,
-                                   uint32_t num_q_heads, uint32_t q_head_dim, float* q_unscale, const Dst& dst) {
+// zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims,
+// four FP16 pairs) handed to store(row, part, words), its unscale factor 2^-e at q_unscale[row].
+// kUnits: units per lane, enough for q_head_dim.
+template <uint32_t kUnits, class Store>
+__device__ inline void load_q_rows_with(const __nv_bfloat16* q, uint32_t s, uint32_t head0, uint32_t rows,
+                                        uint32_t num_q_heads, uint32_t q_head_dim, float* q_unscale,
+                                        const Store& store) {
   const uint32_t lane = threadIdx.x % kWarp;
   for (uint32_t row = threadIdx.x / kWarp; row < rows; row += blockDim.x / kWarp) {
     const uint32_t h = head0 + row;
@@ -131,10 +132,20 @@ __device__ inline void load_q_rows(const __nv_bfloat16* q, uint32_t s, uint32_t 
 #pragma unroll
       for (int w = 0; w < 4; ++w)
         out[w] = pack_f16(__uint_as_float(words[w] << 16) * qs.up, __uint_as_float(words[w] & 0xFFFF0000u) * qs.up);
-      st_shared_v4(dst(row, part), out[0], out[1], out[2], out[3]);
+      store(row, part, out);
     }
     if (lane == 0) q_unscale[row] = qs.down;
   }
+}
+
+// The same with each unit stored whole at dst(row, part), 16-byte aligned.
+template <uint32_t kUnits, class Dst>
+__device__ inline void load_q_rows(const __nv_bfloat16* q, uint32_t s, uint32_t head0, uint32_t rows,
+                                   uint32_t num_q_heads, uint32_t q_head_dim, float* q_unscale, const Dst& dst) {
+  load_q_rows_with<kUnits>(q, s, head0, rows, num_q_heads, q_head_dim, q_unscale,
+                           [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
+                             st_shared_v4(dst(row, part), w[0], w[1], w[2], w[3]);
+                           });
 }
 
 // Two E4M3 codes (the low and high byte of `pair`) as an FP16 pair, exactly: one conversion.
@@ -142,14 +153,25 @@ __device__ inline __half2 e4m3x2_to_f16x2(uint32_t pair) {
   return __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFF), __NV_E4M3));
 }
 __device__ inline uint32_t bits_of(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+// The two E4M3 codes in the high half of `word` as an FP16 pair (bits), exactly: one conversion
+// that reads the half in place (no shift).
+__device__ inline uint32_t e4m3x2_hi_to_f16x2(uint32_t word) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(word));
+  return r;
+}
 
 // 16 E4M3 codes (loaded as one 16-byte word) as 16 FP16 values, two per word of `out` (exact).
+// kHighInPlace: each word's upper pair converted in place (e4m3x2_hi_to_f16x2) rather than
+// shifted down first — one instruction fewer per pair, which only the 16-head register-operand
+// kernel gained from (docs/performance.md); the others keep the shift.
+template <bool kHighInPlace = false>
 __device__ inline void fp8x16_to_f16(const uint4 raw, uint32_t (&out)[8]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     out[w * 2] = bits_of(e4m3x2_to_f16x2(words[w]));
-    out[w * 2 + 1] = bits_of(e4m3x2_to_f16x2(words[w] >> 16));
+    out[w * 2 + 1] = kHighInPlace ? e4m3x2_hi_to_f16x2(words[w]) : bits_of(e4m3x2_to_f16x2(words[w] >> 16));
   }
 }
 
@@ -229,6 +251,14 @@ struct Fp8Rows {
   }
   __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
     return *reinterpret_cast<const uint4*>(src + part * 16);
+  }
+  // A half staged for register fragments (the 16-head FP8 wgmma kernel): K rows unpadded (a quarter
+  // warp reads 64 bytes of each of two consecutive keys, 144 words apart: distinct banks), V rows
+  // padded by 16 (it reads 32 bytes of each of four keys two apart: 296 words apart).
+  __device__ uint32_t fragment_pitch(uint32_t h) const { return h == 0 ? dim : dim + 16; }
+  // Values d and d + 1 (d even) of a staged row as an FP16 pair.
+  __device__ uint32_t staged_pair(const uint8_t* src, uint32_t d) const {
+    return bits_of(e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(src + d)));
   }
 };
 

@@ -160,7 +160,8 @@ class PagedProblem {
                               1.0f / std::sqrt(192.0f),
                               B_};
     MlaFastKernels fast = fast_;
-    if (mma_only) fast.wgmma_fp8 = fast.wgmma_nvfp4 = fast.wgmma16_fp8 = fast.wgmma16_nvfp4 = KernelHandle{};
+    if (mma_only)
+      fast.wgmma_fp8 = fast.wgmma_nvfp4 = fast.wgmma16_fp8 = fast.wgmma16_nvfp4 = fast.wgmma16_rs_fp8 = KernelHandle{};
     return [this, c, split, fast] {
       if (f_ == KvFormat::fp8) {
         const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};

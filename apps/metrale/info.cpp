@@ -31,8 +31,10 @@ void add_info(CLI::App& app) {
         if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
       return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
     };
-    const std::string wgmma = fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}",
-                                          formats("mla_paged_decode_wgmma"), formats("mla_paged_decode_wgmma16"));
+    const bool staged16 = !entry_unavailable(emu, kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
+    const std::string wgmma =
+        fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}{}", formats("mla_paged_decode_wgmma"),
+                    formats("mla_paged_decode_wgmma16"), staged16 ? " (fp8 staged where blocks have many tiles)" : "");
     fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma dispatched for {})\n",
                emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());

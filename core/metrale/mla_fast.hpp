@@ -35,6 +35,7 @@ struct MlaFastKernels {
   KernelHandle split16_fp8, split16_nvfp4;  // 16-head blocks only: half-tiles held in registers
   KernelHandle wgmma_fp8, wgmma_nvfp4;      // module mla_wgmma; id 0 (absent) unless the device is sm_90
   KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
+  KernelHandle wgmma16_rs_fp8;              // its staged 16-head FP8 blocks (one warpgroup); likewise
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -42,12 +43,15 @@ struct MlaFastKernels {
 /// How a split decode divides its work: G = 16·R heads per block over `head_groups` groups,
 /// `num_splits` chunks of `keys_per_split` keys per sequence, `threads` = 128·R per block;
 /// `staged` when the block has room to stream the next tile's cache bytes into shared memory
-/// (cp.async) under the current tile's math. 16-head blocks are never staged: they run on the
-/// 16-head entries (or the wgmma16 entries), which hold the next half-tile in registers instead.
+/// (cp.async) under the current tile's math. 16-head split blocks are never staged: they run on
+/// the 16-head entries, which hold the next half-tile in registers instead; on the wgmma path,
+/// 16-head blocks are staged (the FP8 entry mla_paged_decode_wgmma16_rs_fp8, two blocks per SM,
+/// its raw half-tiles bulk-copied) where each of the SMs' block slots has at least 64 tiles to
+/// walk, else they run on the warp-specialised wgmma16 entries (producers' registers the staging).
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
-  bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384) threads
+  bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
   std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
@@ -60,7 +64,9 @@ struct SplitPlan {
 /// to 64) that fits, staged when that fits too without costing a block per SM; as many splits
 /// (of at least four tiles: 32 keys, or 64 on wgmma) as give the least work to the busiest of the
 /// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
-/// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block.
+/// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block. FP8 16-head wgmma blocks are
+/// staged (see SplitPlan) from num_seqs × ⌈keys / 64⌉ ≥ 64 × 2·multiprocessors, when two fit in
+/// max_shared_bytes.
 /// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false);
@@ -118,15 +124,19 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
-/// mla_paged_decode_wgmma_{fp8,nvfp4} and mla_paged_decode_wgmma16_{fp8,nvfp4} (module mla_wgmma,
-/// sm_90a): the split decode on warpgroup MMA, 64 heads per block (or 16 on the wgmma16 entries,
-/// warp-specialised — a consumer warpgroup multiplies, two producer warpgroups dequantise — and
-/// transposed: keys and output dims in M). Same arguments, partial outputs and combine as the
-/// split entries; grid [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block
-/// wgmma_threads(rows_per_block), wgmma_shared_bytes(format, rows_per_block) of shared memory; launched early as they
-/// are. Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not 64 or
-/// 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial not
-/// 8-byte aligned, `kernel` not the format's wgmma entry for rows_per_block.
+/// mla_paged_decode_wgmma_{fp8,nvfp4}, mla_paged_decode_wgmma16_{fp8,nvfp4} and
+/// mla_paged_decode_wgmma16_rs_fp8 (module mla_wgmma, sm_90a): the split decode on warpgroup MMA,
+/// 64 heads per block, or 16 transposed (keys and output dims in M): warp-specialised on the
+/// wgmma16 entries (a consumer warpgroup multiplies, two producer warpgroups dequantise), or with
+/// `staged` (FP8 only) on wgmma16_rs_fp8, one warpgroup that dequantises bulk-copied raw rows into
+/// its own register operands, two blocks per SM (`staged` is ignored at 64 heads, whose block
+/// always stages). Same arguments, partial outputs and combine as the split entries; grid
+/// [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block wgmma_threads(rows_per_block,
+/// staged), wgmma_shared_bytes(format, rows_per_block, staged) of shared memory; launched early
+/// as they are. Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not
+/// 64 or 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial
+/// not 8-byte aligned, `staged` 16-head blocks over NVFP4, `kernel` not the entry for the format,
+/// rows_per_block and `staged`.
 void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
@@ -135,10 +145,11 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the raw K
 /// and V half-tiles of `format` and row pointers: FP8 223.25 KiB, NVFP4 191.25 KiB. 16 heads: Q
 /// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
-/// 165.3 KiB for either format (the producers hold the raw bytes in registers).
-std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64);
-/// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16.
-std::uint32_t wgmma_threads(std::uint32_t rows_per_block);
+/// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged` (FP8):
+/// Q and P, the raw K and V half-tiles (36 and 37 KiB), the maxima and two mbarriers: 94.3 KiB.
+std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
+/// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
+std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
 
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
 /// scales, padded to 16).

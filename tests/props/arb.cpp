@@ -196,7 +196,10 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
     p.num_kv_heads = 1, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = sixteen ? u(1, 32) : u(33, 66);
     if (p.format == KvFormat::fp8) p.cache_stride = *rc::gen::arbitrary<bool>() ? 0 : 576 + 16 * u(1, 3);
     arb_batch(p, 2, 3);
-    return gen::split_kernel_case(p, u(1, 2), sixteen ? gen::SplitEntry::wgmma16 : gen::SplitEntry::wgmma);
+    const gen::SplitEntry which = entry.find("_rs_") != std::string::npos ? gen::SplitEntry::wgmma16_rs
+                                  : sixteen                               ? gen::SplitEntry::wgmma16
+                                                                          : gen::SplitEntry::wgmma;
+    return gen::split_kernel_case(p, u(1, 2), which);
   }
   if (entry == "mla_paged_decode_combine")
     return gen::combine_case(u(1, 3), u(1, 5), u(1, 80), u(1, 9), *rc::gen::arbitrary<bool>(), seed);

@@ -131,8 +131,11 @@ ExpectedLaunch combine_launch(const PagedDecodeCommon& a, const SplitPlan& p, De
 // The module and entry the dispatcher runs for plan `p` of format `f`.
 std::pair<const char*, std::string> split_entry(const SplitPlan& p, const char* f) {
   if (p.wgmma)
-    return {"mla_wgmma",
-            fmt::format("{}_{}", p.rows_per_block == 16 ? "mla_paged_decode_wgmma16" : "mla_paged_decode_wgmma", f)};
+    return {"mla_wgmma", fmt::format("{}_{}",
+                                     p.rows_per_block != 16 ? "mla_paged_decode_wgmma"
+                                     : p.staged             ? "mla_paged_decode_wgmma16_rs"
+                                                            : "mla_paged_decode_wgmma16",
+                                     f)};
   return {"mla_fast",
           fmt::format("{}_{}", p.rows_per_block == 16 ? "mla_paged_decode_split16" : "mla_paged_decode_split", f)};
 }

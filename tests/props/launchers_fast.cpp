@@ -110,7 +110,9 @@ void arb_wgmma(SplitDecodeArgs& a, std::uint32_t rows) {
 ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
   auto e = launch_of(wgmma ? kWgmma : kFast, kn,
                      {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
-                     {wgmma ? wgmma_threads(a.rows_per_block) : 8 * a.rows_per_block, 1, 1});
+                     {wgmma ? wgmma_threads(a.rows_per_block, std::string_view(kn).ends_with("wgmma16_rs_fp8"))
+                            : 8 * a.rows_per_block,
+                      1, 1});
   e.args = {{"q", P(a.q)},
             {"k_cache", P(a.k_cache)},
             {"v_cache", P(a.v_cache)},
@@ -261,18 +263,24 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
   });
 }
 
-// The split launchers' entries: mla_fast's split entry, or mla_wgmma's 64-head or 16-head entry.
-enum class SplitDef { split, wgmma, wgmma16 };
-const char* entry_of(SplitDef which, const char* split, const char* wgmma, const char* wgmma16) {
-  return which == SplitDef::split ? split : which == SplitDef::wgmma ? wgmma : wgmma16;
+// The split launchers' entries: mla_fast's split entry, or mla_wgmma's 64-head or 16-head entry,
+// or (FP8) its staged 16-head entry.
+enum class SplitDef { split, wgmma, wgmma16, wgmma16_rs };
+const char* entry_of(SplitDef which, const char* split, const char* wgmma, const char* wgmma16,
+                     const char* wgmma16_rs = nullptr) {
+  return which == SplitDef::split   ? split
+         : which == SplitDef::wgmma ? wgmma
+         : which == SplitDef::wgmma16 ? wgmma16
+                                      : wgmma16_rs;
 }
 std::uint32_t wgmma_rows_of(SplitDef which) { return which == SplitDef::wgmma ? 64 : 16; }
 
-// mla_paged_decode_split_fp8, mla_paged_decode_wgmma_fp8 or mla_paged_decode_wgmma16_fp8.
+// mla_paged_decode_split_fp8, mla_paged_decode_wgmma_fp8, mla_paged_decode_wgmma16_fp8 or
+// mla_paged_decode_wgmma16_rs_fp8.
 Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
   const bool wgmma = which != SplitDef::split;
-  const char* kn =
-      entry_of(which, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8");
+  const char* kn = entry_of(which, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
+                            "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
   Def<SplitDecodeFp8Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
   d.arb = [wgmma, which] {
     SplitDecodeFp8Args a;
@@ -304,7 +312,8 @@ Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
   d.rules.push_back(misalign_rule<A>(kn, "cache_stride", &A::cache_stride));
   if (wgmma)
     add_wgmma_rules<A>(d.rules, kn,
-                       entry_of(which, "", "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma_fp8"));
+                       entry_of(which, "", "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma_fp8",
+                                "mla_paged_decode_wgmma_fp8"));
   return d;
 }
 
@@ -634,6 +643,7 @@ std::vector<Launcher> fast_and_k3_launchers() {
           erase(split_nvfp4(SplitDef::wgmma)),
           erase(split_fp8(SplitDef::wgmma16)),
           erase(split_nvfp4(SplitDef::wgmma16)),
+          erase(split_fp8(SplitDef::wgmma16_rs)),
           erase(combine()),        erase(k3_rope()),          erase(k3_sdpa()),
           erase(k3_split()),        erase(k3_combine())};
 }
