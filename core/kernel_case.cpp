@@ -46,8 +46,8 @@ struct Adapter {
   LauncherFields fields;
   // Launch-shape fields a recorded launch implies: grid 'x', 'y' or 'z', 'r' for the split
   // kernels' rows per block (block.x / 8: 128·R threads serve 16·R heads; the wgmma entries'
-  // 256 threads serve 64, the wgmma16 entries' 384 or 128 threads 16), or 'c' for the K3 split's chunks (grid.x × 4,
-  // a chunk per warp).
+  // 256 threads serve 64, the wgmma16 entries' 384 or 128 threads 16), or 'c' for the K3 split's
+  // chunks (grid.x × 4, a chunk per warp).
   std::vector<std::pair<std::string, char>> from_grid;
   std::function<void(GpuBackend&, KernelHandle, const CaseArgs&)> launch;
 };

@@ -584,13 +584,13 @@ struct HalfFeed {
 
 // The split decode of one 16-head block over an FP8 cache (the memory-bound rows: a 64-row wgmma
 // of heads would be three quarters zeros): one warpgroup, transposed products with A from
-// registers, two blocks per SM. Sᵀ = K·Qᵀ puts the tile's 64 keys in M and the 16 heads in N; Oᵀ = Vᵀ·Pᵀ the output
-// dims in M. The raw K and V half-tiles are staged by the bulk copy engine (HalfFeed) into a slot each and read from
-// there by the threads whose fragments hold them, converted in registers — no FP16 copy in shared memory. A tile's V
-// streams in under its Q·Kᵀ and softmax, the next tile's K under its P·V. In the accumulator layout a thread holds keys
-// (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads 8·(e/4) + 2·(lane%4) + e%2: the max over a tile's keys
-// takes three lane shuffles and an exchange between the four warps; each thread keeps partial sums of its heads (the
-// same rescaling everywhere), added up at the end. Four barriers a tile.
+// registers, two blocks per SM. Sᵀ = K·Qᵀ puts the tile's 64 keys in M and the 16 heads in N;
+// Oᵀ = Vᵀ·Pᵀ the output dims in M. The raw K and V half-tiles are staged by the bulk copy engine
+// (HalfFeed) into a slot each and read from there by the threads whose fragments hold them,
+// converted in registers — no FP16 copy in shared memory. A tile's V streams in under its Q·Kᵀ
+// and softmax, the next tile's K under its softmax and P·V. In the accumulator layout a thread
+// holds keys (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads
+// 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile.
 __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
                                    float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
