@@ -670,8 +670,10 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
     const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
     const bool same = both_nan || g[i] == w[i];  // the same infinity included: no difference to report
     // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
-    // tolerance of ∞ would accept anything); a finite one within the tolerance.
-    bool ok = both_nan || (std::isfinite(w[i]) ? diff <= tol.abs + tol.rel * std::fabs(w[i]) : g[i] == w[i]);
+    // tolerance of ∞ would accept anything); a finite one within the tolerance (its relative part
+    // 0 at an expected 0, also when the relative tolerance is ∞: ∞·0 is NaN).
+    const double rel = w[i] == 0 ? 0.0 : tol.rel * std::fabs(w[i]);
+    bool ok = both_nan || (std::isfinite(w[i]) ? diff <= tol.abs + rel : g[i] == w[i]);
     if (!ok && ulp_check) ok = bf16_ulps(gb[i].bits, wb[i].bits) <= tol.ulps;
     if (!same) {
       r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);

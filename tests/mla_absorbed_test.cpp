@@ -165,6 +165,18 @@ TEST_CASE("check_output passes equal infinities and NaN pairs, nothing else non-
   }
 }
 
+// A relative tolerance of ∞ (which parse_tolerance accepts) once failed exact zeros: ∞·0 is NaN.
+TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, fails off zero", "[kernel_case]") {
+  auto f32 = [](std::vector<float> v) {
+    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
+    std::memcpy(t.data.data(), v.data(), t.data.size());
+    return t;
+  };
+  const Tolerance tol{0, std::numeric_limits<double>::infinity(), 0};
+  CHECK(check_output("x", f32({0.0f, 1.0f, -3.0f}), f32({0.0f, 5.0f, 2.0f}), tol).pass);
+  CHECK(check_output("x", f32({1e-30f, 0.0f}), f32({0.0f, 0.0f}), tol).bad == 1);  // off an expected 0
+}
+
 TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kernel_case][recorded]") {
   const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_test";
   std::filesystem::remove_all(dir);

@@ -31,7 +31,18 @@ void add_info(CLI::App& app) {
         if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
       return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
     };
-    const bool staged16 = !entry_unavailable(emu, kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
+    // Whether the plan stages FP8 16-head blocks here, asked for a problem with many tiles per
+    // block slot (128 sequences of 64K keys).
+    bool staged16 = false;
+    try {
+      PagedDecodeCommon big;
+      big.num_seqs = 128, big.num_q_heads = 16, big.q_head_dim = big.kv_cache_dim = 576;
+      big.block_size = 64, big.max_blocks_per_seq = 1024;
+      const SplitPlan p = plan_split_decode(big, KvFormat::fp8, 0, emu.multiprocessor_count(),
+                                            emu.max_shared_bytes_per_block(), module_runs_on(emu, kMlaWgmmaModule));
+      staged16 = p.wgmma && p.rows_per_block == 16 && p.staged;
+    } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
+    }
     const std::string wgmma =
         fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}{}", formats("mla_paged_decode_wgmma"),
                     formats("mla_paged_decode_wgmma16"), staged16 ? " (fp8 staged where blocks have many tiles)" : "");
@@ -39,7 +50,7 @@ void add_info(CLI::App& app) {
                emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
-      fmt::print("    {:<40} {} parameters\n", e.full_name(), e.params.size());
+      fmt::print("    {:<42} {} parameters\n", e.full_name(), e.params.size());
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
   });
