@@ -17,7 +17,7 @@ constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8
 constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
 // Tiles per block slot from which FP8 16-head rows run on the staged one-warpgroup entry
 // (mla_paged_decode_wgmma16_rs_fp8). Measured on the H200 (docs/performance.md) against the
-// specialised entry: 6–10% faster at about 124 tiles a slot (B = 128 from 16K keys, B = 32 at
+// specialised entry: 7–9% faster at about 124 tiles a slot (B = 128 from 16K keys, B = 32 at
 // 64K), level (±2%) at 31, up to 2× slower where a block walks a few tiles.
 constexpr std::uint64_t kStagedTiles16 = 64;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
