@@ -588,6 +588,15 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
                                       : g->second == 'y' ? c.grid.y
                                                          : c.grid.z);
   }
+  // Any other metadata key would be ignored without a word (a misspelt scalar then runs with the
+  // launch shape's value, or fails later for another reason): refuse it.
+  for (const auto& [key, value] : f.metadata) {
+    if (key == "kind" || key == "module" || key == "entry" || key == "case" || key == "grid" || key == "block")
+      continue;
+    if (std::none_of(a.fields.scalars.begin(), a.fields.scalars.end(), [&](const auto& s) { return s.first == key; }))
+      fail(Errc::invalid_argument, "case {}: metadata {} = '{}' is not a scalar parameter of {}", c.name, key, value,
+           c.entry);
+  }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
   const std::uint32_t wgmma_block =
       wgmma_threads(wgmma_entry_rows(a.entry), a.entry == "mla_paged_decode_wgmma16_rs_fp8");

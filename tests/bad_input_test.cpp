@@ -238,6 +238,16 @@ TEST_CASE("bad input: a kernel case without a grid does not default its launch-s
   CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 1);
 }
 
+// A metadata key the entry does not take was once ignored: a misspelt num_splits ran with the
+// grid's value.
+TEST_CASE("bad input: a kernel case's unknown metadata key is named", "[bad_input][kernel_case]") {
+  SafeTensors f = recorded_decode_case();
+  REQUIRE_NOTHROW(kernel_case_from(f, "c"));
+  f.metadata["num_split"] = "1";
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                {"metadata num_split = '1' is not a scalar parameter of"});
+}
+
 TEST_CASE("bad input: a kernel case grid with a zero dimension is named as such", "[bad_input][kernel_case]") {
   SafeTensors f = recorded_decode_case();
   f.metadata["grid"] = "8,0,1";
