@@ -87,11 +87,6 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
   }
 }
 
-// Whether `kernel` is entry `entry` of its module.
-bool is_entry(const GpuBackend& gpu, KernelHandle kernel, std::string_view entry) {
-  return gpu.kernel_name(kernel).ends_with(fmt::format(".{}", entry));
-}
-
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
 // the staged 16-head wgmma entry) launch.
 KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma,
@@ -338,20 +333,23 @@ std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
 namespace {
 
 // The name a split launcher's errors start with: the split entry's, or the wgmma entry's that
-// `kernel` is (when it is neither, the one of rows_per_block).
+// `kernel` is (when it is none of them, the unstaged one of rows_per_block; so the staged entry's
+// name means the handle is that entry).
 const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a, bool wgmma,
                                 const char* split, const char* wgmma64, const char* wgmma16,
                                 const char* wgmma16_staged = nullptr) {
   if (!wgmma) return split;
+  const std::string name = gpu.kernel_name(kernel);
   for (const char* entry : {wgmma16, wgmma64, wgmma16_staged})
-    if (entry != nullptr && is_entry(gpu, kernel, entry)) return entry;
+    if (entry != nullptr && name.ends_with(std::string(".") + entry)) return entry;
   return a.rows_per_block == kWgmma16Rows ? wgmma16 : wgmma64;
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8",
-                                        "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
-                                        "mla_paged_decode_wgmma16_rs_fp8")};
+  const std::string_view name =
+      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
+                          "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
+  const Validator v{name};
   validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
@@ -370,7 +368,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
   }
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::fp8, wgmma, wgmma && is_entry(gpu, kernel, "mla_paged_decode_wgmma16_rs_fp8"))
+  split_args(l, a, KvFormat::fp8, wgmma, name == "mla_paged_decode_wgmma16_rs_fp8")  // the handle's entry
       .arg_u64(a.cache_stride)
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)

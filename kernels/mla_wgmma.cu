@@ -382,6 +382,10 @@ __device__ uint32_t swizzled16(uint32_t row, uint32_t chunk) {
   return (chunk / 8) * kSlab16Bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
+// Head jj (0-3) of the thread of lane `lane` in the transposed accumulator layout of a 16-head
+// block: element e of Sᵀ or Oᵀ belongs to head 8·(jj/2) + 2·(lane%4) + jj%2, jj = 2·(e/4) + e%2.
+__device__ uint32_t head16_of(uint32_t jj, uint32_t lane) { return 8 * (jj / 2) + 2 * (lane % 4) + jj % 2; }
+
 // The online softmax over one tile of a 16-head block (both designs), in the transposed
 // accumulator layout: the thread's element e of Sᵀ is key r0 + 8·(e%4 ≥ 2) of head
 // jj = 2·(e/4) + e%2 (head 8·(jj/2) + 2·(lane%4) + jj%2); keys from `end` on are masked. The max
@@ -392,7 +396,7 @@ template <class AfterMaxima>
 __device__ void tile_softmax16(float (&sacc)[8], float (&m)[4], float (&l)[4], float (&o)[kAtoms16][8],
                                const float (&q_down)[4], uint32_t tile, uint32_t end, uint32_t r0, uint32_t warp,
                                uint32_t lane, float* red, uint8_t* sp, const AfterMaxima& after_maxima) {
-  auto head_of = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * (lane % 4) + jj % 2; };
+  auto head_of = [&](uint32_t jj) { return head16_of(jj, lane); };
   float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
   for (uint32_t e = 0; e < 8; ++e) {
@@ -626,8 +630,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   __syncthreads();
 
   const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
-  // The thread's heads: j = 2·(e/4) + e%2 is head 8·(j/2) + 2·(lane%4) + j%2.
-  auto head_of = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * j + jj % 2; };
+  auto head_of = [&](uint32_t jj) { return head16_of(jj, lane); };
   float q_down[4];
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) q_down[jj] = q_unscale[head_of(jj)] * logit_scale;
@@ -662,7 +665,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   }
   __syncthreads();
   // The block's partial: unnormalised O with its running max and sum, per head; the thread's
-  // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile).
+  // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile_rs).
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) {
     const uint32_t hl = head_of(jj), h = head0 + hl;
@@ -811,8 +814,7 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
 
   // ---- the consumer (warpgroup 0)
   const uint32_t r0 = 16 * warp + lane / 4;  // the thread's keys (and dims of an atom) r0, r0 + 8
-  // The thread's heads: j = 2·(e/4) + e%2 is head 8·(j/2) + 2·(lane%4) + j%2.
-  auto head_of = [&](uint32_t j) { return 8 * (j / 2) + 2 * (lane % 4) + j % 2; };
+  auto head_of = [&](uint32_t j) { return head16_of(j, lane); };
   float q_down[4];
 #pragma unroll
   for (uint32_t j = 0; j < 4; ++j) q_down[j] = q_unscale[head_of(j)] * logit_scale;
