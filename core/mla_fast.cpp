@@ -17,9 +17,9 @@ constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8
 constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
 // Tiles per block slot from which FP8 16-head rows run on the staged one-warpgroup entry
 // (mla_paged_decode_wgmma16_rs_fp8). Measured on the H200 (docs/performance.md) against the
-// specialised entry: 7–9% faster at about 124 tiles a slot (B = 128 from 16K keys, B = 32 at
-// 64K), level (±2%) at 31, up to 2× slower where a block walks a few tiles.
-constexpr std::uint64_t kStagedTiles16 = 64;
+// specialised entry, 264 slots: 1.17–1.41× as fast from 15.5 tiles a slot, 0.97–1.04× at 7.8,
+// 0.74–0.80× at 3.9 and below.
+constexpr std::uint64_t kStagedTiles16 = 8;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -179,13 +179,13 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, 
   const std::uint32_t half_pitch =
       format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
   if (rows_per_block == kWgmma16Rows && staged)
-    return 1024                                         // alignment of the swizzled tiles
-           + kWgmma16Rows * kWgmmaDim * 2               // Q (FP16)
-           + kWgmma16Rows * kWgmmaTileKeys * 2          // P (FP16)
-           + kWgmmaTileKeys * (kWgmmaDim + half_pitch)  // the raw FP8 K and V half-tiles (K rows unpadded)
-           + kWgmma16Rows * 4                           // the Q rows' unscale factors
-           + 4 * kWgmma16Rows * 4                       // the per-warp maxima and sums
-           + 2 * 8;                                     // the two slots' mbarriers
+    return 1024                                 // alignment of the swizzled tiles
+           + kWgmma16Rows * kWgmmaDim * 2       // Q (FP16)
+           + kWgmma16Rows * kWgmmaTileKeys * 2  // P (FP16)
+           + 2 * kWgmmaTileKeys * kWgmmaDim     // the raw FP8 K and V half-tiles (rows unpadded)
+           + kWgmma16Rows * 4                   // the Q rows' unscale factors
+           + 4 * kWgmma16Rows * 4               // the per-warp maxima and sums
+           + 2 * 8;                             // the two slots' mbarriers
   if (rows_per_block == kWgmma16Rows)
     return 1024                                                   // alignment of the swizzled tiles
            + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)

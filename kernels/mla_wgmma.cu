@@ -555,14 +555,13 @@ __device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* 
 }
 
 // The raw half-tiles of a 16-head FP8 block: half h (0 K, 1 V) of a tile's keys staged into slot
-// h (64 rows of pitch[h] bytes) whole by the bulk copy engine — thread t copies half t / 64 of
-// key t % 64 — and thread 0 or 64 announces the half's bytes at the slot's mbarrier. Each
+// h (64 rows of dim bytes, unpadded) whole by the bulk copy engine — thread t stages half t / 64
+// of key t % 64 — and thread 0 or 64 announces the half's bytes at the slot's mbarrier. Each
 // thread's rows are looked up a call ahead; keys past the chunk's end are not copied (their slot
 // rows keep older bytes).
 struct HalfFeed {
   const Fp8Rows& layout;
   uint8_t* slot[2];
-  uint32_t pitch[2];
   uint64_t* bars;
   uint32_t end;
   const uint8_t* rows[4] = {};
@@ -571,14 +570,25 @@ struct HalfFeed {
     const uint32_t k = threadIdx.x % kTileKeys;
     if (tile + k < end) layout.locate(tile + k, layout.entry(tile + k), rows);
   }
-  // Start half h of the tile located last (whose slot every thread is done reading).
+  // Start half h of the tile located last (whose slot every thread is done reading). Keys whose
+  // rows follow each other in the cache (a page's rows at a pitch of the row width) go as one
+  // copy, issued by the run's first key; runs end at a warp's last key. (A copy per row had
+  // spent 16% of the warps' time in the loop that issues the copies lane by lane.)
   __device__ void stage(uint32_t tile, uint32_t h) {
-    const uint32_t k = threadIdx.x % kTileKeys;
-    if (threadIdx.x / kTileKeys != h) return;
-    if (k == 0 && tile < end) mbar_expect_tx(bars + h, min(kTileKeys, end - tile) * layout.dim);
-    if (tile + k < end) {
+    const uint32_t k = threadIdx.x % kTileKeys, lane = threadIdx.x % kWarp, dim = layout.dim;
+    if (threadIdx.x / kTileKeys != h) return;  // whole warps
+    if (k == 0 && tile < end) mbar_expect_tx(bars + h, min(kTileKeys, end - tile) * dim);
+    const bool live = tile + k < end;  // the live keys are a prefix
+    const uint8_t* src = rows[2 * h];
+    const auto before =
+        reinterpret_cast<const uint8_t*>(__shfl_up_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(src), 1));
+    const bool starts_run = live && (lane == 0 || src != before + dim);
+    const uint32_t starts = __ballot_sync(0xFFFFFFFFu, starts_run), lives = __ballot_sync(0xFFFFFFFFu, live);
+    if (starts_run) {
+      const uint32_t later = starts >> lane >> 1;  // the run ends at the next start or the last live key
+      const uint32_t n = later != 0 ? __ffs(later) : __popc(lives) - lane;
       fence_to_async_proxy();  // the slot's earlier reads before the engine's writes
-      bulk_copy(slot[h] + k * pitch[h], rows[2 * h], layout.dim, bars + h);
+      bulk_copy(slot[h] + k * dim, src, n * dim, bars + h);
     }
   }
   // Wait until half h of the block's i-th tile has landed (the mbarrier's completion makes the
@@ -599,15 +609,15 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
                                    float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
   const KeySet& keys = layout.keys;
-  const uint32_t pitch_k = layout.fragment_pitch(0), pitch_v = layout.fragment_pitch(1);
+  const uint32_t pitch = dim;  // of the staged rows, K's and V's
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The carve-up (wgmma_shared_bytes): Q (permuted) and P in swizzled slabs; the raw K and V
   // half-tiles; the Q rows' unscale factors and the per-warp maxima (then sums).
   uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint8_t* const sp = sq + kRows16 * dim * 2;  // [16 heads][64 keys] FP16
   uint8_t* const sk = sp + kSlab16Bytes;
-  uint8_t* const sv = sk + kTileKeys * pitch_k;
-  float* const q_unscale = reinterpret_cast<float*>(sv + kTileKeys * pitch_v);
+  uint8_t* const sv = sk + kTileKeys * pitch;
+  float* const q_unscale = reinterpret_cast<float*>(sv + kTileKeys * pitch);
   float* const red = q_unscale + kRows16;                                 // [warp][16 heads]
   uint64_t* const bars = reinterpret_cast<uint64_t*>(red + 4 * kRows16);  // the K and V slots' mbarriers
 
@@ -619,7 +629,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   if (tid == 0) mbar_init(bars, 1), mbar_init(bars + 1, 1), fence_mbar_init();
   __syncthreads();  // the mbarriers ready before any copy counts off at them
   // The first tile's K and V on their way, then Q.
-  HalfFeed feed{layout, {sk, sv}, {pitch_k, pitch_v}, bars, end};
+  HalfFeed feed{layout, {sk, sv}, bars, end};
   feed.locate(begin);
   feed.stage(begin, 0);
   feed.stage(begin, 1);
@@ -644,7 +654,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
     __syncthreads();  // this tile's K everywhere
     feed.locate(tile + kTileKeys);
     float sacc[8];
-    kq_tile_rs(sacc, layout, sk + r0 * pitch_k, sk + (r0 + 8) * pitch_k, j, q_desc);
+    kq_tile_rs(sacc, layout, sk + r0 * pitch, sk + (r0 + 8) * pitch, j, q_desc);
     tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [&] {
       __syncthreads();  // the maxima written, the K half-tile read everywhere
       feed.stage(tile + kTileKeys, 0);
@@ -652,7 +662,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
     fence_to_async_proxy();  // P, for the tensor cores
     feed.wait(1, i);
     __syncthreads();  // P and this tile's V everywhere, the maxima read
-    vp_tile_rs(o, layout, sv, pitch_v, end - tile, j, qrow, p_desc);
+    vp_tile_rs(o, layout, sv, pitch, end - tile, j, qrow, p_desc);
     __syncthreads();  // the V half-tile and P read everywhere
     feed.stage(tile + kTileKeys, 1);
   }

@@ -252,10 +252,6 @@ struct Fp8Rows {
   __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
     return *reinterpret_cast<const uint4*>(src + part * 16);
   }
-  // A half staged for register fragments (the 16-head FP8 wgmma kernel): K rows unpadded (a quarter
-  // warp reads 64 bytes of each of two consecutive keys, 144 words apart: distinct banks), V rows
-  // padded by 16 (it reads 32 bytes of each of four keys two apart: 296 words apart).
-  __device__ uint32_t fragment_pitch(uint32_t h) const { return h == 0 ? dim : dim + 16; }
   // Values d and d + 1 (d even) of a staged row as an FP16 pair.
   __device__ uint32_t staged_pair(const uint8_t* src, uint32_t d) const {
     return bits_of(e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(src + d)));

@@ -121,7 +121,7 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
     CHECK_FALSE(p16.staged);  // the producers hold the next tile in registers
   }
   CHECK(wgmma_shared_bytes(format, 16) == 169280u);
-  // FP8 with at least 64 tiles per block slot at two blocks per SM (128 × 16K keys: 124 on 132
+  // FP8 with at least 8 tiles per block slot at two blocks per SM (128 × 16K keys: 124 on 132
   // SMs): the staged one-warpgroup entry, two blocks per SM; NVFP4 stays on the specialised one.
   a.num_q_heads = 16, a.num_seqs = 128, a.max_blocks_per_seq = 256;
   const SplitPlan big = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
@@ -131,11 +131,14 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK(big.threads == (format == KvFormat::fp8 ? 128u : 384u));
   CHECK(big.shared_bytes == wgmma_shared_bytes(format, 16, format == KvFormat::fp8));
   // 1 KiB of alignment, Q (18 KiB) and P (2 KiB) in FP16, the raw K and V half-tiles (64 rows of
-  // 576 and of 592 bytes), 16 unscale factors, 4 × 16 maxima, two mbarriers.
-  CHECK(wgmma_shared_bytes(KvFormat::fp8, 16, true) == 96592u);
+  // 576 bytes each), 16 unscale factors, 4 × 16 maxima, two mbarriers.
+  CHECK(wgmma_shared_bytes(KvFormat::fp8, 16, true) == 95568u);
   // The splits: two chunks of 128 tiles per sequence fill 256 of FP8's 264 block slots in one
   // round; NVFP4's 132 slots take one chunk of 256 tiles (two would need two rounds of 129).
   CHECK(big.num_splits == (format == KvFormat::fp8 ? 2u : 1u));
+  // The threshold: 32 × 8K keys (15.5 tiles a slot) staged, 32 × 4K (7.8, tested above) not.
+  a.num_seqs = 32, a.max_blocks_per_seq = 128;
+  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged == (format == KvFormat::fp8));
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
   a.num_q_heads = 33;
   a.kv_cache_dim = 512, a.q_head_dim = 512;
