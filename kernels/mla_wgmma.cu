@@ -558,7 +558,9 @@ __device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* 
 // h (64 rows of dim bytes, unpadded) whole by the bulk copy engine — thread t stages half t / 64
 // of key t % 64 — and thread 0 or 64 announces the half's bytes at the slot's mbarrier. Each
 // thread's rows are looked up a call ahead; keys past the chunk's end are not copied (their slot
-// rows keep older bytes).
+// rows keep older bytes). Unpadded rows cost V's reads bank conflicts (vp_tile_rs: a quarter warp
+// reads 32 bytes of each of four keys two apart, 288 words apart: 4-way); padding them to 592
+// bytes, which avoids that, took a copy per V row, and measured 12% slower (docs/performance.md).
 struct HalfFeed {
   const Fp8Rows& layout;
   uint8_t* slot[2];
