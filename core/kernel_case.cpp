@@ -564,29 +564,38 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   const bool has_block = f.metadata.count("block") != 0;
   if (has_block) c.block = parse_dims(f.meta("block"), "block");
   for (const auto& [field, kind] : a.fields.scalars) {
-    if (f.metadata.count(field) != 0) {
-      c.scalars[field] = parse_scalar(c.name, field, f.meta(field), kind);
-      continue;
-    }
     // A recorded launch names only the kernel's parameters; the launch shape gives the rest
     // (a file without a grid has none: the default {1,1,1} would silently mean 1).
     const auto g =
         std::find_if(a.from_grid.begin(), a.from_grid.end(), [&](const auto& p) { return p.first == field; });
     const bool from_block = g != a.from_grid.end() && g->second == 'r';
-    if (g != a.from_grid.end() && !from_block && has_grid && c.grid.count() == 0)
+    const bool shaped = g != a.from_grid.end() && (from_block ? has_block : has_grid);
+    if (shaped && !from_block && c.grid.count() == 0)
       fail(Errc::invalid_argument, "case {}: grid ({},{},{}) has a zero dimension, so no value for {}", c.name,
            c.grid.x, c.grid.y, c.grid.z, field);
-    if (g == a.from_grid.end() || (from_block ? !has_block : !has_grid))
-      fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
-    const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_entry_rows(a.entry);
-    if (g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
+    if (shaped && g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
       fail(Errc::invalid_argument, "case {}: grid.x {} gives {} past 2^32 - 1 (four per block)", c.name, c.grid.x,
            field);
-    c.scalars[field] = KernelArg::u32(from_block         ? rows
-                                      : g->second == 'c' ? c.grid.x * kK3ChunkWarps
-                                      : g->second == 'x' ? c.grid.x
-                                      : g->second == 'y' ? c.grid.y
-                                                         : c.grid.z);
+    const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_entry_rows(a.entry);
+    const auto implied = [&] {
+      return from_block         ? rows
+             : g->second == 'c' ? c.grid.x * kK3ChunkWarps
+             : g->second == 'x' ? c.grid.x
+             : g->second == 'y' ? c.grid.y
+                                : c.grid.z;
+    };
+    if (f.metadata.count(field) != 0) {
+      // Given both ways, they must agree: the launcher takes the scalar and would run another
+      // launch than the recorded one without a word.
+      c.scalars[field] = parse_scalar(c.name, field, f.meta(field), kind);
+      if (shaped && c.scalars[field] != KernelArg::u32(implied()))
+        fail(Errc::invalid_argument, "case {}: {} = {} but the recorded {} ({},{},{}) gives {}", c.name, field,
+             f.meta(field), from_block ? "block" : "grid", from_block ? c.block.x : c.grid.x,
+             from_block ? c.block.y : c.grid.y, from_block ? c.block.z : c.grid.z, implied());
+      continue;
+    }
+    if (!shaped) fail(Errc::invalid_argument, "case {}: no value for {}", c.name, field);
+    c.scalars[field] = KernelArg::u32(implied());
   }
   // Any other metadata key would be ignored without a word (a misspelt scalar then runs with the
   // launch shape's value, or fails later for another reason): refuse it.
@@ -620,14 +629,23 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
       if (const auto want = pointer_dtype(c.module, c.entry, tname); want && t.dtype != *want)
         fail(Errc::invalid_argument, "case {}: tensor {} is {}, but parameter {} of {} is {}", c.name, tname,
              to_string(t.dtype), tname, c.entry, to_string(*want));
+      // An empty tensor would reach the launcher as a null pointer: "is null" for a required one,
+      // silently absent for an optional one (sinks, comp_pool).
+      if (t.numel() == 0)
+        fail(Errc::invalid_argument, "case {}: tensor {} has no elements (leave an optional pointer out instead)",
+             c.name, tname);
       c.inputs[tname] = t;
     } else {
       fail(Errc::invalid_argument, "case {}: tensor {} is not a pointer parameter of {}", c.name, tname, c.entry);
     }
   }
-  for (const auto& [out, t] : c.expected)
+  for (const auto& [out, t] : c.expected) {
     if (c.inputs.count(out) == 0)
       fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
+    if (t.numel() != c.inputs.at(out).numel())  // else found only after the launch
+      fail(Errc::invalid_argument, "case {}: expected.{} has {} values, its buffer {} {}", c.name, out, t.numel(), out,
+           c.inputs.at(out).numel());
+  }
   for (const auto* tolerances : {&c.tolerance, &c.backend_tolerance})
     for (const auto& [out, tol] : *tolerances)
       if (c.expected.count(out) == 0)

@@ -78,6 +78,13 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
           a.keys_per_split);
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
           "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
+  // Each entry serves one block size: a handle of this launcher's other size is named as such.
+  const std::string name = gpu.kernel_name(kernel);
+  const auto is = [&](const char* entry) { return entry != nullptr && name.ends_with(std::string(".") + entry); };
+  const bool handle16 = is(entry16) || is(entry16_staged);
+  v.check(!(a.rows_per_block == kWgmmaRows && handle16) && !(a.rows_per_block == kWgmma16Rows && is(entry64)),
+          "rows_per_block {} does not fit kernel {}, whose blocks serve {} heads", a.rows_per_block, name,
+          handle16 ? kWgmma16Rows : kWgmmaRows);
   if (a.rows_per_block == kWgmmaRows) {
     validate_entry(v, gpu, kernel, {entry64});
   } else if (entry16_staged != nullptr) {

@@ -248,6 +248,34 @@ TEST_CASE("bad input: a kernel case's unknown metadata key is named", "[bad_inpu
                 {"metadata num_split = '1' is not a scalar parameter of"});
 }
 
+TEST_CASE("bad input: a kernel case scalar the recorded grid contradicts is refused", "[bad_input][kernel_case]") {
+  SafeTensors f = recorded_decode_case();
+  REQUIRE(f.meta("grid") == "8,1,1");  // [num_q_heads, num_seqs]
+  f.metadata["num_seqs"] = "1";        // agrees: accepted
+  CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 1);
+  f.metadata["num_seqs"] = "2";  // the launcher would take 2 and run another launch than the recorded one
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                {"num_seqs = 2 but the recorded grid (8,1,1) gives 1"});
+}
+
+TEST_CASE("bad input: a kernel case's empty tensor or short expectation is refused before a launch",
+          "[bad_input][kernel_case]") {
+  SafeTensors f = recorded_decode_case();
+  SECTION("an empty pointer tensor") {
+    f.tensors["block_tables"] = Tensor{Dtype::i32, {0}, {}};
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"tensor block_tables has no elements"});
+  }
+  SECTION("an expectation shorter than its buffer") {
+    const Tensor& want = f.tensors.at("expected.o");
+    f.tensors["expected.o"] = Tensor{want.dtype,
+                                     {static_cast<std::int64_t>(want.numel()) - 1},
+                                     std::vector<std::byte>(want.data.begin(), want.data.end() - 2)};
+    require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                  {"expected.o has 4607 values, its buffer o 4608"});
+  }
+}
+
 TEST_CASE("bad input: a kernel case grid with a zero dimension is named as such", "[bad_input][kernel_case]") {
   SafeTensors f = recorded_decode_case();
   f.metadata["grid"] = "8,0,1";

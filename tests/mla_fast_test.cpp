@@ -177,12 +177,17 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
                         {"kernel mla_fast.mla_paged_decode_split_fp8 is not mla_paged_decode_wgmma_fp8"});
     a.rows_per_block = 16;  // each wgmma entry serves one block size
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
-                        {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_wgmma16_fp8"});
+                        {"rows_per_block 16 does not fit kernel mla_wgmma.mla_paged_decode_wgmma_fp8, whose blocks "
+                         "serve 64 heads"});
     a.rows_per_block = 64;
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma16_fp8, a); }, Errc::invalid_argument,
-                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_fp8 is not mla_paged_decode_wgmma_fp8"});
+                        {"rows_per_block 64 does not fit kernel mla_wgmma.mla_paged_decode_wgmma16_fp8, whose "
+                         "blocks serve 16 heads"});
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma16_rs_fp8, a); }, Errc::invalid_argument,
-                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_rs_fp8 is not mla_paged_decode_wgmma_fp8"});
+                        {"rows_per_block 64 does not fit kernel mla_wgmma.mla_paged_decode_wgmma16_rs_fp8"});
+    const SplitDecodeNvfp4Args n64{a, 8192, 4608};
+    test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma16_nvfp4, n64); }, Errc::invalid_argument,
+                        {"rows_per_block 64 does not fit kernel mla_wgmma.mla_paged_decode_wgmma16_nvfp4"});
     a.rows_per_block = 16;  // 16 heads: either 16-head FP8 entry; the NVFP4 launcher takes neither
     const SplitDecodeNvfp4Args n{a, 8192, 4608};
     test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma16_rs_fp8, n); }, Errc::invalid_argument,

@@ -61,10 +61,13 @@ std::vector<std::pair<std::string, std::string>> launchable_kernels();
 SafeTensors to_safetensors(const KernelCase& c);
 /// Errors: `invalid_argument` naming what is missing or malformed (not a
 /// kernel case, a scalar that does not parse, a grid that is not exactly
-/// "x,y,z" of u32, a launch-shape field with neither metadata nor grid, an
-/// input tensor whose dtype is not its parameter's, an expectation of a dtype
-/// check_output cannot compare, a tolerance that is not F64 [abs ≥ 0, rel ≥ 0,
-/// ulps a whole number that fits u32]); `not_found` for an unknown kernel.
+/// "x,y,z" of u32, a launch-shape field with neither metadata nor grid or with
+/// a metadata value its grid or block contradicts, a metadata key that is not
+/// a scalar parameter, an input tensor whose dtype is not its parameter's or
+/// that has no elements, an expectation of a dtype check_output cannot compare
+/// or of another length than its output's buffer, a tolerance that is not F64
+/// [abs ≥ 0, rel ≥ 0, ulps a whole number that fits u32]); `not_found` for an
+/// unknown kernel.
 KernelCase kernel_case_from(const SafeTensors& file, std::string name);
 KernelCase read_kernel_case(const std::filesystem::path& path);
 

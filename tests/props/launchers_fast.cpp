@@ -216,10 +216,9 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
       }};
 }
 
-// What the wgmma launchers refuse beyond the split launchers' rules; `other` is the entry of the
-// other wgmma block size.
+// What the wgmma launchers refuse beyond the split launchers' rules.
 template <class A>
-void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn, const char* other) {
+void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const char* kn) {
   rules.push_back([kn](A& a) {
     a.o_partial = a.o_partial + 4 * u(1, 1);
     return BrokenRule{"o_partial not 8-byte aligned",
@@ -233,12 +232,12 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
                       Errc::invalid_argument,
                       {kn, fmt::format("rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block)}};
   });
-  rules.push_back([kn, other](A& a) {
+  rules.push_back([kn](A& a) {
     a.rows_per_block = 80 - a.rows_per_block;  // 64 <-> 16
     a.num_q_heads = std::min(a.num_q_heads, 65535 * a.rows_per_block);
     return BrokenRule{"the other block size's rows_per_block",
                       Errc::invalid_argument,
-                      {fmt::format("kernel mla_wgmma.{} is not {}", kn, other)}};
+                      {fmt::format("rows_per_block {} does not fit kernel mla_wgmma.{}", a.rows_per_block, kn)}};
   });
   rules.push_back([kn](A& a) {
     a.keys_per_split = 64 * u(0, 1u << 15) + 32;
@@ -311,9 +310,7 @@ Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
   d.rules.push_back(misalign_rule<A>(kn, "comp_pool", &A::comp_pool));
   d.rules.push_back(misalign_rule<A>(kn, "cache_stride", &A::cache_stride));
   if (wgmma)
-    add_wgmma_rules<A>(d.rules, kn,
-                       entry_of(which, "", "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma_fp8",
-                                "mla_paged_decode_wgmma_fp8"));
+    add_wgmma_rules<A>(d.rules, kn);
   return d;
 }
 
@@ -362,8 +359,7 @@ Def<SplitDecodeNvfp4Args> split_nvfp4(SplitDef which) {
                                        a.data_section_bytes, a.block_stride_bytes, a.block_size)}};
   });
   if (wgmma)
-    add_wgmma_rules<A>(d.rules, kn,
-                       entry_of(which, "", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma_nvfp4"));
+    add_wgmma_rules<A>(d.rules, kn);
   return d;
 }
 
