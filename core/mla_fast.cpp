@@ -17,9 +17,9 @@ constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8
 constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
 // Tiles per block slot from which FP8 16-head rows run on the staged one-warpgroup entry
 // (mla_paged_decode_wgmma16_rs_fp8). Measured on the H200 (docs/performance.md) against the
-// specialised entry, 264 slots: 1.17–1.42× as fast from 15.5 tiles a slot, 0.97–1.05× at 7.8,
-// 0.74–0.80× at 3.9 and below.
-constexpr std::uint64_t kStagedTiles16 = 8;
+// specialised entry, 264 slots: 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8 (B = 32
+// × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and below.
+constexpr std::uint64_t kStagedTiles16 = 6;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.

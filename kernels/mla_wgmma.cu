@@ -635,7 +635,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   feed.locate(begin);
   feed.stage(begin, 0);
   feed.stage(begin, 1);
-  load_q_rows_with<kQUnits>(
+  load_q_rows_with<kQUnits, kRows16 / 4>(  // four rows a warp, loaded together
       q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
       [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted(sq, row, part, w); });
   fence_to_async_proxy();
@@ -677,18 +677,27 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   }
   __syncthreads();
   // The block's partial: unnormalised O with its running max and sum, per head; the thread's
-  // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile_rs).
+  // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile_rs), two
+  // atoms' four dims a 16-byte store where o_partial allows (the launcher asks 8 bytes).
+  const bool vector_stores = reinterpret_cast<uintptr_t>(o_partial) % 16 == 0;
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) {
     const uint32_t hl = head_of(jj), h = head0 + hl;
     if (h >= num_q_heads) continue;
     const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
     const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
+    float* const row = o_partial + slot * dim;
+    if (vector_stores) {  // atoms 2b and 2b + 1: dims 16·qrow + 4b .. + 3, one 16-byte store
 #pragma unroll
-    for (uint32_t a = 0; a < kAtoms16; ++a) {
-      const uint32_t d = a < 8 ? 16 * qrow + 2 * a : 512 + 2 * qrow;
-      *reinterpret_cast<float2*>(o_partial + slot * dim + d) = make_float2(o[a][e0], o[a][e0 + 2]);
+      for (uint32_t b = 0; b < 4; ++b)
+        *reinterpret_cast<float4*>(row + 16 * qrow + 4 * b) =
+            make_float4(o[2 * b][e0], o[2 * b][e0 + 2], o[2 * b + 1][e0], o[2 * b + 1][e0 + 2]);
+    } else {
+#pragma unroll
+      for (uint32_t a = 0; a < 8; ++a)
+        *reinterpret_cast<float2*>(row + 16 * qrow + 2 * a) = make_float2(o[a][e0], o[a][e0 + 2]);
     }
+    *reinterpret_cast<float2*>(row + 512 + 2 * qrow) = make_float2(o[8][e0], o[8][e0 + 2]);
     if (warp == 0 && lane < 4) {
       ml_partial[2 * slot] = m[jj];
       ml_partial[2 * slot + 1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);

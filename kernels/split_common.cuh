@@ -105,23 +105,28 @@ __device__ inline QScale q_scale_of(uint32_t big) {
 // Q rows [head0, head0 + rows) of sequence s as FP16, a warp per row (rows past num_q_heads are
 // zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims,
 // four FP16 pairs) handed to store(row, part, words), its unscale factor 2^-e at q_unscale[row].
-// kUnits: units per lane, enough for q_head_dim.
-template <uint32_t kUnits, class Store>
+// kUnits: units per lane, enough for q_head_dim. kRowsAtOnce: rows a warp loads before it
+// converts the first (their loads in flight together; the same rows and results for any value).
+template <uint32_t kUnits, uint32_t kRowsAtOnce = 1, class Store>
 __device__ inline void load_q_rows_with(const __nv_bfloat16* q, uint32_t s, uint32_t head0, uint32_t rows,
                                         uint32_t num_q_heads, uint32_t q_head_dim, float* q_unscale,
                                         const Store& store) {
-  const uint32_t lane = threadIdx.x % kWarp;
-  for (uint32_t row = threadIdx.x / kWarp; row < rows; row += blockDim.x / kWarp) {
+  const uint32_t lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
+  // A row's units (zeros past the row or the heads) and its largest BF16 magnitude bits (NaN above inf).
+  auto load = [&](uint32_t row, uint4(&v)[kUnits]) {
     const uint32_t h = head0 + row;
     const uint4* src = reinterpret_cast<const uint4*>(q + (uint64_t{s} * num_q_heads + h) * q_head_dim);
-    uint4 v[kUnits];
-    uint32_t big = 0;  // the row's largest BF16 magnitude bits (NaN above inf)
+    uint32_t big = 0;
 #pragma unroll
     for (uint32_t i = 0; i < kUnits; ++i) {
       const uint32_t part = lane + i * kWarp;
-      v[i] = h < num_q_heads && part < q_head_dim / 8 ? src[part] : make_uint4(0, 0, 0, 0);
+      const bool live = (kRowsAtOnce == 1 || row < rows) && h < num_q_heads && part < q_head_dim / 8;
+      v[i] = live ? src[part] : make_uint4(0, 0, 0, 0);
       for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
     }
+    return big;
+  };
+  auto convert = [&](uint32_t row, const uint4(&v)[kUnits], uint32_t big) {
     const QScale qs = q_scale_of(__reduce_max_sync(0xFFFFFFFFu, big));
 #pragma unroll
     for (uint32_t i = 0; i < kUnits; ++i) {
@@ -135,6 +140,15 @@ __device__ inline void load_q_rows_with(const __nv_bfloat16* q, uint32_t s, uint
       store(row, part, out);
     }
     if (lane == 0) q_unscale[row] = qs.down;
+  };
+  for (uint32_t row0 = threadIdx.x / kWarp; row0 < rows; row0 += kRowsAtOnce * warps) {
+    uint4 v[kRowsAtOnce][kUnits];
+    uint32_t big[kRowsAtOnce];
+#pragma unroll
+    for (uint32_t r = 0; r < kRowsAtOnce; ++r) big[r] = load(row0 + r * warps, v[r]);
+#pragma unroll
+    for (uint32_t r = 0; r < kRowsAtOnce; ++r)
+      if (kRowsAtOnce == 1 || row0 + r * warps < rows) convert(row0 + r * warps, v[r], big[r]);
   }
 }
 

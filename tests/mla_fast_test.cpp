@@ -108,7 +108,9 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
   a.num_q_heads = 33;
   CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
-  // 16 heads or fewer: the wgmma16 entries, one 16-head group.
+  // 16 heads or fewer: the wgmma16 entries, one 16-head group (16 × 4K keys: 1024 tiles, too few
+  // per block slot for the staged entry).
+  a.num_seqs = 16;
   for (std::uint32_t heads : {16u, 1u}) {
     a.num_q_heads = heads;
     const SplitPlan p16 = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
@@ -136,10 +138,9 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   // The splits: two chunks of 128 tiles per sequence fill 256 of FP8's 264 block slots in one
   // round; NVFP4's 132 slots take one chunk of 256 tiles (two would need two rounds of 129).
   CHECK(big.num_splits == (format == KvFormat::fp8 ? 2u : 1u));
-  // The threshold: 32 × 8K keys (15.5 tiles a slot) staged, 32 × 4K (7.8, tested above) not.
-  a.num_seqs = 32, a.max_blocks_per_seq = 128;
-  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged == (format == KvFormat::fp8));
+  // The threshold: 32 × 4K keys (7.8 tiles a slot) staged, 16 × 4K (3.9, tested above) not.
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
+  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged == (format == KvFormat::fp8));
   a.num_q_heads = 33;
   a.kv_cache_dim = 512, a.q_head_dim = 512;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);

@@ -46,7 +46,7 @@ struct MlaFastKernels {
 /// (cp.async) under the current tile's math. 16-head split blocks are never staged: they run on
 /// the 16-head entries, which hold the next half-tile in registers instead; on the wgmma path,
 /// 16-head blocks are staged (the FP8 entry mla_paged_decode_wgmma16_rs_fp8, two blocks per SM,
-/// its raw half-tiles bulk-copied) where each of the SMs' block slots has at least 8 tiles to
+/// its raw half-tiles bulk-copied) where each of the SMs' block slots has at least 6 tiles to
 /// walk, else they run on the warp-specialised wgmma16 entries (producers' registers the staging).
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
