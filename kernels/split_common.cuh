@@ -120,8 +120,8 @@ __device__ inline void load_q_rows_with(const __nv_bfloat16* q, uint32_t s, uint
 #pragma unroll
     for (uint32_t i = 0; i < kUnits; ++i) {
       const uint32_t part = lane + i * kWarp;
-      // (One row at a time, row < rows holds already: the test is left out, and with it any
-      // change to the other kernels' SASS.)
+      // (One row at a time, row < rows holds already: the test is left out, which keeps the
+      // one-row callers' SASS as it was, all but the 64-head FP8 entry's schedule.)
       const bool live = (kRowsAtOnce == 1 || row < rows) && h < num_q_heads && part < q_head_dim / 8;
       v[i] = live ? src[part] : make_uint4(0, 0, 0, 0);
       for (uint32_t w : {v[i].x, v[i].y, v[i].z, v[i].w}) big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu));
