@@ -226,19 +226,29 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
   return e;
 }
 
-// Two tensors sharing bytes would alias after a write; the format forbids it.
-void check_no_overlap(const std::map<std::string, Entry>& entries, std::string_view name) {
+// Two tensors sharing bytes would alias after a write; bytes no tensor covers would be read by
+// nobody (a file that is something else besides, or whose header length is off by a few bytes of
+// padding, shifting every tensor). The format forbids both: "the byte buffer needs to be
+// entirely indexed, and cannot contain holes" (huggingface/safetensors, README, Format).
+void check_exact_cover(const std::map<std::string, Entry>& entries, std::uint64_t data_size, std::string_view name) {
   std::vector<std::pair<const std::string*, const Entry*>> sorted;
   for (const auto& [tensor, e] : entries)
     if (e.end > e.begin) sorted.emplace_back(&tensor, &e);
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
-  for (std::size_t i = 1; i < sorted.size(); ++i) {
-    const auto& [prev_name, prev] = sorted[i - 1];
+  std::uint64_t covered = 0;
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
     const auto& [cur_name, cur] = sorted[i];
-    if (cur->begin < prev->end)
-      fail(Errc::invalid_argument, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", name, *prev_name, prev->begin,
-           prev->end, *cur_name, cur->begin, cur->end);
+    if (i > 0 && cur->begin < sorted[i - 1].second->end)
+      fail(Errc::invalid_argument, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", name, *sorted[i - 1].first,
+           sorted[i - 1].second->begin, sorted[i - 1].second->end, *cur_name, cur->begin, cur->end);
+    if (cur->begin > covered)
+      fail(Errc::invalid_argument, "{}: bytes [{}, {}) of the data section belong to no tensor (before '{}')", name,
+           covered, cur->begin, *cur_name);
+    covered = cur->end;
   }
+  if (covered != data_size)
+    fail(Errc::invalid_argument, "{}: the data section has {} bytes, its tensors cover {} (bytes after the last)", name,
+         data_size, covered);
 }
 
 }  // namespace
@@ -340,7 +350,7 @@ SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, 
       entries.emplace(key, parse_entry(key, value, data_size, name));
     }
   }
-  check_no_overlap(entries, name);
+  check_exact_cover(entries, data_size, name);
   for (auto& [key, e] : entries) {
     const auto src = data.subspan(e.begin, e.end - e.begin);
     e.tensor.data.assign(src.begin(), src.end());

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -96,9 +97,10 @@ struct SmallDeepseek {
 
 // ---- safetensors ----------------------------------------------------------------------
 
-TEST_CASE("bad input: a sparse terabyte file behind a small header is read without allocating it",
+TEST_CASE("bad input: a sparse terabyte file behind a small header is refused without allocating it",
           "[bad_input][safetensors]") {
-  // Before: read() allocated the whole file (std::bad_alloc, a crash in the CLI).
+  // Before: read() allocated the whole file (std::bad_alloc, a crash in the CLI); then it read
+  // only the header's tensors and ignored the rest, which the format forbids (no holes).
   TempPath tmp(".safetensors");
   SafeTensors st;
   st.metadata["heads"] = "2";
@@ -111,9 +113,37 @@ TEST_CASE("bad input: a sparse terabyte file behind a small header is read witho
     WARN("no sparse files here (" << ec.message() << "); test skipped");
     return;
   }
-  const SafeTensors back = SafeTensors::read(tmp.path);
-  CHECK(back.metadata == st.metadata);
-  CHECK(back.at("x").values<float>() == values);
+  const std::uint64_t header = [&] {
+    std::ifstream in(tmp.path, std::ios::binary);
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= std::uint64_t{static_cast<unsigned char>(in.get())} << (8 * i);
+    return n;
+  }();
+  require_error(
+      [&] { (void)SafeTensors::read(tmp.path); }, Errc::invalid_argument,
+      {fmt::format("the data section has {} bytes, its tensors cover 12", (std::uint64_t{1} << 40) - 8 - header)});
+}
+
+TEST_CASE("bad input: safetensors data no tensor covers is refused", "[bad_input][safetensors]") {
+  SafeTensors st;
+  st.tensors["a"] = Tensor::from<float>({2}, std::vector<float>{1.0f, 2.0f});
+  st.tensors["b"] = Tensor::from<float>({1}, std::vector<float>{3.0f});
+  std::vector<std::byte> bytes = st.serialize();
+  REQUIRE_NOTHROW(SafeTensors::parse(bytes, "f"));
+  // A byte after the last tensor (a header length one short reads so: the shifted JSON's last
+  // padding space becomes data).
+  bytes.push_back(std::byte{0});
+  require_error([&] { (void)SafeTensors::parse(bytes, "f"); }, Errc::invalid_argument,
+                {"the data section has 13 bytes, its tensors cover 12"});
+  // A gap between two tensors.
+  const std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                             R"("b":{"dtype":"U8","shape":[1],"data_offsets":[3,4]}})";
+  std::vector<std::byte> gap(8);
+  for (int i = 0; i < 8; ++i) gap[i] = std::byte(static_cast<unsigned char>(header.size() >> (8 * i)));
+  for (char ch : header) gap.push_back(std::byte(static_cast<unsigned char>(ch)));
+  gap.insert(gap.end(), 4, std::byte{7});
+  require_error([&] { (void)SafeTensors::parse(gap, "f"); }, Errc::invalid_argument,
+                {"bytes [2, 3) of the data section belong to no tensor (before 'b')"});
 }
 
 TEST_CASE("bad input: a header whose data lies past a sparse file's end is refused before reading data",

@@ -62,7 +62,8 @@ class SafeTensors {
   /// file's size bounds nothing; a sparse file is not read whole). Errors:
   /// `not_found` (the path), `invalid_argument` naming the path and what is
   /// malformed (header length, JSON, a key twice in one object, dtype,
-  /// shape/offset disagreement, overlapping or out-of-file data),
+  /// shape/offset disagreement, overlapping or out-of-file data, bytes of
+  /// the data section no tensor covers: the format allows no holes),
   /// `out_of_memory` when the referenced data does not fit in memory.
   static SafeTensors read(const std::filesystem::path& path);
   /// Parse from memory; `name` is used in messages.
