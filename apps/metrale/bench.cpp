@@ -374,7 +374,8 @@ void add_bench(CLI::App& app) {
   axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
-  cmd->add_option("--torch", opts->torch, "ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)");
+  cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
+      ->needs(sweep_flag);
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
     Bench bench(*gpu);

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "backends.hpp"
@@ -52,13 +53,15 @@ Check to_check(const OutputCheck& r, std::string against) {
 }
 
 // The .safetensors files of `dir`. A folder that does not exist is an error when the user named
-// it, and a warning for the defaults (a run from another working directory).
-std::vector<fs::path> safetensors_in(const fs::path& dir, bool named) {
+// it, and a warning for the defaults (a run from another working directory), added to `missing`
+// for the summary line.
+std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vector<std::string>& missing) {
   std::vector<fs::path> out;
   if (!fs::is_directory(dir)) {
     if (named) fail(Errc::not_found, "conform: no folder {}", dir.string());
     fmt::print(stderr, "warning: conform: no folder {} (relative to {}), skipped\n", dir.string(),
                fs::current_path().string());
+    missing.push_back(dir.string());
     return out;
   }
   for (const auto& e : fs::directory_iterator(dir))
@@ -242,9 +245,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
+    std::size_t skipped = 0;           // cases the device cannot run
+    std::vector<std::string> missing;  // default folders not found
     for (const auto& c : gen::conformance_sweep(opts->seed)) {
       if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
         fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
+        ++skipped;
         continue;
       }
       results.push_back(sweep_case(*gpu, emu, c));
@@ -253,14 +259,19 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
     auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
     for (const auto& dir : case_dirs)
-      for (const auto& f : safetensors_in(dir, named_cases))
-        if (auto r = file_case(*gpu, f)) results.push_back(std::move(*r));
+      for (const auto& f : safetensors_in(dir, named_cases, missing)) {
+        if (auto r = file_case(*gpu, f)) {
+          results.push_back(std::move(*r));
+        } else {
+          ++skipped;
+        }
+      }
     if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
       golden_dirs.emplace_back(env);
     std::vector<std::string> seen;
     if (opts->no_golden) golden_dirs.clear();
     for (const auto& dir : golden_dirs)
-      for (const auto& f : safetensors_in(dir, named_golden)) {
+      for (const auto& f : safetensors_in(dir, named_golden, missing)) {
         if (std::find(seen.begin(), seen.end(), f.filename().string()) != seen.end()) continue;
         seen.push_back(f.filename().string());
         auto g = golden_cases(*gpu, f);
@@ -289,8 +300,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     if (device.contains("device"))
       where +=
           fmt::format(" ({}, driver {})", device["device"].get<std::string>(), device["driver_version"].get<int>());
-    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}\n", where, results.size(), failed, seconds,
-               failed == 0 ? "PASS" : "FAIL");
+    std::string left_out;
+    if (skipped != 0) left_out += fmt::format("{} skipped (the device cannot run them)", skipped);
+    if (!missing.empty())
+      left_out += fmt::format("{}folders not found: {}", left_out.empty() ? "" : "; ", fmt::join(missing, ", "));
+    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}{}\n", where, results.size(), failed, seconds,
+               failed == 0 ? "PASS" : "FAIL", left_out.empty() ? "" : fmt::format(" ({})", left_out));
     if (!opts->report.empty()) write_reports(opts->report, device, results, seconds);
     set_exit(failed == 0 ? 0 : 1);
   });
