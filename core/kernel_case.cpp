@@ -537,8 +537,8 @@ std::vector<std::pair<std::string, std::string>> launchable_kernels() {
 
 SafeTensors to_safetensors(const KernelCase& c) {
   SafeTensors f;
-  f.metadata = {{"kind", "kernel"}, {"module", c.module},   {"entry", c.entry},
-                {"case", c.name},   {"grid", dims(c.grid)}, {"block", dims(c.block)}};
+  f.metadata = {{"kind", "kernel"}, {"module", c.module}, {"entry", c.entry}, {"case", c.name}};
+  if (c.shape_recorded) f.metadata["grid"] = dims(c.grid), f.metadata["block"] = dims(c.block);
   for (const auto& [name, v] : c.scalars) f.metadata[name] = format_scalar(v);
   for (const auto& [name, t] : c.inputs) f.tensors[name] = t;
   for (const auto& [name, t] : c.expected) f.tensors["expected." + name] = t;
@@ -563,6 +563,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
   const bool has_block = f.metadata.count("block") != 0;
   if (has_block) c.block = parse_dims(f.meta("block"), "block");
+  c.shape_recorded = has_grid && has_block;
   for (const auto& [field, kind] : a.fields.scalars) {
     // A recorded launch names only the kernel's parameters; the launch shape gives the rest
     // (a file without a grid has none: the default {1,1,1} would silently mean 1).
@@ -668,8 +669,17 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
       ptrs[name] = buffers.at(name).ptr();
     }
     const bool path = c.entry.ends_with("_path");  // a launcher-level path of several kernels
+    // A single kernel's recorded launch shape must be the one its launcher runs: a grid or block
+    // edited in the file would otherwise be ignored and the case pass as recorded.
+    std::optional<std::pair<Dim3, Dim3>> launched;
+    const GpuBackend::LaunchObserver watch(gpu, [&](KernelHandle, Dim3 grid, Dim3 block) {
+      if (!launched) launched.emplace(grid, block);
+    });
     a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
     gpu.synchronize(0);
+    if (!path && c.shape_recorded && launched && (launched->first != c.grid || launched->second != c.block))
+      fail(Errc::invalid_argument, "the launcher ran grid ({}) block ({}), but the case records grid ({}) block ({})",
+           dims(launched->first), dims(launched->second), dims(c.grid), dims(c.block));
     std::map<std::string, Tensor> out;
     for (const auto& [name, buf] : buffers) {
       if (!all && c.expected.count(name) == 0) continue;

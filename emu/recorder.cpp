@@ -68,6 +68,7 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   c.entry = e.entry;
   c.grid = grid;
   c.block = block;
+  c.shape_recorded = true;
   for (std::size_t i = 0; i < e.params.size(); ++i) {
     const ParamDecl& p = e.params[i];
     if (p.kind != ArgKind::ptr) {

@@ -288,6 +288,30 @@ TEST_CASE("bad input: a kernel case scalar the recorded grid contradicts is refu
                 {"num_seqs = 2 but the recorded grid (8,1,1) gives 1"});
 }
 
+TEST_CASE("bad input: a kernel case whose recorded launch shape its launcher does not run is refused",
+          "[bad_input][kernel_case]") {
+  emu::EmulatorBackend gpu;
+  SafeTensors f = recorded_decode_case();  // mla_paged_decode_fp8: grid [num_q_heads = 8, num_seqs = 1]
+  CHECK_NOTHROW(run_kernel_case(gpu, kernel_case_from(f, "c")));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"grid", "16,1,1"}, {"grid", "8,1,7"}, {"block", "128,1,1"}}) {
+    INFO(key << " " << value);
+    SafeTensors g = f;
+    g.metadata[key] = value;
+    const std::string want =
+        key == "grid" ? "grid (" + value + ") block (256,1,1)" : "grid (8,1,1) block (" + value + ")";
+    require_error([&] { (void)run_kernel_case(gpu, kernel_case_from(g, "c")); }, Errc::invalid_argument,
+                  {"the launcher ran grid (8,1,1) block (256,1,1), but the case records " + want});
+  }
+  // A generated case has no recorded shape: none is written, and it reads back and runs.
+  const KernelCase gen_case = kernel_case_from(f, "c");
+  KernelCase unshaped = gen_case;
+  unshaped.shape_recorded = false;
+  const SafeTensors written = to_safetensors(unshaped);
+  CHECK(written.metadata.count("grid") == 0);
+  CHECK_FALSE(kernel_case_from(written, "c").shape_recorded);
+}
+
 TEST_CASE("bad input: a kernel case's empty tensor or short expectation is refused before a launch",
           "[bad_input][kernel_case]") {
   SafeTensors f = recorded_decode_case();

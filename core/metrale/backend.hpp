@@ -6,10 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "metrale/device.hpp"
 
@@ -52,8 +54,24 @@ class GpuBackend {
   /// emulator, which runs launches one after the other) launch as usual: the same result.
   void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
               std::uint32_t shared_bytes = 0, bool early_start = false) {
+    if (observer_) observer_(kernel, grid, block);
     do_launch(kernel, grid, block, args, stream, shared_bytes, early_start);
   }
+  /// While it lives, `see` is called with each launch's kernel, grid and block before the
+  /// backend runs it (run_kernel_case compares them with a recorded launch); an observer made
+  /// while another lives takes its place until it ends.
+  class LaunchObserver {
+   public:
+    using Fn = std::function<void(KernelHandle, Dim3 grid, Dim3 block)>;
+    LaunchObserver(GpuBackend& gpu, Fn see) : gpu_(gpu), before_(std::exchange(gpu.observer_, std::move(see))) {}
+    ~LaunchObserver() { gpu_.observer_ = std::move(before_); }
+    LaunchObserver(const LaunchObserver&) = delete;
+    LaunchObserver& operator=(const LaunchObserver&) = delete;
+
+   private:
+    GpuBackend& gpu_;
+    Fn before_;
+  };
   /// Wait for the work queued on `stream`. Errors: `device_fault`.
   virtual void synchronize(Stream stream) = 0;
   /// "emu" or "cuda".
@@ -74,6 +92,9 @@ class GpuBackend {
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;
   virtual void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
                          std::uint32_t shared_bytes, bool early_start) = 0;
+
+ private:
+  LaunchObserver::Fn observer_;
 };
 
 }  // namespace metrale

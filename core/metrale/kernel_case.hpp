@@ -29,6 +29,10 @@ struct KernelCase {
   std::string name;
   std::string module, entry;
   Dim3 grid{}, block{};  // as launched, when recorded; the launcher recomputes them
+  /// Whether grid and block are a recorded launch's (the recorder's cases, files that carry
+  /// both): run_kernel_case then refuses a launch of another shape, and to_safetensors writes
+  /// them only then.
+  bool shape_recorded = false;
   /// Every non-pointer field of the kernel's launcher by name: the kernel's
   /// scalar parameters and the launch-shape ones (num_heads, num_seqs).
   std::map<std::string, KernelArg> scalars;
