@@ -584,7 +584,19 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
   CHECK(run_cli("case run --backend emu " + wgmma16, out, "METRALE_EMU_SHARED_BYTES=101376") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("skipped: mla_paged_decode_wgmma16_fp8 needs 169280 bytes of shared "
                                             "memory per block, the device allows 101376"));
-  CHECK_THAT(out, Catch::Matchers::Contains("1 files on emu (1 skipped: the device cannot run them): PASS"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 skipped: the device cannot run them): PASS"));
+}
+
+TEST_CASE("bad input: a case run's summary counts the files that had nothing to check", "[bad_input][cli]") {
+  SafeTensors f = recorded_decode_case();
+  f.tensors.erase("expected.o");
+  f.tensors.erase("tolerance.o");
+  TempPath tmp(".safetensors");
+  f.write(tmp.path);
+  std::string out;
+  CHECK(run_cli("case run --backend emu " + tmp.path.string(), out) == 0);  // a run without a check passes
+  CHECK_THAT(out, Catch::Matchers::Contains("ran (no expectation)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 ran with no expectation to check): PASS"));
 }
 
 TEST_CASE("bad input: metrale case run reports path errors and empty folders", "[bad_input][cli]") {

@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends.hpp"
 #include "commands.hpp"
@@ -42,7 +43,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
     fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
-    int failed = 0, errors = 0, skipped = 0;
+    int failed = 0, errors = 0, skipped = 0, unchecked = 0;
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
@@ -52,8 +53,10 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
           continue;
         }
         const auto out = run_kernel_case(*gpu, c);
-        if (c.expected.empty())
+        if (c.expected.empty()) {
           fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
+          ++unchecked;
+        }
         for (const auto& [param, want] : c.expected) {
           const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
           const auto r = check_output(param, out.at(param), want, tol);
@@ -67,8 +70,12 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
                    to_string(e.code()), e.what());
       }
     }
-    fmt::print("\n{} files on {}{}: {}\n", files.size(), gpu->name(),
-               skipped > 0 ? fmt::format(" ({} skipped: the device cannot run them)", skipped) : std::string(),
+    // A PASS says nothing of the files that ran without an expectation: the line counts them.
+    std::vector<std::string> notes;
+    if (skipped > 0) notes.push_back(fmt::format("{} skipped: the device cannot run them", skipped));
+    if (unchecked > 0) notes.push_back(fmt::format("{} ran with no expectation to check", unchecked));
+    fmt::print("\n{} file{} on {}{}: {}\n", files.size(), files.size() == 1 ? "" : "s", gpu->name(),
+               notes.empty() ? std::string() : fmt::format(" ({})", fmt::join(notes, "; ")),
                failed == 0 && errors == 0
                    ? std::string("PASS")
                    : fmt::format("{} outputs FAIL, {} files in error", failed, errors));
