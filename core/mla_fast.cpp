@@ -69,8 +69,10 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
 
 // The wgmma entries' extra rules: their block shapes, DeepSeek's rows, and the entry of the block
 // (`entry64` for 64 heads; for 16, `entry16` or `entry16_staged`, null where the format has none).
+// `handle`: the entry split_launcher_name found the kernel to be (that of rows_per_block when it
+// is none of them).
 void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a,
-                    const char* entry64, const char* entry16, const char* entry16_staged) {
+                    std::string_view handle, const char* entry64, const char* entry16, const char* entry16_staged) {
   v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
   v.check(a.rows_per_block == kWgmmaRows || a.rows_per_block == kWgmma16Rows,
           "rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block);
@@ -79,12 +81,10 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
           "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
   // Each entry serves one block size: a handle of this launcher's other size is named as such.
-  const std::string name = gpu.kernel_name(kernel);
-  const auto is = [&](const char* entry) { return entry != nullptr && name.ends_with(std::string(".") + entry); };
-  const bool handle16 = is(entry16) || is(entry16_staged);
-  v.check(!(a.rows_per_block == kWgmmaRows && handle16) && !(a.rows_per_block == kWgmma16Rows && is(entry64)),
-          "rows_per_block {} does not fit kernel {}, whose blocks serve {} heads", a.rows_per_block, name,
-          handle16 ? kWgmma16Rows : kWgmmaRows);
+  const bool handle16 = handle == entry16 || (entry16_staged != nullptr && handle == entry16_staged);
+  v.check(!(a.rows_per_block == kWgmmaRows && handle16) && !(a.rows_per_block == kWgmma16Rows && handle == entry64),
+          "rows_per_block {} does not fit kernel {}.{}, whose blocks serve {} heads", a.rows_per_block, kMlaWgmmaModule,
+          handle, handle16 ? kWgmma16Rows : kWgmmaRows);
   if (a.rows_per_block == kWgmmaRows) {
     validate_entry(v, gpu, kernel, {entry64});
   } else if (entry16_staged != nullptr) {
@@ -369,7 +369,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   detail::validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
+    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
                    "mla_paged_decode_wgmma16_rs_fp8");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
@@ -386,8 +386,9 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const Validator v{split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4",
-                                        "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4")};
+  const std::string_view name = split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4",
+                                                    "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4");
+  const Validator v{name};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
@@ -403,7 +404,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", nullptr);
+    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", nullptr);
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }

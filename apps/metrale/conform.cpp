@@ -300,12 +300,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     if (device.contains("device"))
       where +=
           fmt::format(" ({}, driver {})", device["device"].get<std::string>(), device["driver_version"].get<int>());
-    std::string left_out;
-    if (skipped != 0) left_out += fmt::format("{} skipped (the device cannot run them)", skipped);
-    if (!missing.empty())
-      left_out += fmt::format("{}folders not found: {}", left_out.empty() ? "" : "; ", fmt::join(missing, ", "));
+    std::vector<std::string> notes;  // what the count leaves out
+    if (skipped != 0) notes.push_back(fmt::format("{} skipped (the device cannot run them)", skipped));
+    if (!missing.empty()) notes.push_back(fmt::format("folders not found: {}", fmt::join(missing, ", ")));
     fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}{}\n", where, results.size(), failed, seconds,
-               failed == 0 ? "PASS" : "FAIL", left_out.empty() ? "" : fmt::format(" ({})", left_out));
+               failed == 0 ? "PASS" : "FAIL", notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) write_reports(opts->report, device, results, seconds);
     set_exit(failed == 0 ? 0 : 1);
   });
