@@ -179,19 +179,23 @@ struct Entry {
 };
 
 Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_size, std::string_view name) {
-  if (!j.is_object()) fail(Errc::invalid_argument, "{}: tensor '{}' is a json {}, not an object", name, tensor, j.type_name());
+  if (!j.is_object())
+    fail(Errc::invalid_argument, "{}: tensor '{}' is a json {}, not an object", name, tensor, j.type_name());
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!j.contains(key)) fail(Errc::invalid_argument, "{}: tensor '{}' has no {}", name, tensor, key);
 
   Entry e;
   const Json& dtype = j.at("dtype");
-  if (!dtype.is_string()) fail(Errc::invalid_argument, "{}: tensor '{}' dtype is a json {}, not a string", name, tensor, dtype.type_name());
+  if (!dtype.is_string())
+    fail(Errc::invalid_argument, "{}: tensor '{}' dtype is a json {}, not a string", name, tensor, dtype.type_name());
   const auto parsed = parse_dtype(dtype.get<std::string>());
-  if (!parsed) fail(Errc::invalid_argument, "{}: tensor '{}' has unknown dtype '{}'", name, tensor, dtype.get<std::string>());
+  if (!parsed)
+    fail(Errc::invalid_argument, "{}: tensor '{}' has unknown dtype '{}'", name, tensor, dtype.get<std::string>());
   e.tensor.dtype = *parsed;
 
   const Json& shape = j.at("shape");
-  if (!shape.is_array()) fail(Errc::invalid_argument, "{}: tensor '{}' shape is a json {}, not an array", name, tensor, shape.type_name());
+  if (!shape.is_array())
+    fail(Errc::invalid_argument, "{}: tensor '{}' shape is a json {}, not an array", name, tensor, shape.type_name());
   std::size_t numel = 1;
   for (const Json& dim : shape) {
     const auto d = json_u64(dim);
@@ -199,12 +203,14 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
       fail(Errc::invalid_argument, "{}: tensor '{}' shape {} has a dimension that is not a non-negative integer", name,
            tensor, brief(shape));
     const auto n = checked_mul(numel, static_cast<std::size_t>(*d));
-    if (!n) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the element count", name, tensor, brief(shape));
+    if (!n)
+      fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the element count", name, tensor, brief(shape));
     numel = *n;
     e.tensor.shape.push_back(static_cast<std::int64_t>(*d));
   }
   const auto bytes = checked_mul(numel, dtype_size(e.tensor.dtype));
-  if (!bytes) fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the byte count", name, tensor, brief(shape));
+  if (!bytes)
+    fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the byte count", name, tensor, brief(shape));
 
   const Json& offsets = j.at("data_offsets");
   const auto begin = offsets.is_array() && offsets.size() == 2 ? json_u64(offsets[0]) : std::nullopt;
@@ -213,14 +219,14 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
     fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets {} is not a pair of non-negative integers", name, tensor,
          brief(offsets));
   if (*begin > *end)
-    fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets [{}, {}] end before they begin", name, tensor, *begin, *end);
+    fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets [{}, {}] end before they begin", name, tensor, *begin,
+         *end);
   if (*end > data_size)
     fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets [{}, {}] lie outside the data section of {} bytes", name,
          tensor, *begin, *end, data_size);
   if (*end - *begin != *bytes)
-    fail(Errc::invalid_argument,
-         "{}: tensor '{}' data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}", name, tensor, *begin, *end,
-         *end - *begin, brief(shape), to_string(e.tensor.dtype), *bytes);
+    fail(Errc::invalid_argument, "{}: tensor '{}' data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}",
+         name, tensor, *begin, *end, *end - *begin, brief(shape), to_string(e.tensor.dtype), *bytes);
   e.begin = *begin;
   e.end = *end;
   return e;
@@ -234,11 +240,12 @@ void check_exact_cover(const std::map<std::string, Entry>& entries, std::uint64_
   std::vector<std::pair<const std::string*, const Entry*>> sorted;
   for (const auto& [tensor, e] : entries)
     if (e.end > e.begin) sorted.emplace_back(&tensor, &e);
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
   std::uint64_t covered = 0;
   for (std::size_t i = 0; i < sorted.size(); ++i) {
     const auto& [cur_name, cur] = sorted[i];
-    if (i > 0 && cur->begin < sorted[i - 1].second->end)
+    if (cur->begin < covered)  // covered: the end of the tensor before
       fail(Errc::invalid_argument, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", name, *sorted[i - 1].first,
            sorted[i - 1].second->begin, sorted[i - 1].second->end, *cur_name, cur->begin, cur->end);
     if (cur->begin > covered)
@@ -284,9 +291,15 @@ void Tensor::expect_dtype(Dtype want) const {
 std::vector<float> Tensor::to_f32() const {
   std::vector<float> out;
   switch (dtype) {
-    case Dtype::f32: append_converted<float>(data, out); break;
-    case Dtype::f64: append_converted<double>(data, out); break;
-    case Dtype::bf16: append_converted<Bf16>(data, out); break;
+    case Dtype::f32:
+      append_converted<float>(data, out);
+      break;
+    case Dtype::f64:
+      append_converted<double>(data, out);
+      break;
+    case Dtype::bf16:
+      append_converted<Bf16>(data, out);
+      break;
     case Dtype::f16: {
       out.resize(data.size() / 2);
       for (std::size_t i = 0; i < out.size(); ++i) {
@@ -296,7 +309,8 @@ std::vector<float> Tensor::to_f32() const {
       }
       break;
     }
-    default: fail(Errc::invalid_argument, "cannot convert a {} tensor to F32 (F32, F64, BF16 or F16 only)", to_string(dtype));
+    default:
+      fail(Errc::invalid_argument, "cannot convert a {} tensor to F32 (F32, F64, BF16 or F16 only)", to_string(dtype));
   }
   return out;
 }
@@ -418,7 +432,9 @@ std::vector<std::byte> SafeTensors::serialize() const {
   for (const auto& [key, t] : tensors) {
     if (key == kMetadataKey) fail(Errc::invalid_argument, "a tensor cannot be named {}", kMetadataKey);
     t.check_size();
-    header[key] = {{"dtype", std::string(to_string(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
+    header[key] = {{"dtype", std::string(to_string(t.dtype))},
+                   {"shape", t.shape},
+                   {"data_offsets", {offset, offset + t.data.size()}}};
     offset += t.data.size();
   }
   std::string text = header.dump();
