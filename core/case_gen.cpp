@@ -301,6 +301,31 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   return c;
 }
 
+KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split) {
+  constexpr const char* kEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
+  if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
+    fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", kEntry,
+         to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
+  KernelCase c = split_path_case(spec);  // the inputs, o and its tolerance
+  const std::uint32_t keys_per_split = 64 * tiles_per_split;
+  const std::uint64_t max_keys =
+      std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + (spec.comp_pool ? spec.comp_block_count : 0);
+  const std::uint64_t num_splits = (max_keys + keys_per_split - 1) / keys_per_split + 1;  // a spare
+  if (num_splits > 8)
+    fail(Errc::invalid_argument, "fused_decode_case: {} chunks of {} keys, more than a cluster's 8", num_splits,
+         keys_per_split);
+  c.name = fmt::format("{} keys_per_split={} {}", kEntry, keys_per_split, spec.vars());
+  c.module = "mla_wgmma";
+  c.entry = kEntry;
+  // As the dispatcher: the K scale folded into the logit scale (in FP32), V's the combine's.
+  c.scalars["logit_scale"] = KernelArg::f32(spec.inv_sqrt_d * spec.k_scale);
+  for (const char* n : {"inv_sqrt_d", "k_scale", "num_kv_heads"}) c.scalars.erase(n);
+  c.scalars["keys_per_split"] = KernelArg::u32(keys_per_split);
+  c.scalars["num_splits"] = KernelArg::u32(static_cast<std::uint32_t>(num_splits));
+  c.scalars["rows_per_block"] = KernelArg::u32(16);
+  return c;
+}
+
 namespace {
 
 // A split decode's partial rows as a combine reads them: `rows` of O (dim values in ±20) and
@@ -829,7 +854,12 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
     p.num_q_heads = 13, p.seed = ++s;  // the wgmma16 entries: one head group, three heads short
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16));
-    if (f == KvFormat::fp8) p.seed = ++s, out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16_rs));
+    if (f == KvFormat::fp8) {
+      p.seed = ++s, out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16_rs));
+      p.sinks = true, p.seed = ++s;  // the same entry with the combine in its clusters: 4 chunks
+      out.push_back(fused_decode_case(p, 1));
+      p.sinks = false;
+    }
   }
   out.push_back(combine_case(3, 5, 576, 7, true, ++s));
   for (std::uint32_t comp : {0u, 2u}) {  // windows, sinks and compressed entries through the split path

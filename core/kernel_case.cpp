@@ -328,6 +328,19 @@ const std::vector<Adapter>& adapters() {
       split_fp8_adapter("mla_paged_decode_wgmma16_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma16_nvfp4", true),
       split_fp8_adapter("mla_paged_decode_wgmma16_rs_fp8", true),
+      // The staged 16-head entry with the combine in its clusters: the split fields but the
+      // partials, and the combine's sinks, o and v_scale.
+      {"mla_wgmma",
+       "mla_paged_decode_wgmma16_rs_combine_fp8",
+       {concat(kSplitScalars,
+               {{"cache_stride", U64}, {"sliding_window", U32}, {"comp_block_count", U32}, {"v_scale", F32}}),
+        {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool", "sinks", "o"}},
+       kSplitShape,
+       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+         const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
+                                    a.ptr("comp_pool"), a.u32("comp_block_count")};
+         mla_paged_decode_wgmma16_rs_combine_fp8(g, k, {s, a.ptr("sinks"), a.ptr("o"), a.f32("v_scale")});
+       }},
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -417,6 +430,15 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_wgmma16_fp8", split_fp8},
       {"mla_paged_decode_wgmma16_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma16_rs_fp8", split_fp8},
+      {"mla_paged_decode_wgmma16_rs_combine_fp8",
+       {{"q", BF16},
+        {"k_cache", U8},
+        {"v_cache", U8},
+        {"block_tables", I32},
+        {"seq_lens", I32},
+        {"comp_pool", U8},
+        {"sinks", FP32},
+        {"o", BF16}}},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);
@@ -608,8 +630,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
            c.entry);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
-  const std::uint32_t wgmma_block =
-      wgmma_threads(wgmma_entry_rows(a.entry), a.entry == "mla_paged_decode_wgmma16_rs_fp8");
+  const std::uint32_t wgmma_block = wgmma_threads(wgmma_entry_rows(a.entry), a.entry.starts_with("mla_paged_decode_wgmma16_rs"));
   if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_block, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
          c.block.y, c.block.z, a.entry, wgmma_block);

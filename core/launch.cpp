@@ -16,8 +16,20 @@ KernelLaunch& KernelLaunch::push(KernelArg a) {
 void KernelLaunch::launch(Stream stream) {
   with_context(gpu_.kernel_name(kernel_), [&] {
     if (overflow_) fail(Errc::internal, "more than {} kernel arguments", kMaxArgs);
-    gpu_.launch(kernel_, grid_, block_, std::span(args_.data(), count_), stream, shared_, early_start_);
+    gpu_.launch(kernel_, grid_, block_, std::span(args_.data(), count_), stream, shared_, early_start_, cluster_);
   });
+}
+
+void GpuBackend::check_cluster(Dim3 grid, Dim3 cluster) const {
+  if (cluster.x == 1 && cluster.y == 1 && cluster.z == 1) return;
+  const auto shape = [](Dim3 d) { return fmt::format("({},{},{})", d.x, d.y, d.z); };
+  if (cluster.x == 0 || cluster.y == 0 || cluster.z == 0 || cluster.count() > 8)
+    fail(Errc::launch_failed, "cluster {} is not 1 to 8 blocks", shape(cluster));
+  if (grid.x % cluster.x != 0 || grid.y % cluster.y != 0 || grid.z % cluster.z != 0)
+    fail(Errc::launch_failed, "cluster {} does not divide grid {}", shape(cluster), shape(grid));
+  if (compute_capability() < 90)
+    fail(Errc::launch_failed, "cluster {} needs sm_90 or later (the device is sm_{})", shape(cluster),
+         compute_capability());
 }
 
 }  // namespace metrale

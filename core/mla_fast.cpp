@@ -20,6 +20,10 @@ constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64,
 // specialised entry, 264 slots: 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8 (B = 32
 // × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and below.
 constexpr std::uint64_t kStagedTiles16 = 6;
+// The staged FP8 16-head entry with the combine in its clusters, and its most splits (the
+// portable cluster size): docs/performance.md.
+constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
+constexpr std::uint32_t kMaxClusterSplits = 8;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -36,14 +40,15 @@ std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::
   return std::nullopt;
 }
 
-void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t comp_keys) {
+// `partials`: the kernel writes o_partial and ml_partial (the entry that combines in its clusters
+// does not read them).
+void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t comp_keys, bool partials = true) {
   v.non_null({{"q", a.q},
               {"k_cache", a.k_cache},
               {"v_cache", a.v_cache},
-              {"o_partial", a.o_partial},
-              {"ml_partial", a.ml_partial},
               {"block_tables", a.block_tables},
               {"seq_lens", a.seq_lens}});
+  if (partials) v.non_null({{"o_partial", a.o_partial}, {"ml_partial", a.ml_partial}});
   v.positive({{"num_seqs", a.num_seqs},
               {"num_q_heads", a.num_q_heads},
               {"num_splits", a.num_splits},
@@ -71,8 +76,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
 // (`entry64` for 64 heads; for 16, `entry16` or `entry16_staged`, null where the format has none).
 // `handle`: the entry split_launcher_name found the kernel to be (that of rows_per_block when it
 // is none of them).
-void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a,
-                    std::string_view handle, const char* entry64, const char* entry16, const char* entry16_staged) {
+void validate_wgmma_shape(const Validator& v, const SplitDecodeArgs& a) {
   v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
   v.check(a.rows_per_block == kWgmmaRows || a.rows_per_block == kWgmma16Rows,
           "rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block);
@@ -80,6 +84,10 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
           a.keys_per_split);
   v.check(a.q_head_dim == kWgmmaDim && a.kv_cache_dim == kWgmmaDim,
           "q_head_dim {} and kv_cache_dim {} are not both 576 (the wgmma entries' rows)", a.q_head_dim, a.kv_cache_dim);
+}
+void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a,
+                    std::string_view handle, const char* entry64, const char* entry16, const char* entry16_staged) {
+  validate_wgmma_shape(v, a);
   // Each entry serves one block size: a handle of this launcher's other size is named as such.
   const bool handle16 = handle == entry16 || (entry16_staged != nullptr && handle == entry16_staged);
   v.check(!(a.rows_per_block == kWgmmaRows && handle16) && !(a.rows_per_block == kWgmma16Rows && handle == entry64),
@@ -95,9 +103,10 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
 }
 
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
-// the staged 16-head wgmma entry) launch.
+// the staged 16-head wgmma entry) launch; `outputs` the pointers in o_partial's and ml_partial's
+// places (the entry that combines in its clusters takes sinks and o there).
 KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma,
-                         bool staged16 = false) {
+                         bool staged16 = false, std::optional<std::pair<DevicePtr, DevicePtr>> outputs = {}) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
       .block({wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1})
@@ -107,8 +116,8 @@ KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat for
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
       .arg_ptr(a.v_cache)
-      .arg_ptr(a.o_partial)
-      .arg_ptr(a.ml_partial)
+      .arg_ptr(outputs ? outputs->first : a.o_partial)
+      .arg_ptr(outputs ? outputs->second : a.ml_partial)
       .arg_ptr(a.block_tables)
       .arg_ptr(a.seq_lens)
       .arg_u32(a.max_blocks_per_seq)
@@ -178,6 +187,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_fp8");
     r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
     r.wgmma16_rs_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
+    r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
   }
   return r;
 }
@@ -313,6 +323,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFC0 / tile_keys) * tile_keys);
   p.num_splits =
       static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
+  p.fused = p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && p.num_splits <= kMaxClusterSplits;
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   p.ml_offset = partials * a.kv_cache_dim * 4;
   p.workspace_bytes = p.ml_offset + partials * 2 * 4;
@@ -352,12 +363,9 @@ const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, cons
   return a.rows_per_block == kWgmma16Rows ? wgmma16 : wgmma64;
 }
 
-void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const std::string_view name =
-      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
-                          "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
-  const Validator v{name};
-  validate_split(v, a, a.comp_pool ? a.comp_block_count : 0);
+// The FP8 split launchers' rules on `a`, but for the entry (`partials` as validate_split's).
+void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool partials) {
+  validate_split(v, a, a.comp_pool ? a.comp_block_count : 0, partials);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
                                      {{"k_cache", a.k_cache.addr},
                                       {"v_cache", a.v_cache.addr},
@@ -368,6 +376,14 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   v.check(a.cache_stride >= a.kv_cache_dim, "cache_stride {} < kv_cache_dim {}", a.cache_stride, a.kv_cache_dim);
   detail::validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
+}
+
+void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
+  const std::string_view name =
+      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
+                          "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
+  const Validator v{name};
+  validate_split_fp8(v, a, true);
   if (wgmma) {
     validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
                    "mla_paged_decode_wgmma16_rs_fp8");
@@ -431,6 +447,30 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
   launch_split_nvfp4(gpu, kernel, a, stream, true);
 }
 
+void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                             Stream stream) {
+  const Validator v{kFusedEntry};
+  const SplitDecodeFp8Args& s = a.split;
+  validate_split_fp8(v, s, false);
+  validate_wgmma_shape(v, s);
+  v.check(s.rows_per_block == kWgmma16Rows, "rows_per_block {} is not 16 (the entry's blocks)", s.rows_per_block);
+  v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
+  v.non_null({{"o", a.o}});
+  v.check(a.o.addr % 8 == 0, "o {:#x} is not 8-byte aligned", a.o.addr);
+  v.positive_finite("v_scale", a.v_scale);
+  validate_entry(v, gpu, kernel, {kFusedEntry});
+  KernelLaunch l(gpu, kernel);
+  split_args(l, s, KvFormat::fp8, true, true, std::pair{a.sinks, a.o})
+      .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
+      .arg_u64(s.cache_stride)
+      .arg_u32(s.sliding_window)
+      .arg_ptr(s.comp_pool)
+      .arg_u32(s.comp_block_count)
+      .arg_u32(s.keys_per_split)
+      .arg_f32(a.v_scale)
+      .launch(stream);
+}
+
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
   const Validator v{"mla_paged_decode_combine"};
   v.non_null({{"o_partial", a.o_partial}, {"ml_partial", a.ml_partial}, {"o", a.o}});
@@ -489,6 +529,13 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
                                         gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
+  if (p.fused && fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0) {  // no partials: no workspace
+    SplitDecodeFp8Args s{split_from(a, p, {}, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window,
+                         a.comp_pool, a.comp_block_count};
+    s.o_partial = s.ml_partial = {};
+    mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+    return DecodePath::split;
+  }
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};

@@ -438,11 +438,12 @@ struct EmulatorBackend::Impl {
   }
 
   /// Run the port once per block of the grid, then look for write races.
-  void execute(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args) {
+  void execute(const Registry::Entry& e, Dim3 grid, Dim3 block, Dim3 cluster, std::span<const KernelArg> args) {
     std::mutex writes_mutex;
     std::vector<BlockWrite> writes;
     pool.run(grid.count(), [&](std::uint64_t i) {
       Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races);
+      blk.clusterDim = cluster;
       e.run(blk, args, e.params);
       if (blk.writes().empty()) return;
       std::lock_guard lock(writes_mutex);
@@ -536,10 +537,13 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
 }
 
 std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
+std::uint32_t EmulatorBackend::multiprocessor_count() const {
+  return impl_->options.multiprocessor_count != 0 ? impl_->options.multiprocessor_count : 132;
+}
 
 void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                                 Stream /*stream: blocks run synchronously*/, std::uint32_t shared_bytes,
-                                bool /*early_start: as soon as the launch before has ended*/) {
+                                bool /*early_start: as soon as the launch before has ended*/, Dim3 cluster) {
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::launch);
   const auto& e = impl_->entry(kernel);
@@ -556,10 +560,10 @@ void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std:
   if (impl_->dry_run) return;
   const auto t0 = std::chrono::steady_clock::now();
   if (!impl_->recorder) {
-    impl_->execute(e, grid, block, args);
+    impl_->execute(e, grid, block, cluster, args);
   } else {
     KernelCase recorded = impl_->recorder->before(e, grid, block, args, impl_->memory);
-    impl_->execute(e, grid, block, args);
+    impl_->execute(e, grid, block, cluster, args);
     impl_->recorder->after(std::move(recorded), args, e, impl_->memory);
   }
   spdlog::debug("emu: {} grid {} block {} ran in {:.3f} ms", e.full_name(), dims(grid), dims(block),

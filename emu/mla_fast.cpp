@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "metrale/emu/emulator.hpp"
+#include "metrale/error.hpp"
 #include "metrale/formats.hpp"
 #include "port_common.hpp"
 
@@ -45,14 +47,21 @@ int q_scale_exponent(std::uint32_t big) {
   return std::min(126, 141 - field);
 }
 
-// The split decode over any cache format: `dequant(j, k_row, v_row)` fills key j's rows as the
-// FP16 values the kernel's shared memory holds (exact for both formats).
+// One block's partial: per head of its group, the unnormalised O, the running max and the sum.
+struct Partial {
+  std::vector<std::vector<float>> acc;
+  std::vector<float> m, l;
+};
+
+// The split decode over any cache format, of chunk z of the block's head group and sequence:
+// `dequant(j, k_row, v_row)` fills key j's rows as the FP16 values the kernel's shared memory
+// holds (exact for both formats).
 template <class Dequant>
-void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Global<float> ml_partial,
-                  std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale,
-                  const KeySet& keys, std::uint32_t keys_per_split, SplitShape shape, Dequant&& dequant) {
+Partial split_partial(const Block& blk, std::uint32_t z, Global<const Bf16> q, std::uint32_t num_q_heads,
+                      std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale, const KeySet& keys,
+                      std::uint32_t keys_per_split, SplitShape shape, Dequant&& dequant) {
   const std::uint32_t G = shape.rows, tile_keys = shape.tile_keys;
-  const std::uint32_t z = blk.blockIdx.x, head0 = blk.blockIdx.y * G, s = blk.blockIdx.z, num_splits = blk.gridDim.x;
+  const std::uint32_t head0 = blk.blockIdx.y * G, s = blk.blockIdx.z;
   const std::uint32_t begin =
       static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{z} * keys_per_split, keys.count));
   const std::uint32_t end =
@@ -109,16 +118,95 @@ void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Glo
       }
     }
   }
-  for (std::uint32_t row = 0; row < G; ++row) {
-    const std::uint32_t h = head0 + row;
-    if (h >= num_q_heads) continue;
-    const std::uint64_t slot = (std::uint64_t{s} * num_q_heads + h) * num_splits + z;
-    const auto out = o_partial.write(slot * dim, dim);
-    std::copy(acc[row].begin(), acc[row].end(), out.begin());
-    ml_partial[2 * slot] = m[row];
-    ml_partial[2 * slot + 1] = l[row];
+  return {std::move(acc), std::move(m), std::move(l)};
+}
+
+// The combine of one head (mla_paged_decode_combine): chunk z's (running max, sum) at ml[2z],
+// ml[2z + 1], its O at row(z, d); writes dims [d_begin, d_end) with out(d, value). The
+// denominator is added as the kernel adds it: thread t the chunks ≡ t (mod 256) in order, a
+// butterfly per warp, then the sink's term and the eight warps' sums in order; a dim's chunks by
+// residue mod 4, each product rounded before its sum, the residues added in order.
+template <class Row, class Out>
+void combine_head(std::span<const float> ml, std::optional<float> sink, float v_scale, std::uint32_t d_begin,
+                  std::uint32_t d_end, Row&& row, Out&& out) {
+  const auto num_splits = static_cast<std::uint32_t>(ml.size() / 2);
+  float big = -std::numeric_limits<float>::infinity();
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] != 0.0f) big = std::fmax(big, ml[2 * z]);
+  if (sink) big = std::fmax(*sink, big);
+  std::array<std::array<float, kWarp>, 8> part{};
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] != 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
+  float denom = sink ? std::exp(*sink - big) : 0.0f;
+  for (const auto& warp : part) denom += warp_sum(warp);
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
+  for (std::uint32_t z = 0; z < num_splits; ++z)
+    if (ml[2 * z + 1] != 0.0f) weight[z] = std::exp(ml[2 * z] - big);
+  for (std::uint32_t d = d_begin; d < d_end; ++d) {
+    std::array<float, 4> residue{};  // the chunks ≡ 0, 1, 2, 3 (mod 4)
+    for (std::uint32_t z = 0; z < num_splits; ++z)
+      if (weight[z]) residue[z % 4] += *weight[z] * row(z, d);
+    out(d, Bf16::from_float((((residue[0] + residue[1]) + residue[2]) + residue[3]) * inv));
   }
 }
+
+// The split decode of this block's chunk, its partial written to o_partial and ml_partial.
+template <class Dequant>
+void split_decode(Block& blk, Global<const Bf16> q, Global<float> o_partial, Global<float> ml_partial,
+                  std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale,
+                  const KeySet& keys, std::uint32_t keys_per_split, SplitShape shape, Dequant&& dequant) {
+  const std::uint32_t z = blk.blockIdx.x, head0 = blk.blockIdx.y * shape.rows, s = blk.blockIdx.z;
+  const Partial p =
+      split_partial(blk, z, q, num_q_heads, q_head_dim, dim, logit_scale, keys, keys_per_split, shape, dequant);
+  for (std::uint32_t row = 0; row < shape.rows; ++row) {
+    const std::uint32_t h = head0 + row;
+    if (h >= num_q_heads) continue;
+    const std::uint64_t slot = (std::uint64_t{s} * num_q_heads + h) * blk.gridDim.x + z;
+    const auto out = o_partial.write(slot * dim, dim);
+    std::copy(p.acc[row].begin(), p.acc[row].end(), out.begin());
+    ml_partial[2 * slot] = p.m[row];
+    ml_partial[2 * slot + 1] = p.l[row];
+  }
+}
+
+// The keys of sequence s of an FP8 cache (SPEC §3: compressed entries, then the window) and, as a
+// split port's `dequant`, their K and V rows.
+struct Fp8Keys {
+  Global<const std::uint8_t> k_cache, v_cache, comp_pool;
+  Global<const std::int32_t> block_tables;
+  std::uint32_t max_blocks_per_seq, block_size;
+  std::uint64_t cache_stride;
+  std::uint32_t comp_block_count, kv_cache_dim, s;
+  KeySet keys;
+
+  Fp8Keys(Global<const std::uint8_t> k, Global<const std::uint8_t> v, Global<const std::uint8_t> comp,
+          Global<const std::int32_t> tables, Global<const std::int32_t> seq_lens, std::uint32_t max_blocks,
+          std::uint32_t block, std::uint64_t stride, std::uint32_t window, std::uint32_t comp_count,
+          std::uint32_t dim, std::uint32_t seq)
+      : k_cache(k), v_cache(v), comp_pool(comp), block_tables(tables), max_blocks_per_seq(max_blocks),
+        block_size(block), cache_stride(stride), comp_block_count(comp_count), kv_cache_dim(dim), s(seq),
+        keys(key_set(seq_lens[seq], max_blocks, block, window, comp && comp_count > 0 ? comp_count : 0)) {}
+
+  void operator()(std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) const {
+    std::int64_t k_off = 0, v_off = 0;
+    Global<const std::uint8_t> k_pool = k_cache, v_pool = v_cache;
+    if (j < keys.comp) {
+      k_pool = v_pool = comp_pool;
+      k_off = (std::int64_t{s} * comp_block_count + j) * 2 * static_cast<std::int64_t>(cache_stride);
+      v_off = k_off + static_cast<std::int64_t>(cache_stride);
+    } else {
+      const std::uint32_t t = keys.start + (j - keys.comp);
+      const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+      k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
+    }
+    const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
+    for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
+      k_row[d] = e4m3_decode(kb[d]);
+      v_row[d] = e4m3_decode(vb[d]);
+    }
+  }
+};
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_fp8: head-grouped split-KV paged decode over an E4M3 cache (one KV head).
@@ -145,29 +233,51 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
                                 std::uint64_t cache_stride, std::uint32_t sliding_window,
                                 Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
                                 std::uint32_t keys_per_split) {
-  const std::uint32_t s = blk.blockIdx.z;
-  const std::uint32_t comp = comp_pool && comp_block_count > 0 ? comp_block_count : 0;
-  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, sliding_window, comp);
-  auto dequant = [&](std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) {
-    std::int64_t k_off = 0, v_off = 0;
-    Global<const std::uint8_t> k_pool = k_cache, v_pool = v_cache;
-    if (j < keys.comp) {
-      k_pool = v_pool = comp_pool;
-      k_off = (std::int64_t{s} * comp_block_count + j) * 2 * static_cast<std::int64_t>(cache_stride);
-      v_off = k_off + static_cast<std::int64_t>(cache_stride);
-    } else {
-      const std::uint32_t t = keys.start + (j - keys.comp);
-      const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
-      k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
-    }
-    const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
-    for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
-      k_row[d] = e4m3_decode(kb[d]);
-      v_row[d] = e4m3_decode(vb[d]);
-    }
-  };
-  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               shape_of(kKind, blk), dequant);
+  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,        block_tables, seq_lens,      max_blocks_per_seq,
+                      block_size, cache_stride, sliding_window,   comp_block_count, kv_cache_dim, blk.blockIdx.z};
+  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
+               keys_per_split, shape_of(kKind, blk), cache);
+}
+
+// ---------------------------------------------------------------------------
+// mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
+// kernel. The num_splits ≤ 8 blocks of a (sequence, head group) are one cluster (shape
+// [num_splits, 1, 1]); block z writes dims [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the
+// group's heads, as mla_paged_decode_combine computes them, from the cluster's partials, which
+// the kernel's blocks keep in shared memory and read from each other. The emulator runs one
+// block at a time, so this port computes the partials of all the cluster's chunks itself.
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
+void mla_paged_decode_wgmma16_rs_combine_fp8(
+    Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache, Global<const std::uint8_t> v_cache,
+    Global<const float> sinks, Global<Bf16> o, Global<const std::int32_t> block_tables,
+    Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq, std::uint32_t num_q_heads,
+    std::uint32_t q_head_dim, std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+    std::uint64_t cache_stride, std::uint32_t sliding_window, Global<const std::uint8_t> comp_pool,
+    std::uint32_t comp_block_count, std::uint32_t keys_per_split, float v_scale) {
+  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * kGroupRows,
+                      s = blk.blockIdx.z;
+  const Dim3 c = blk.clusterDim;
+  if (c.x != n || c.y != 1 || c.z != 1 || n > 8)
+    metrale::fail(Errc::launch_failed, "cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y,
+         c.z, n);
+  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,        block_tables, seq_lens,      max_blocks_per_seq,
+                      block_size, cache_stride, sliding_window,   comp_block_count, kv_cache_dim, s};
+  std::vector<Partial> parts;
+  for (std::uint32_t chunk = 0; chunk < n; ++chunk)
+    parts.push_back(split_partial(blk, chunk, q, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
+                                  keys_per_split, shape_of(SplitKind::wgmma16, blk), cache));
+  const std::uint32_t width = 4 * ((kv_cache_dim + 4 * n - 1) / (4 * n));
+  const std::uint32_t d_begin = std::min(kv_cache_dim, z * width), d_end = std::min(kv_cache_dim, d_begin + width);
+  for (std::uint32_t row = 0; row < kGroupRows; ++row) {
+    const std::uint32_t h = head0 + row;
+    if (h >= num_q_heads) continue;
+    std::vector<float> ml;
+    for (const Partial& p : parts) ml.insert(ml.end(), {p.m[row], p.l[row]});
+    combine_head(
+        ml, sinks ? std::optional<float>(sinks[h]) : std::nullopt, v_scale, d_begin, d_end,
+        [&](std::uint32_t chunk, std::uint32_t d) { return parts[chunk].acc[row][d]; },
+        [&](std::uint32_t d, Bf16 v) { o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = v; });
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -217,33 +327,15 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
   constexpr std::uint32_t kDims = 64;
   const std::uint32_t h = blk.blockIdx.x, s = blk.blockIdx.y;
   const std::uint64_t base = (std::uint64_t{s} * num_q_heads + h) * num_splits;
-  const bool has_sink = static_cast<bool>(sinks);
   const auto ml = ml_partial.read(2 * base, 2 * std::uint64_t{num_splits});
-  float big = -std::numeric_limits<float>::infinity();
-  for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] != 0.0f) big = std::fmax(big, ml[2 * z]);
-  if (has_sink) big = std::fmax(sinks[h], big);
-  // The denominator as the kernel adds it: thread t the chunks ≡ t (mod 256) in order, a
-  // butterfly per warp, then the sink's term and the eight warps' sums in order.
-  std::array<std::array<float, kWarp>, 8> part{};
-  for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] != 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
-  float denom = has_sink ? std::exp(sinks[h] - big) : 0.0f;
-  for (const auto& warp : part) denom += warp_sum(warp);
-  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
-  std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
-  for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] != 0.0f) weight[z] = std::exp(ml[2 * z] - big);
   const std::uint32_t tiles = (kv_cache_dim + kDims - 1) / kDims,
                       per_block = (tiles + blk.gridDim.z - 1) / blk.gridDim.z;
   const std::uint32_t d_end = std::min(kv_cache_dim, (blk.blockIdx.z + 1) * per_block * kDims);
-  for (std::uint32_t d = blk.blockIdx.z * per_block * kDims; d < d_end; ++d) {
-    std::array<float, 4> residue{};  // the chunks ≡ 0, 1, 2, 3 (mod 4)
-    for (std::uint32_t z = 0; z < num_splits; ++z)
-      if (weight[z]) residue[z % 4] += *weight[z] * o_partial[(base + z) * kv_cache_dim + d];
-    const float sum = ((residue[0] + residue[1]) + residue[2]) + residue[3];
-    o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = Bf16::from_float(sum * inv);
-  }
+  combine_head(
+      ml, sinks ? std::optional<float>(sinks[h]) : std::nullopt, v_scale,
+      std::min(kv_cache_dim, blk.blockIdx.z * per_block * kDims), d_end,
+      [&](std::uint32_t z, std::uint32_t d) { return o_partial[(base + z) * kv_cache_dim + d]; },
+      [&](std::uint32_t d, Bf16 v) { o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = v; });
 }
 
 // ---------------------------------------------------------------------------
@@ -313,6 +405,14 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_fp8", fp8, block_is({128, 1, 1}));
+  // clang-format off
+  static constexpr const char* fp8_combined[] = {
+      "q", "k_cache", "v_cache", "sinks", "o", "block_tables", "seq_lens", "max_blocks_per_seq", "num_q_heads",
+      "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "cache_stride", "sliding_window", "comp_pool",
+      "comp_block_count", "keys_per_split", "v_scale"};
+  // clang-format on
+  r.add<&mla_paged_decode_wgmma16_rs_combine_fp8>(w, "mla_paged_decode_wgmma16_rs_combine_fp8", fp8_combined,
+                                                  block_is({128, 1, 1}));
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.

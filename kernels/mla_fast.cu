@@ -466,7 +466,6 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 constexpr uint32_t kCombineDims = 64, kCombineBatch = 1024;  // dims of a tile; chunks' weights at a time
 constexpr uint32_t kCombineInFlight = 8;  // chunks' loads a thread has in flight
-constexpr float kCombineSkip = -1.0f;     // a weight e^x is never negative
 
 // Lanes of chunks per dim: as many as keep the 256 threads busy on a block's run of 64-dim tiles
 // (4 for one tile, 2 for two, else 1), and no more than the chunks (a pass then takes 256/lanes
@@ -478,36 +477,22 @@ __device__ uint32_t combine_lanes(uint32_t num_splits, uint32_t tiles_per_block)
 }
 
 // Up to four chunks (short contexts): every thread finds M, the denominator and the weights
-// itself, with no barrier and no shared memory, adding the denominator's terms t_z as the block
-// reductions of the general path do — sink + ((t0 + t2) + (t1 + t3)), the warp butterfly over
-// lanes 0..3 — and each dim's chunks in residues, so the bits are the general path's.
+// itself (chunk_weights), with no barrier and no shared memory, adding the denominator's terms
+// as the block reductions of the general path do, and each dim's chunks in residues, so the bits
+// are the general path's.
 __device__ void combine_few(const float* o_partial, const float* ml, const float* sink, uint32_t num_splits,
                             uint32_t dim, float v_scale, uint32_t d_begin, uint32_t d_end, __nv_bfloat16* out) {
-  bool live[4];
-  float m[4], l[4], big = -INFINITY;
+  float m[4], l[4], w[4];
 #pragma unroll
   for (uint32_t z = 0; z < 4; ++z) {
     m[z] = z < num_splits ? ml[2 * z] : 0.0f;
     l[z] = z < num_splits ? ml[2 * z + 1] : 0.0f;
-    live[z] = l[z] != 0.0f;  // a NaN sum (NaN or inf in q) counts, and poisons the result
-    big = live[z] ? fmaxf(big, m[z]) : big;
   }
-  if (sink != nullptr) big = fmaxf(*sink, big);
-  float t[4], w[4];
-#pragma unroll
-  for (uint32_t z = 0; z < 4; ++z) {
-    w[z] = live[z] ? expf(m[z] - big) : kCombineSkip;
-    t[z] = live[z] ? __fmul_rn(w[z], l[z]) : 0.0f;  // rounded here, never fused into the sums below
-  }
-  const float denom = (sink != nullptr ? expf(*sink - big) : 0.0f) + ((t[0] + t[2]) + (t[1] + t[3]));
-  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  const float inv = chunk_weights(m, l, num_splits, sink, v_scale, w);
   for (uint32_t d = d_begin + threadIdx.x; d < d_end; d += blockDim.x) {
     float acc[4] = {};
 #pragma unroll
-    for (uint32_t z = 0; z < 4; ++z) {
-      const float v = z < num_splits ? o_partial[uint64_t{z} * dim + d] : 0.0f;
-      acc[z] += w[z] != kCombineSkip ? w[z] * v : 0.0f;
-    }
+    for (uint32_t z = 0; z < 4; ++z) acc[z] += combine_term(w[z], z < num_splits ? o_partial[uint64_t{z} * dim + d] : 0.0f);
     out[d] = __float2bfloat16_rn((((acc[0] + acc[1]) + acc[2]) + acc[3]) * inv);
   }
 }
@@ -546,7 +531,7 @@ __device__ void combine_dims(const CombineRows& r, uint32_t d_begin, uint32_t d_
           }
 #pragma unroll
           for (uint32_t i = 0; i < kCombineInFlight; ++i)
-            acc[i % kResidues] += w[i] != kCombineSkip ? w[i] * v[i] : 0.0f;
+            acc[i % kResidues] += combine_term(w[i], v[i]);
         }
       }
       if (!one_batch) __syncthreads();  // the next batch rewrites the weights

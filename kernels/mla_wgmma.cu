@@ -24,6 +24,7 @@
 // the next tile's K streams in from the moment this tile's K is dequantised (its cp.async issued
 // while the tensor cores run Q·Kᵀ), its V from the moment this tile's V is (under P·V). Six
 // barriers per tile.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -598,6 +599,75 @@ struct HalfFeed {
   __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + h, i % 2); }
 };
 
+// Where wgmma16_fp8_decode's block leaves its partial (unnormalised O, running max and sum of
+// each of its heads): for mla_paged_decode_combine in o_partial and ml_partial (PartialOut), or
+// in its own shared memory for the combine of its cluster (ClusterOut, cluster_combine).
+struct PartialOut {
+  static constexpr bool cluster = false;
+  float* o_partial;
+  float* ml_partial;
+  __device__ float* row(uint64_t slot, float*, uint32_t) const { return o_partial + slot * kDim; }
+  __device__ float* ml(uint64_t slot, float*, uint32_t) const { return ml_partial + 2 * slot; }
+  __device__ bool vector_stores() const { return reinterpret_cast<uintptr_t>(o_partial) % 16 == 0; }
+};
+struct ClusterOut {
+  static constexpr bool cluster = true;
+  const float* sinks;  // [num_q_heads] or null
+  __nv_bfloat16* o;    // [num_seqs, num_q_heads, 576], 8-byte aligned
+  float v_scale;
+  __device__ float* row(uint64_t, float* rows, uint32_t hl) const { return rows + hl * kDim; }
+  __device__ float* ml(uint64_t, float* mls, uint32_t hl) const { return mls + 2 * hl; }
+  __device__ bool vector_stores() const { return true; }
+};
+constexpr uint32_t kMaxClusterSplits = 8;  // the portable cluster size
+
+// The combine inside a cluster (ClusterOut): the n = num_splits ≤ 8 blocks of one (sequence,
+// head group) are one cluster, each holding its chunk's partial rows [16 heads][576] and (max,
+// sum) [16][2] in shared memory. Block z finishes dims [z·w, (z + 1)·w), w = 4·⌈576 / 4n⌉, of the
+// group's heads, eight threads a head and four dims a thread, reading every block's rows through
+// distributed shared memory, with the combine's arithmetic (chunk_weights and combine_term, the
+// chunks summed by residue mod 4): the bits of mla_paged_decode_combine.
+__device__ void cluster_combine(const ClusterOut& out, const float* rows, const float* mls, uint32_t s, uint32_t head0,
+                                uint32_t num_q_heads, uint32_t z, uint32_t n) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  metrale::allow_next_kernel();  // every block of the grid is past its keys: the next may start
+  cluster.sync();                // every block's partial written, and seen
+  const uint32_t hl = threadIdx.x / 8, part = threadIdx.x % 8, h = head0 + hl;
+  const uint32_t width = 4 * ((kDim + 4 * n - 1) / (4 * n));
+  const uint32_t d_begin = min(kDim, z * width), d_end = min(kDim, d_begin + width);
+  if (h < num_q_heads) {
+    const float* peer[kMaxClusterSplits];
+    float m[kMaxClusterSplits], l[kMaxClusterSplits], w[kMaxClusterSplits];
+#pragma unroll
+    for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
+      peer[c] = cluster.map_shared_rank(rows, c < n ? c : 0) + hl * kDim;
+      const float* const ml = cluster.map_shared_rank(mls, c < n ? c : 0) + 2 * hl;
+      m[c] = c < n ? ml[0] : 0.0f;
+      l[c] = c < n ? ml[1] : 0.0f;
+    }
+    const float inv = chunk_weights(m, l, n, out.sinks != nullptr ? out.sinks + h : nullptr, out.v_scale, w);
+    __nv_bfloat16* const dst = out.o + (uint64_t{s} * num_q_heads + h) * kDim;
+    for (uint32_t d = d_begin + 4 * part; d < d_end; d += 32) {
+      float acc[4][4] = {};  // [residue mod 4][dim]
+#pragma unroll
+      for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
+        if (c >= n) continue;
+        const float4 v = *reinterpret_cast<const float4*>(peer[c] + d);
+        acc[c % 4][0] += combine_term(w[c], v.x), acc[c % 4][1] += combine_term(w[c], v.y);
+        acc[c % 4][2] += combine_term(w[c], v.z), acc[c % 4][3] += combine_term(w[c], v.w);
+      }
+      float total[4];
+#pragma unroll
+      for (uint32_t e = 0; e < 4; ++e) total[e] = (((acc[0][e] + acc[1][e]) + acc[2][e]) + acc[3][e]) * inv;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(total[0], total[1]), hi = __floats2bfloat162_rn(total[2], total[3]);
+      *reinterpret_cast<uint2*>(dst + d) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+  }
+  cluster.sync();  // every block's rows stay until the cluster has read them
+}
+
 // The split decode of one 16-head block over an FP8 cache (the memory-bound rows: a 64-row wgmma
 // of heads would be three quarters zeros): one warpgroup, transposed products with A from
 // registers, two blocks per SM. Sᵀ = K·Qᵀ puts the tile's 64 keys in M and the 16 heads in N;
@@ -607,8 +677,9 @@ struct HalfFeed {
 // and softmax, the next tile's K under its softmax and P·V. In the accumulator layout a thread
 // holds keys (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads
 // 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile.
-__device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
-                                   float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
+template <class Out>
+__device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
+                                   uint32_t keys_per_split, const Fp8Rows& layout) {
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
   const KeySet& keys = layout.keys;
   const uint32_t pitch = dim;  // of the staged rows, K's and V's
@@ -678,15 +749,19 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
   __syncthreads();
   // The block's partial: unnormalised O with its running max and sum, per head; the thread's
   // rows r0 and r0 + 8 of atom a are the adjacent dims of its row group (see vp_tile_rs), two
-  // atoms' four dims a 16-byte store where o_partial allows (the launcher asks 8 bytes).
-  const bool vector_stores = reinterpret_cast<uintptr_t>(o_partial) % 16 == 0;
+  // atoms' four dims a 16-byte store where the rows allow (o_partial's launcher asks 8 bytes).
+  // PartialOut writes it to o_partial and ml_partial for the combine; ClusterOut to this block's
+  // free K and V slots, for the cluster's combine.
+  float* const cluster_rows = reinterpret_cast<float*>(sk);  // [16 heads][dim]: the K slot's bytes
+  float* const cluster_ml = reinterpret_cast<float*>(sv);    // [16 heads][2]
+  const bool vector_stores = out.vector_stores();
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) {
     const uint32_t hl = head_of(jj), h = head0 + hl;
     if (h >= num_q_heads) continue;
     const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
+    float* const row = out.row(slot, cluster_rows, hl);
     const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
-    float* const row = o_partial + slot * dim;
     if (vector_stores) {  // atoms 2b and 2b + 1: dims 16·qrow + 4b .. + 3, one 16-byte store
 #pragma unroll
       for (uint32_t b = 0; b < 4; ++b)
@@ -699,10 +774,12 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, float* o_partial, flo
     }
     *reinterpret_cast<float2*>(row + 512 + 2 * qrow) = make_float2(o[8][e0], o[8][e0 + 2]);
     if (warp == 0 && lane < 4) {
-      ml_partial[2 * slot] = m[jj];
-      ml_partial[2 * slot + 1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
+      float* const ml = out.ml(slot, cluster_ml, hl);
+      ml[0] = m[jj];
+      ml[1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
     }
   }
+  if constexpr (Out::cluster) cluster_combine(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, num_splits);
 }
 
 // ---- Warp-specialised (both formats)
@@ -945,7 +1022,26 @@ extern "C" __global__ void __launch_bounds__(128, 2)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma16_fp8_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma16_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
+// kernel: the num_splits ≤ 8 blocks of each (sequence, head group) are a cluster whose partials
+// stay in shared memory (cluster_combine); o as mla_paged_decode_combine writes it, the same
+// bits. Grid: as mla_paged_decode_wgmma16_rs_fp8, cluster [num_splits, 1, 1]. Block: 128.
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, 576] bf16, 8-byte aligned
+extern "C" __global__ void __launch_bounds__(128, 2)
+    mla_paged_decode_wgmma16_rs_combine_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                            const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
+                                            const int32_t* seq_lens, uint32_t max_blocks_per_seq,
+                                            uint32_t num_q_heads, uint32_t q_head_dim, uint32_t kv_cache_dim,
+                                            uint32_t block_size, float logit_scale, uint64_t cache_stride,
+                                            uint32_t sliding_window, const uint8_t* comp_pool,
+                                            uint32_t comp_block_count, uint32_t keys_per_split, float v_scale) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma16_fp8_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma16_nvfp4: the same over an NVFP4 cache, warp-specialised. Block: 384.

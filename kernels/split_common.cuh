@@ -66,6 +66,43 @@ struct UnitWalk {
   }
 };
 
+// ---- The combine's arithmetic, shared by mla_paged_decode_combine (mla_fast.cu) and the
+// wgmma16 entry that combines inside its cluster (mla_wgmma.cu), so that both give the same bits.
+constexpr float kCombineSkip = -1.0f;  // the weight of a chunk without keys (e^x is never negative)
+
+// A chunk's term w·v of a dim's sum: the product rounded on its own (never fused into the sum).
+__device__ inline float combine_term(float w, float v) { return w != kCombineSkip ? __fmul_rn(w, v) : 0.0f; }
+
+// The weights of n ≤ kMax chunks (running max m_z, sum l_z): w_z = e^(m_z − M), kCombineSkip for a
+// chunk without keys (l_z = 0; a NaN l_z counts and poisons the head), M = max(the m_z with keys,
+// *sink); returns v_scale / (e^(*sink − M) + Σ w_z·l_z), 0 with no keys and no sink, the terms
+// added as the combine's block reductions add them (a butterfly over lanes 0..kMax−1:
+// ((t0 + t2) + (t1 + t3)) for four) after the sink's.
+template <uint32_t kMax>
+__device__ float chunk_weights(const float (&m)[kMax], const float (&l)[kMax], uint32_t n, const float* sink,
+                               float v_scale, float (&w)[kMax]) {
+  bool live[kMax];
+  float big = -INFINITY, t[kMax];
+#pragma unroll
+  for (uint32_t z = 0; z < kMax; ++z) {
+    live[z] = z < n && l[z] != 0.0f;
+    big = live[z] ? fmaxf(big, m[z]) : big;
+  }
+  if (sink != nullptr) big = fmaxf(*sink, big);
+#pragma unroll
+  for (uint32_t z = 0; z < kMax; ++z) {
+    w[z] = live[z] ? expf(m[z] - big) : kCombineSkip;
+    t[z] = live[z] ? __fmul_rn(w[z], l[z]) : 0.0f;  // rounded here, never fused into the sums below
+  }
+#pragma unroll
+  for (uint32_t off = kMax / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (uint32_t z = 0; z < off; ++z) t[z] = t[z] + t[z + off];
+  }
+  const float denom = (sink != nullptr ? expf(*sink - big) : 0.0f) + t[0];
+  return denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+}
+
 // Keys [begin, end) of chunk z of a key set cut into chunks of keys_per_split (empty past the
 // end; offsets in 64 bits, so a chunk index times its length never wraps).
 struct Chunk {

@@ -84,6 +84,92 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
 
+// The staged FP8 16-head entry that combines inside its clusters: o against the float64
+// reference (and the device's against the emulator's), the heads of one group or of two (the
+// second short), chunks without keys and one to eight chunks per cluster.
+gen::PagedSpec fused_spec(std::uint32_t heads, std::uint32_t max_blocks) {
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = max_blocks, p.num_blocks = 3 * max_blocks, p.seq_lens = {150, 0, 65}, p.fill = -1;
+  p.k_scale = 0.013f, p.v_scale = 0.021f, p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
+  p.sinks = true;
+  return p;
+}
+
+TEST_CASE("the wgmma16 entry that combines in its clusters matches the float64 reference", "[mla_fast][wgmma]") {
+  const auto [heads, max_blocks, tiles] = GENERATE(table<std::uint32_t, std::uint32_t, std::uint32_t>(
+      {{16, 10, 1}, {5, 10, 3}, {20, 10, 1}, {16, 27, 1}}));  // 4, 2, 4 and 8 chunks of a cluster
+  gen::PagedSpec p = fused_spec(heads, max_blocks);
+  p.sinks = heads != 5;
+  test::check_case(gen::fused_decode_case(p, tiles));
+}
+
+// Its o must be the bits of the staged entry's partials through the combine, on every backend.
+TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's bits", "[mla_fast][wgmma]") {
+  const KernelCase c = gen::fused_decode_case(fused_spec(20, 27), 1);
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name);
+    auto gpu = test::make_backend(name);
+    const auto fast = MlaFastKernels::resolve(*gpu);
+    if (fast.wgmma16_rs_combine_fp8.id == 0) continue;  // not sm_90
+    std::map<std::string, DeviceBuffer> in;
+    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
+    SplitDecodeFp8Args s{{in.at("q").ptr(), in.at("k_cache").ptr(), in.at("v_cache").ptr(), {}, {},
+                          in.at("block_tables").ptr(), in.at("seq_lens").ptr(), u32("max_blocks_per_seq"), 20, 576,
+                          576, 16, c.scalars.at("logit_scale").as_f32(), u32("keys_per_split"), 3, u32("num_splits"),
+                          16, true},
+                         c.scalars.at("cache_stride").as_u64(), u32("sliding_window"), in.at("comp_pool").ptr(),
+                         u32("comp_block_count")};
+    REQUIRE(s.num_splits == 8);
+    const float v_scale = c.scalars.at("v_scale").as_f32();
+    mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8,
+                                            {s, in.at("sinks").ptr(), in.at("o").ptr(), v_scale});
+    gpu->synchronize(0);
+    const auto fused = in.at("o").to_host<Bf16>();
+    DeviceBuffer partials(*gpu, std::size_t{3} * 20 * 8 * 576 * 4), ml(*gpu, std::size_t{3} * 20 * 8 * 2 * 4);
+    s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
+    upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
+    mla_paged_decode_wgmma_fp8(*gpu, fast.wgmma16_rs_fp8, s);
+    mla_paged_decode_combine(*gpu, fast.combine,
+                             {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), 20, 576, 8, v_scale, 3});
+    gpu->synchronize(0);
+    const auto two = in.at("o").to_host<Bf16>();
+    REQUIRE(fused.size() == two.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < fused.size(); ++i) differ += fused[i].bits != two[i].bits;
+    CHECK(differ == 0);
+    CHECK(std::none_of(fused.begin(), fused.end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+  }
+}
+
+// Where the plan gives 16-head FP8 blocks many tiles a slot and at most 8 chunks, the dispatcher
+// takes the entry (no workspace, no combine launch): an emulator of one SM makes a small step one.
+TEST_CASE("the dispatcher combines in clusters where the staged 16-head plan has at most 8 chunks",
+          "[mla_fast][dispatch][wgmma]") {
+  gen::PagedSpec p = fused_spec(16, 30);
+  p.num_seqs = 2, p.num_blocks = 60, p.seq_lens = {420, 300};
+  emu::EmulatorOptions one_sm;
+  one_sm.multiprocessor_count = 1;
+  emu::EmulatorBackend gpu(one_sm);
+  gpu.record_launches(true);
+  const KernelCase c = gen::split_path_case(p);
+  const auto out = run_kernel_case(gpu, c);
+  CHECK(check_output("o", out.at("o"), c.expected.at("o"), c.tolerance.at("o")).pass);
+  std::vector<std::string> entries;
+  for (const auto& r : gpu.launch_log()) entries.push_back(r.entry);
+  CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma16_rs_combine_fp8"});
+  PagedDecodeCommon a;
+  a.num_seqs = 32, a.max_blocks_per_seq = 64, a.block_size = 64, a.q_head_dim = a.kv_cache_dim = 576;
+  a.num_q_heads = 16;
+  CHECK(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);  // 8 chunks of 8 tiles
+  CHECK_FALSE(plan_split_decode(a, KvFormat::nvfp4, 0, 132, 227 * 1024, true).fused);
+  a.num_q_heads = 64;
+  CHECK_FALSE(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);
+  a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles
+  CHECK_FALSE(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);
+}
+
 TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads and up to 16",
           "[mla_fast][plan][wgmma]") {
   PagedDecodeCommon a;
@@ -197,6 +283,53 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_split_fp8 or "
                          "mla_paged_decode_split16_fp8"});
+  }
+  SECTION("the entry that combines in clusters: its chunks, o, handle and cluster") {
+    a.rows_per_block = 16, a.num_splits = 9, a.o_partial = a.ml_partial = {};
+    const FusedDecodeFp8Args f{a, {}, buf.ptr(), 1.0f};
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, f); },
+                        Errc::invalid_argument, {"mla_paged_decode_wgmma16_rs_combine_fp8", "num_splits 9"});
+    FusedDecodeFp8Args g = f;
+    g.split.num_splits = 1, g.o = buf.ptr() + 2;
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
+                        Errc::invalid_argument, {"o 0x", "is not 8-byte aligned"});
+    g.o = {};
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
+                        Errc::invalid_argument, {"o is null"});
+    g.o = buf.ptr(), g.v_scale = 0.0f;
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
+                        Errc::invalid_argument, {"v_scale"});
+    g.v_scale = 1.0f, g.split.rows_per_block = 64;
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
+                        Errc::invalid_argument, {"rows_per_block 64 is not 16"});
+    g.split.rows_per_block = 16;
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_fp8, g); },
+                        Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_rs_fp8 is not "
+                         "mla_paged_decode_wgmma16_rs_combine_fp8"});
+    // A raw launch without the cluster: the port refuses it, as the kernel would misread.
+    g.split.num_splits = 2, g.split.max_blocks_per_seq = 8;
+    std::vector<KernelArg> args;
+    for (DevicePtr p : {buf.ptr(), buf.ptr(), buf.ptr(), DevicePtr{}, buf.ptr(), buf.ptr(), buf.ptr()})
+      args.push_back(KernelArg::ptr(p));
+    for (std::uint32_t v : {8u, 64u, 576u, 576u, 16u}) args.push_back(KernelArg::u32(v));
+    args.push_back(KernelArg::f32(0.1f));
+    args.push_back(KernelArg::u64(576));
+    args.push_back(KernelArg::u32(0));
+    args.push_back(KernelArg::ptr({}));
+    args.push_back(KernelArg::u32(0));
+    args.push_back(KernelArg::u32(64));
+    args.push_back(KernelArg::f32(1.0f));
+    upload<std::int32_t>(gpu, std::vector<std::int32_t>(16, 0), buf.ptr());
+    test::require_error(
+        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568); },
+        Errc::launch_failed, {"cluster (1,1,1) but the kernel needs (2,1,1)"});
+    test::require_error(
+        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {3, 1, 1}); },
+        Errc::launch_failed, {"cluster (3,1,1) does not divide grid (2,4,1)"});
+    test::require_error(
+        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {16, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {16, 1, 1}); },
+        Errc::launch_failed, {"cluster (16,1,1) is not 1 to 8 blocks"});
   }
   SECTION("q and o_partial misaligned, chunks too few for the table") {
     a.q = buf.ptr() + 2;

@@ -48,18 +48,20 @@ class Bench {
 #endif
   }
   bool on_device() const { return cuda_ != nullptr; }
+  /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
+  void set_group(int n) { group_ = n; }
 
   /// Median microseconds of `launch` after a warm-up: as many runs as fit in about 0.2 s,
   /// at least 3 and at most `max_iters`; a single run when it takes over a second. A launch
   /// shorter than 100 µs is timed as a group of back-to-back launches (up to 50) divided by their
   /// count, as a decode step follows the one before it in a stream: the ~5 µs a lone launch pays
-  /// before its kernel starts would otherwise dominate.
+  /// before its kernel starts would otherwise dominate. `set_group` fixes the group's size.
   double median_us(const std::function<void()>& launch, int max_iters = 30) {
     launch();
     gpu_.synchronize(0);
     const double first = time_one(launch, 1);
     if (first > 1e6) return first;  // a second per run: one run says enough
-    const int group = std::clamp(static_cast<int>(100.0 / std::max(first, 1.0)), 1, 50);
+    const int group = group_ > 0 ? group_ : std::clamp(static_cast<int>(100.0 / std::max(first, 1.0)), 1, 50);
     const int iters = std::clamp(static_cast<int>(2e5 / std::max(first * group, 1.0)), 3, max_iters);
     std::vector<double> us;
     for (int i = 0; i < iters; ++i) us.push_back(time_one(launch, group) / group);
@@ -113,6 +115,7 @@ class Bench {
   }
 
   GpuBackend& gpu_;
+  int group_ = 0;
 #ifdef METRALE_WITH_CUDA
   CudaBackend* cuda_ = nullptr;  // the backend, when it is CUDA: events time it
 #else
@@ -161,7 +164,8 @@ class PagedProblem {
                               B_};
     MlaFastKernels fast = fast_;
     if (mma_only)
-      fast.wgmma_fp8 = fast.wgmma_nvfp4 = fast.wgmma16_fp8 = fast.wgmma16_nvfp4 = fast.wgmma16_rs_fp8 = KernelHandle{};
+      fast.wgmma_fp8 = fast.wgmma_nvfp4 = fast.wgmma16_fp8 = fast.wgmma16_nvfp4 = fast.wgmma16_rs_fp8 =
+          fast.wgmma16_rs_combine_fp8 = KernelHandle{};
     return [this, c, split, fast] {
       if (f_ == KvFormat::fp8) {
         const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};
@@ -352,6 +356,7 @@ void add_bench(CLI::App& app) {
   struct Opts {
     std::string backend, json, torch, only;
     bool sweep = false;
+    int group = 0;
     SweepAxes axes;
   };
   auto opts = std::make_shared<Opts>();
@@ -374,11 +379,16 @@ void add_bench(CLI::App& app) {
   axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
+  cmd->add_option("--group", opts->group,
+                  "time each launch as a group of this many back to back (default: as many as take 100 us, "
+                  "at most 50)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
       ->needs(sweep_flag);
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
     Bench bench(*gpu);
+    bench.set_group(opts->group);
     // Every refusal before anything runs or a --json file is truncated.
     if (opts->sweep && !bench.on_device())
       fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());

@@ -266,7 +266,7 @@ std::string CudaBackend::kernel_name(KernelHandle kernel) const {
 }
 
 void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                            Stream stream, std::uint32_t shared_bytes, bool early_start) {
+                            Stream stream, std::uint32_t shared_bytes, bool early_start, Dim3 cluster) {
   if (kernel.id == 0 || kernel.id > impl_->kernels.size())
     fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
   Kernel& k = impl_->kernels[kernel.id - 1];
@@ -289,19 +289,29 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
   }
   // Early only where the device has it and every kernel image waits for it (griddepcontrol.wait
   // exists from sm_90; a build with a lower target has images without it).
-  if (!early_start || impl_->compute_capability < 90 || METRALE_CUDA_MIN_ARCH < 90) {
+  const bool early = early_start && impl_->compute_capability >= 90 && METRALE_CUDA_MIN_ARCH >= 90;
+  const bool clustered = cluster.count() > 1;  // GpuBackend::launch checked the shape
+  if (!early && !clustered) {
     METRALE_CU(cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes,
                               reinterpret_cast<CUstream>(stream), params.data(), nullptr));
     return;
   }
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchAttribute attrs[2]{};
+  unsigned count = 0;
+  if (early) {
+    attrs[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[count++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (clustered) {
+    attrs[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[count].value.clusterDim.x = cluster.x, attrs[count].value.clusterDim.y = cluster.y;
+    attrs[count++].value.clusterDim.z = cluster.z;
+  }
   CUlaunchConfig config{};
   config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
   config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
   config.sharedMemBytes = shared_bytes, config.hStream = reinterpret_cast<CUstream>(stream);
-  config.attrs = &attr, config.numAttrs = 1;
+  config.attrs = attrs, config.numAttrs = count;
   METRALE_CU(cuLaunchKernelEx(&config, k.function, params.data(), nullptr));
 }
 

@@ -52,10 +52,16 @@ class GpuBackend {
   /// (`griddepcontrol.wait`) before it touches anything that kernel writes; what it reads
   /// before the wait must not be written by that kernel. Backends without it (the
   /// emulator, which runs launches one after the other) launch as usual: the same result.
+  /// `cluster`: thread-block clusters of that shape (sm_90 and later; at most 8 blocks, each
+  /// dimension dividing the grid's), whose blocks run together and may read each other's shared
+  /// memory; the emulator passes the shape to the port (`Block::clusterDim`), which plays the
+  /// cluster's exchange itself. Errors: `launch_failed` for a shape that does not divide the
+  /// grid, more than 8 blocks, or a device below sm_90.
   void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-              std::uint32_t shared_bytes = 0, bool early_start = false) {
+              std::uint32_t shared_bytes = 0, bool early_start = false, Dim3 cluster = {1, 1, 1}) {
+    check_cluster(grid, cluster);
     if (observer_) observer_(kernel, grid, block);
-    do_launch(kernel, grid, block, args, stream, shared_bytes, early_start);
+    do_launch(kernel, grid, block, args, stream, shared_bytes, early_start, cluster);
   }
   /// While it lives, `see` is called with each launch's kernel, grid and block before the
   /// backend runs it (run_kernel_case compares them with a recorded launch); an observer made
@@ -91,9 +97,12 @@ class GpuBackend {
  protected:
   virtual DevicePtr do_alloc(std::size_t bytes, std::source_location where) = 0;
   virtual void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                         std::uint32_t shared_bytes, bool early_start) = 0;
+                         std::uint32_t shared_bytes, bool early_start, Dim3 cluster) = 0;
 
  private:
+  /// Errors: `launch_failed` naming the cluster shape that `launch` refuses.
+  void check_cluster(Dim3 grid, Dim3 cluster) const;
+
   LaunchObserver::Fn observer_;
 };
 

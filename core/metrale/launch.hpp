@@ -28,6 +28,8 @@ class KernelLaunch {
   KernelLaunch& shared_bytes(std::uint32_t n) { shared_ = n; return *this; }
   /// Programmatic dependent launch (GpuBackend::launch's `early_start`).
   KernelLaunch& early_start(bool on = true) { early_start_ = on; return *this; }
+  /// Thread-block clusters of shape `c` (GpuBackend::launch's `cluster`).
+  KernelLaunch& cluster(Dim3 c) { cluster_ = c; return *this; }
   KernelLaunch& arg_ptr(DevicePtr v) { return push(KernelArg::ptr(v)); }
   KernelLaunch& arg_u32(std::uint32_t v) { return push(KernelArg::u32(v)); }
   KernelLaunch& arg_i32(std::int32_t v) { return push(KernelArg::i32(v)); }
@@ -46,6 +48,7 @@ class KernelLaunch {
   Dim3 grid_{}, block_{};
   std::uint32_t shared_ = 0;
   bool early_start_ = false;
+  Dim3 cluster_{1, 1, 1};
   std::array<KernelArg, kMaxArgs> args_{};
   std::size_t count_ = 0;
   bool overflow_ = false;

@@ -36,6 +36,7 @@ struct MlaFastKernels {
   KernelHandle wgmma_fp8, wgmma_nvfp4;      // module mla_wgmma; id 0 (absent) unless the device is sm_90
   KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
   KernelHandle wgmma16_rs_fp8;              // its staged 16-head FP8 blocks (one warpgroup); likewise
+  KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -52,6 +53,9 @@ struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
   bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
+  /// FP8 16-head staged blocks in at most 8 splits: the combine can run in the split kernel's
+  /// clusters (mla_paged_decode_wgmma16_rs_combine_fp8), with no workspace.
+  bool fused = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
   std::uint64_t ml_offset = 0;        // byte offset of ml_partial in the workspace
@@ -156,6 +160,26 @@ std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t kv_cache_dim);
 /// Bytes of dynamic shared memory a split block needs; `raw_pitch` 0 for an unstaged block.
 std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_cache_dim, std::uint32_t raw_pitch);
+
+/// mla_paged_decode_wgmma16_rs_combine_fp8 (module mla_wgmma, sm_90a): mla_paged_decode_wgmma16_rs_fp8
+/// and mla_paged_decode_combine in one kernel. The num_splits blocks of each (sequence, head group)
+/// run as one thread-block cluster [num_splits, 1, 1] that keeps its chunks' partials in shared
+/// memory and combines them there, each block a run of the dims: no workspace and no second
+/// launch, and o bit-identical to the two kernels'. `split` as for mla_paged_decode_wgmma_fp8's
+/// staged 16-head blocks (`staged` is taken as set; o_partial and ml_partial are not used and may
+/// be null); `sinks` [num_q_heads] f32 or null; `o` [num_seqs, num_q_heads, 576] bf16; v_scale as
+/// the combine's. Grid [num_splits, ⌈num_q_heads/16⌉, num_seqs], block 128, two per SM;
+/// launched early. Errors (`invalid_argument`): those of mla_paged_decode_wgmma_fp8 but for
+/// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null or not 8-byte
+/// aligned; v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the decode),
+/// docs/performance.md (the cluster combine).
+struct FusedDecodeFp8Args {
+  SplitDecodeFp8Args split;
+  DevicePtr sinks, o;  // sinks may be null
+  float v_scale = 1.0f;
+};
+void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                             Stream stream = 0);
 
 struct CombineArgs {
   DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null

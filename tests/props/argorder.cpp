@@ -167,24 +167,27 @@ void paged_dispatchers() {
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_fp8"));
       return;
     }
-    RC_ASSERT(log.size() == 2u);
     const SplitPlan p =
         plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count(),
                           rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
-    const DevicePtr w = ws.get(rig.gpu, 0);
+    const bool fused = p.fused && a.o.addr % 8 == 0;  // the combine in the split kernel's clusters
+    RC_ASSERT(log.size() == (fused ? 1u : 2u));
+    const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "fp8");
     ExpectedLaunch split{module,
-                         entry,
+                         fused ? "mla_paged_decode_wgmma16_rs_combine_fp8" : entry,
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
+    if (fused) split.args[3] = {"sinks", P(a.sinks)}, split.args[4] = {"o", P(a.o)};
     split.args.insert(split.args.end(), {{"cache_stride", Q(a.cache_stride)},
                                          {"sliding_window", U(a.sliding_window)},
                                          {"comp_pool", P(a.comp_pool)},
                                          {"comp_block_count", U(a.comp_block_count)},
                                          {"keys_per_split", U(p.keys_per_split)}});
+    if (fused) split.args.push_back({"v_scale", F(a.v_scale)});
     check_record(log[0], split);
-    check_record(log[1], combine_launch(a, p, w, a.sinks, a.v_scale));
+    if (!fused) check_record(log[1], combine_launch(a, p, w, a.sinks, a.v_scale));
   } else {
     PagedDecodeNvfp4Args a;
     arb_dispatch(a, seed_only);

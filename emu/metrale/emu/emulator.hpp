@@ -76,6 +76,10 @@ struct EmulatorOptions {
   /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) plays an sm_121
   /// (GB10), whose launch shapes the plans then pick.
   std::uint32_t max_shared_bytes_per_block = 0;
+  /// The streaming multiprocessors the backend reports, for the plans that size grids to the
+  /// device; 0 = an H200's 132. A few let a small problem take the plans' many-tiles-per-slot
+  /// paths.
+  std::uint32_t multiprocessor_count = 0;
 };
 
 class EmulatorBackend final : public GpuBackend {
@@ -93,6 +97,7 @@ class EmulatorBackend final : public GpuBackend {
   void synchronize(Stream stream) override;
   std::string name() const override { return "emu"; }
   std::uint32_t max_shared_bytes_per_block() const override;
+  std::uint32_t multiprocessor_count() const override;
   std::string kernel_name(KernelHandle kernel) const override;
 
   // ---- inspection ---------------------------------------------------------
@@ -127,7 +132,7 @@ class EmulatorBackend final : public GpuBackend {
   /// Also rejects more dynamic shared memory than options.max_shared_bytes_per_block.
   /// `early_start` changes nothing: each launch runs to its end before the next starts.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                 std::uint32_t shared_bytes, bool early_start) override;
+                 std::uint32_t shared_bytes, bool early_start, Dim3 cluster) override;
 
  private:
   struct Impl;

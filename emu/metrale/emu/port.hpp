@@ -75,6 +75,7 @@ class Global;
 class Block {
  public:
   Dim3 blockIdx, blockDim, gridDim;
+  Dim3 clusterDim{1, 1, 1};  // the launch's cluster shape (GpuBackend::launch)
 
   /// Run `f(tid)` for tid = 0 .. blockDim.count()-1 (the linear thread index).
   template <class F>

@@ -58,7 +58,7 @@ class CudaBackend final : public GpuBackend {
   /// with programmatic stream serialization (cuLaunchKernelEx) on sm_90 and later, and as
   /// usual before or when the build targets anything below sm_90.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
-                 std::uint32_t shared_bytes, bool early_start) override;
+                 std::uint32_t shared_bytes, bool early_start, Dim3 cluster) override;
 
  private:
   struct Impl;
