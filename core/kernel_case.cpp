@@ -337,8 +337,8 @@ const std::vector<Adapter>& adapters() {
         {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool", "sinks", "o"}},
        kSplitShape,
        [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
-         const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
-                                    a.ptr("comp_pool"), a.u32("comp_block_count")};
+         const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"), a.ptr("comp_pool"),
+                                    a.u32("comp_block_count")};
          mla_paged_decode_wgmma16_rs_combine_fp8(g, k, {s, a.ptr("sinks"), a.ptr("o"), a.f32("v_scale")});
        }},
       {"mla_fast",
@@ -415,8 +415,7 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"k3_mla_maybe_rope_f32", {{"q", FP32}, {"k_new", FP32}}},
       {"k3_mla_sdpa_gate_f32", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
       {"k3_sdpa_split_path", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"g", FP32}, {"out", FP32}}},
-      {"k3_mla_sdpa_split_f32",
-       {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"o_partial", FP32}, {"ml_partial", FP32}}},
+      {"k3_mla_sdpa_split_f32", {{"q", FP32}, {"k", FP32}, {"v", FP32}, {"o_partial", FP32}, {"ml_partial", FP32}}},
       {"k3_mla_sdpa_combine_f32", {{"o_partial", FP32}, {"ml_partial", FP32}, {"g", FP32}, {"out", FP32}}},
       {"mla_batched_gemv_wide", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"paged_decode_fp8_split_path", paged},
@@ -630,7 +629,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
            c.entry);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
-  const std::uint32_t wgmma_block = wgmma_threads(wgmma_entry_rows(a.entry), a.entry.starts_with("mla_paged_decode_wgmma16_rs"));
+  const std::uint32_t wgmma_block =
+      wgmma_threads(wgmma_entry_rows(a.entry), a.entry.starts_with("mla_paged_decode_wgmma16_rs"));
   if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_block, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
          c.block.y, c.block.z, a.entry, wgmma_block);

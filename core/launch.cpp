@@ -1,5 +1,7 @@
 #include "metrale/launch.hpp"
 
+#include <algorithm>
+
 #include "metrale/error.hpp"
 
 namespace metrale {
@@ -18,6 +20,16 @@ void KernelLaunch::launch(Stream stream) {
     if (overflow_) fail(Errc::internal, "more than {} kernel arguments", kMaxArgs);
     gpu_.launch(kernel_, grid_, block_, std::span(args_.data(), count_), stream, shared_, early_start_, cluster_);
   });
+}
+
+std::uint32_t GpuBackend::max_active_clusters(KernelHandle /*kernel*/, Dim3 block, std::uint32_t shared_bytes,
+                                              std::uint32_t cluster_size) const {
+  if (cluster_size == 0 || cluster_size > 8 || compute_capability() < 90 || block.count() == 0) return 0;
+  // An SM has about 1 KiB more than a block may take, and reserves 1 KiB per block.
+  const std::uint64_t by_threads = 2048 / block.count(),
+                      by_shared = (std::uint64_t{max_shared_bytes_per_block()} + 1024) / (shared_bytes + 1024);
+  return static_cast<std::uint32_t>(std::uint64_t{multiprocessor_count()} * std::min(by_threads, by_shared) /
+                                    cluster_size);
 }
 
 void GpuBackend::check_cluster(Dim3 grid, Dim3 cluster) const {

@@ -24,6 +24,9 @@ constexpr std::uint64_t kStagedTiles16 = 6;
 // portable cluster size): docs/performance.md.
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr std::uint32_t kMaxClusterSplits = 8;
+// The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
+// two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
+constexpr std::uint64_t kCombineTiles = 2;
 constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -105,8 +108,8 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
 // the staged 16-head wgmma entry) launch; `outputs` the pointers in o_partial's and ml_partial's
 // places (the entry that combines in its clusters takes sinks and o there).
-KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma,
-                         bool staged16 = false, std::optional<std::pair<DevicePtr, DevicePtr>> outputs = {}) {
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma, bool staged16 = false,
+                         std::optional<std::pair<DevicePtr, DevicePtr>> outputs = {}) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
       .block({wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1})
@@ -188,6 +191,9 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
     r.wgmma16_rs_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
     r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
+    for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n)
+      r.fused_clusters[n] = gpu.max_active_clusters(r.wgmma16_rs_combine_fp8, {wgmma_threads(kWgmma16Rows, true), 1, 1},
+                                                    wgmma_shared_bytes(KvFormat::fp8, kWgmma16Rows, true), n);
   }
   return r;
 }
@@ -260,7 +266,8 @@ bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
 }
 
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
-                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma) {
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma,
+                            std::span<const std::uint32_t> fused_clusters) {
   if (!split_fits(max_shared_bytes, a.kv_cache_dim))
     fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
          split_shared_bytes(kGroupRows, a.kv_cache_dim, 0), max_shared_bytes);
@@ -320,10 +327,23 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
     if (cost < best) best = cost, per = tiles_each;
   }
+  // Staged 16-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
+  // launch, taken as kCombineTiles tiles' worth), ⌈clusters / fused_clusters[n]⌉ rounds: where
+  // that costs no more, with the n that costs least (ties to fewer).
+  if (p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && fused_clusters.size() > kMaxClusterSplits) {
+    std::uint64_t fused_best = ~std::uint64_t{0}, fused_per = 0;
+    for (std::uint64_t n = 1; n <= std::min<std::uint64_t>(kMaxClusterSplits, tiles); ++n) {
+      const std::uint64_t tiles_each = (tiles + n - 1) / n, splits = (tiles + tiles_each - 1) / tiles_each;
+      const std::uint64_t at_once = fused_clusters[splits];
+      if (at_once == 0) continue;
+      const std::uint64_t cost = (base + at_once - 1) / at_once * (tiles_each + 1);
+      if (cost < fused_best) fused_best = cost, fused_per = tiles_each;
+    }
+    if (fused_per != 0 && fused_best <= best + kCombineTiles) p.fused = true, per = fused_per;
+  }
   p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFC0 / tile_keys) * tile_keys);
   p.num_splits =
       static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
-  p.fused = p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && p.num_splits <= kMaxClusterSplits;
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   p.ml_offset = partials * a.kv_cache_dim * 4;
   p.workspace_bytes = p.ml_offset + partials * 2 * 4;
@@ -528,10 +548,11 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
-                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
-  if (p.fused && fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0) {  // no partials: no workspace
-    SplitDecodeFp8Args s{split_from(a, p, {}, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window,
-                         a.comp_pool, a.comp_block_count};
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
+                                        a.o.addr % 8 == 0 ? fast.fused_clusters : std::span<const std::uint32_t>{});
+  if (p.fused) {  // no partials: no workspace
+    SplitDecodeFp8Args s{split_from(a, p, {}, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
+                         a.comp_block_count};
     s.o_partial = s.ml_partial = {};
     mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
     return DecodePath::split;

@@ -140,7 +140,7 @@ void combine_head(std::span<const float> ml, std::optional<float> sink, float v_
   float denom = sink ? std::exp(*sink - big) : 0.0f;
   for (const auto& warp : part) denom += warp_sum(warp);
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
-  std::vector<std::optional<float>> weight(num_splits);  // none: a chunk without keys
+  std::vector<std::optional<float>> weight(num_splits);      // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] != 0.0f) weight[z] = std::exp(ml[2 * z] - big);
   for (std::uint32_t d = d_begin; d < d_end; ++d) {
@@ -182,10 +182,18 @@ struct Fp8Keys {
 
   Fp8Keys(Global<const std::uint8_t> k, Global<const std::uint8_t> v, Global<const std::uint8_t> comp,
           Global<const std::int32_t> tables, Global<const std::int32_t> seq_lens, std::uint32_t max_blocks,
-          std::uint32_t block, std::uint64_t stride, std::uint32_t window, std::uint32_t comp_count,
-          std::uint32_t dim, std::uint32_t seq)
-      : k_cache(k), v_cache(v), comp_pool(comp), block_tables(tables), max_blocks_per_seq(max_blocks),
-        block_size(block), cache_stride(stride), comp_block_count(comp_count), kv_cache_dim(dim), s(seq),
+          std::uint32_t block, std::uint64_t stride, std::uint32_t window, std::uint32_t comp_count, std::uint32_t dim,
+          std::uint32_t seq)
+      : k_cache(k),
+        v_cache(v),
+        comp_pool(comp),
+        block_tables(tables),
+        max_blocks_per_seq(max_blocks),
+        block_size(block),
+        cache_stride(stride),
+        comp_block_count(comp_count),
+        kv_cache_dim(dim),
+        s(seq),
         keys(key_set(seq_lens[seq], max_blocks, block, window, comp && comp_count > 0 ? comp_count : 0)) {}
 
   void operator()(std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) const {
@@ -233,8 +241,8 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
                                 std::uint64_t cache_stride, std::uint32_t sliding_window,
                                 Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
                                 std::uint32_t keys_per_split) {
-  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,        block_tables, seq_lens,      max_blocks_per_seq,
-                      block_size, cache_stride, sliding_window,   comp_block_count, kv_cache_dim, blk.blockIdx.z};
+  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,      block_tables,     seq_lens,     max_blocks_per_seq,
+                      block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, blk.blockIdx.z};
   split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
                keys_per_split, shape_of(kKind, blk), cache);
 }
@@ -247,21 +255,22 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
 // the kernel's blocks keep in shared memory and read from each other. The emulator runs one
 // block at a time, so this port computes the partials of all the cluster's chunks itself.
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
-void mla_paged_decode_wgmma16_rs_combine_fp8(
-    Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache, Global<const std::uint8_t> v_cache,
-    Global<const float> sinks, Global<Bf16> o, Global<const std::int32_t> block_tables,
-    Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq, std::uint32_t num_q_heads,
-    std::uint32_t q_head_dim, std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
-    std::uint64_t cache_stride, std::uint32_t sliding_window, Global<const std::uint8_t> comp_pool,
-    std::uint32_t comp_block_count, std::uint32_t keys_per_split, float v_scale) {
-  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * kGroupRows,
-                      s = blk.blockIdx.z;
+void mla_paged_decode_wgmma16_rs_combine_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                             Global<const std::uint8_t> v_cache, Global<const float> sinks,
+                                             Global<Bf16> o, Global<const std::int32_t> block_tables,
+                                             Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
+                                             std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                             std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+                                             std::uint64_t cache_stride, std::uint32_t sliding_window,
+                                             Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
+                                             std::uint32_t keys_per_split, float v_scale) {
+  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * kGroupRows, s = blk.blockIdx.z;
   const Dim3 c = blk.clusterDim;
   if (c.x != n || c.y != 1 || c.z != 1 || n > 8)
-    metrale::fail(Errc::launch_failed, "cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y,
-         c.z, n);
-  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,        block_tables, seq_lens,      max_blocks_per_seq,
-                      block_size, cache_stride, sliding_window,   comp_block_count, kv_cache_dim, s};
+    metrale::fail(Errc::launch_failed, "cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x,
+                  c.y, c.z, n);
+  const Fp8Keys cache{k_cache,    v_cache,      comp_pool,      block_tables,     seq_lens,     max_blocks_per_seq,
+                      block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, s};
   std::vector<Partial> parts;
   for (std::uint32_t chunk = 0; chunk < n; ++chunk)
     parts.push_back(split_partial(blk, chunk, q, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,

@@ -465,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 //   o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32; ml_partial [.., 2] f32
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 constexpr uint32_t kCombineDims = 64, kCombineBatch = 1024;  // dims of a tile; chunks' weights at a time
-constexpr uint32_t kCombineInFlight = 8;  // chunks' loads a thread has in flight
+constexpr uint32_t kCombineInFlight = 8;                     // chunks' loads a thread has in flight
 
 // Lanes of chunks per dim: as many as keep the 256 threads busy on a block's run of 64-dim tiles
 // (4 for one tile, 2 for two, else 1), and no more than the chunks (a pass then takes 256/lanes
@@ -492,7 +492,8 @@ __device__ void combine_few(const float* o_partial, const float* ml, const float
   for (uint32_t d = d_begin + threadIdx.x; d < d_end; d += blockDim.x) {
     float acc[4] = {};
 #pragma unroll
-    for (uint32_t z = 0; z < 4; ++z) acc[z] += combine_term(w[z], z < num_splits ? o_partial[uint64_t{z} * dim + d] : 0.0f);
+    for (uint32_t z = 0; z < 4; ++z)
+      acc[z] += combine_term(w[z], z < num_splits ? o_partial[uint64_t{z} * dim + d] : 0.0f);
     out[d] = __float2bfloat16_rn((((acc[0] + acc[1]) + acc[2]) + acc[3]) * inv);
   }
 }
@@ -530,8 +531,7 @@ __device__ void combine_dims(const CombineRows& r, uint32_t d_begin, uint32_t d_
             v[i] = c < n ? r.o_partial[uint64_t{z0 + c} * r.dim + d] : 0.0f;  // in flight together
           }
 #pragma unroll
-          for (uint32_t i = 0; i < kCombineInFlight; ++i)
-            acc[i % kResidues] += combine_term(w[i], v[i]);
+          for (uint32_t i = 0; i < kCombineInFlight; ++i) acc[i % kResidues] += combine_term(w[i], v[i]);
         }
       }
       if (!one_batch) __syncthreads();  // the next batch rewrites the weights

@@ -660,7 +660,8 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
       float total[4];
 #pragma unroll
       for (uint32_t e = 0; e < 4; ++e) total[e] = (((acc[0][e] + acc[1][e]) + acc[2][e]) + acc[3][e]) * inv;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(total[0], total[1]), hi = __floats2bfloat162_rn(total[2], total[3]);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(total[0], total[1]),
+                           hi = __floats2bfloat162_rn(total[2], total[3]);
       *reinterpret_cast<uint2*>(dst + d) =
           make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
     }
@@ -1033,11 +1034,11 @@ extern "C" __global__ void __launch_bounds__(128, 2)
 extern "C" __global__ void __launch_bounds__(128, 2)
     mla_paged_decode_wgmma16_rs_combine_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
                                             const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
-                                            const int32_t* seq_lens, uint32_t max_blocks_per_seq,
-                                            uint32_t num_q_heads, uint32_t q_head_dim, uint32_t kv_cache_dim,
-                                            uint32_t block_size, float logit_scale, uint64_t cache_stride,
-                                            uint32_t sliding_window, const uint8_t* comp_pool,
-                                            uint32_t comp_block_count, uint32_t keys_per_split, float v_scale) {
+                                            const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                            uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size,
+                                            float logit_scale, uint64_t cache_stride, uint32_t sliding_window,
+                                            const uint8_t* comp_pool, uint32_t comp_block_count,
+                                            uint32_t keys_per_split, float v_scale) {
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);

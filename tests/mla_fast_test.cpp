@@ -115,11 +115,27 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
     std::map<std::string, DeviceBuffer> in;
     for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
     const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
-    SplitDecodeFp8Args s{{in.at("q").ptr(), in.at("k_cache").ptr(), in.at("v_cache").ptr(), {}, {},
-                          in.at("block_tables").ptr(), in.at("seq_lens").ptr(), u32("max_blocks_per_seq"), 20, 576,
-                          576, 16, c.scalars.at("logit_scale").as_f32(), u32("keys_per_split"), 3, u32("num_splits"),
-                          16, true},
-                         c.scalars.at("cache_stride").as_u64(), u32("sliding_window"), in.at("comp_pool").ptr(),
+    SplitDecodeFp8Args s{{in.at("q").ptr(),
+                          in.at("k_cache").ptr(),
+                          in.at("v_cache").ptr(),
+                          {},
+                          {},
+                          in.at("block_tables").ptr(),
+                          in.at("seq_lens").ptr(),
+                          u32("max_blocks_per_seq"),
+                          20,
+                          576,
+                          576,
+                          16,
+                          c.scalars.at("logit_scale").as_f32(),
+                          u32("keys_per_split"),
+                          3,
+                          u32("num_splits"),
+                          16,
+                          true},
+                         c.scalars.at("cache_stride").as_u64(),
+                         u32("sliding_window"),
+                         in.at("comp_pool").ptr(),
                          u32("comp_block_count")};
     REQUIRE(s.num_splits == 8);
     const float v_scale = c.scalars.at("v_scale").as_f32();
@@ -131,8 +147,8 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
     s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
     upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
     mla_paged_decode_wgmma_fp8(*gpu, fast.wgmma16_rs_fp8, s);
-    mla_paged_decode_combine(*gpu, fast.combine,
-                             {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), 20, 576, 8, v_scale, 3});
+    mla_paged_decode_combine(
+        *gpu, fast.combine, {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), 20, 576, 8, v_scale, 3});
     gpu->synchronize(0);
     const auto two = in.at("o").to_host<Bf16>();
     REQUIRE(fused.size() == two.size());
@@ -143,10 +159,12 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
   }
 }
 
-// Where the plan gives 16-head FP8 blocks many tiles a slot and at most 8 chunks, the dispatcher
-// takes the entry (no workspace, no combine launch): an emulator of one SM makes a small step one.
-TEST_CASE("the dispatcher combines in clusters where the staged 16-head plan has at most 8 chunks",
-          "[mla_fast][dispatch][wgmma]") {
+// Where clusters of the staged 16-head FP8 blocks' chunks cost no more than the unfused plan and
+// its combine launch, the dispatcher takes the entry (no workspace, no combine launch): an
+// emulator of one SM makes a small step one. The plan sizes its clusters by how many the device
+// runs at once: the H200's occupancy (measured: 30 clusters of 8, 32 of 7) takes B = 32 × 4K to
+// 7 chunks of 10 tiles; as many as fill the SMs (the emulator's), to 8 of 8.
+TEST_CASE("the dispatcher combines in clusters where the plan's clusters cost no more", "[mla_fast][dispatch][wgmma]") {
   gen::PagedSpec p = fused_spec(16, 30);
   p.num_seqs = 2, p.num_blocks = 60, p.seq_lens = {420, 300};
   emu::EmulatorOptions one_sm;
@@ -159,15 +177,29 @@ TEST_CASE("the dispatcher combines in clusters where the staged 16-head plan has
   std::vector<std::string> entries;
   for (const auto& r : gpu.launch_log()) entries.push_back(r.entry);
   CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma16_rs_combine_fp8"});
+  const auto fast = MlaFastKernels::resolve(gpu);
+  CHECK(fast.fused_clusters == std::array<std::uint32_t, 9>{0, 2, 1, 0, 0, 0, 0, 0, 0});  // 2 blocks an SM
   PagedDecodeCommon a;
   a.num_seqs = 32, a.max_blocks_per_seq = 64, a.block_size = 64, a.q_head_dim = a.kv_cache_dim = 576;
   a.num_q_heads = 16;
-  CHECK(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);  // 8 chunks of 8 tiles
-  CHECK_FALSE(plan_split_decode(a, KvFormat::nvfp4, 0, 132, 227 * 1024, true).fused);
+  const std::array<std::uint32_t, 9> h200{0, 264, 132, 79, 62, 47, 39, 32, 30},
+      full{0, 264, 132, 88, 66, 52, 44, 37, 33};
+  const auto plan = [&](KvFormat f, std::span<const std::uint32_t> clusters) {
+    return plan_split_decode(a, f, 0, 132, 227 * 1024, true, clusters);
+  };
+  CHECK(plan(KvFormat::fp8, {}).num_splits == 8);  // unfused: 256 blocks of 8 tiles, one round
+  CHECK_FALSE(plan(KvFormat::fp8, {}).fused);
+  CHECK(plan(KvFormat::fp8, h200).fused);
+  CHECK(plan(KvFormat::fp8, h200).num_splits == 7);
+  CHECK(plan(KvFormat::fp8, full).num_splits == 8);
+  CHECK_FALSE(plan(KvFormat::nvfp4, h200).fused);
   a.num_q_heads = 64;
-  CHECK_FALSE(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);
-  a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles
-  CHECK_FALSE(plan_split_decode(a, KvFormat::fp8, 0, 132, 227 * 1024, true).fused);
+  CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
+  a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles beat 8 chunks of 8
+  CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
+  a.num_seqs = 128;  // 2 chunks of 32 tiles, in clusters of 2
+  CHECK(plan(KvFormat::fp8, h200).fused);
+  CHECK(plan(KvFormat::fp8, h200).num_splits == 2);
 }
 
 TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads and up to 16",
@@ -322,13 +354,19 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     args.push_back(KernelArg::f32(1.0f));
     upload<std::int32_t>(gpu, std::vector<std::int32_t>(16, 0), buf.ptr());
     test::require_error(
-        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568); },
+        [&] {
+          gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568);
+        },
         Errc::launch_failed, {"cluster (1,1,1) but the kernel needs (2,1,1)"});
     test::require_error(
-        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {3, 1, 1}); },
+        [&] {
+          gpu.launch(fast.wgmma16_rs_combine_fp8, {2, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {3, 1, 1});
+        },
         Errc::launch_failed, {"cluster (3,1,1) does not divide grid (2,4,1)"});
     test::require_error(
-        [&] { gpu.launch(fast.wgmma16_rs_combine_fp8, {16, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {16, 1, 1}); },
+        [&] {
+          gpu.launch(fast.wgmma16_rs_combine_fp8, {16, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {16, 1, 1});
+        },
         Errc::launch_failed, {"cluster (16,1,1) is not 1 to 8 blocks"});
   }
   SECTION("q and o_partial misaligned, chunks too few for the table") {

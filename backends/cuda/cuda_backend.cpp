@@ -26,15 +26,15 @@ namespace metrale {
 namespace {
 
 // Every driver function this backend calls, resolved once.
-#define METRALE_CU_FUNCTIONS(X)                                                                                       \
-  X(cuInit)                                                                                                           \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
-      X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)   \
-          X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData)              \
-              X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetParamInfo) X(cuLaunchKernel)                \
-                  X(cuLaunchKernelEx) X(cuStreamSynchronize) X(cuGetErrorName) X(cuGetErrorString)                \
-                      X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
-                          X(cuEventDestroy) X(cuFuncSetAttribute)
+#define METRALE_CU_FUNCTIONS(X)                                                                                      \
+  X(cuInit)                                                                                                          \
+  X(cuDriverGetVersion)                                                                                              \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)          \
+      X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) \
+          X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) \
+              X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters)            \
+                  X(cuStreamSynchronize) X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord)     \
+                      X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)
 
 struct Driver {
 #define METRALE_CU_MEMBER(f) decltype(&::f) f = nullptr;
@@ -265,8 +265,8 @@ std::string CudaBackend::kernel_name(KernelHandle kernel) const {
   return k.module + "." + k.entry;
 }
 
-void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                            Stream stream, std::uint32_t shared_bytes, bool early_start, Dim3 cluster) {
+void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
+                            std::uint32_t shared_bytes, bool early_start, Dim3 cluster) {
   if (kernel.id == 0 || kernel.id > impl_->kernels.size())
     fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
   Kernel& k = impl_->kernels[kernel.id - 1];
@@ -313,6 +313,29 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
   config.sharedMemBytes = shared_bytes, config.hStream = reinterpret_cast<CUstream>(stream);
   config.attrs = attrs, config.numAttrs = count;
   METRALE_CU(cuLaunchKernelEx(&config, k.function, params.data(), nullptr));
+}
+
+std::uint32_t CudaBackend::max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
+                                               std::uint32_t cluster_size) const {
+  if (cluster_size == 0 || cluster_size > 8 || impl_->compute_capability < 90) return 0;
+  if (kernel.id == 0 || kernel.id > impl_->kernels.size())
+    fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
+  Kernel& k = impl_->kernels[kernel.id - 1];
+  if (shared_bytes > k.shared_limit) {  // as do_launch: above 48 KiB a kernel must opt in
+    METRALE_CU(cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                  static_cast<int>(shared_bytes)));
+    k.shared_limit = shared_bytes;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster_size, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = cluster_size, config.gridDimY = 1, config.gridDimZ = 1;
+  config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+  config.sharedMemBytes = shared_bytes, config.attrs = &attr, config.numAttrs = 1;
+  int clusters = 0;
+  METRALE_CU(cuOccupancyMaxActiveClusters(&clusters, k.function, &config));
+  return static_cast<std::uint32_t>(std::max(clusters, 0));
 }
 
 void CudaBackend::synchronize(Stream stream) { METRALE_CU(cuStreamSynchronize(reinterpret_cast<CUstream>(stream))); }

@@ -90,6 +90,13 @@ class GpuBackend {
   /// The most dynamic shared memory a block may opt in to, in bytes; the emulator answers as
   /// sm_90 (227 KiB) unless told otherwise (sm_121: 99 KiB).
   virtual std::uint32_t max_shared_bytes_per_block() const { return 227 * 1024; }
+  /// How many clusters of `cluster_size` blocks (in x) of `kernel`, each of `block` threads and
+  /// `shared_bytes` of dynamic shared memory, the device runs at once, for plans that size their
+  /// clusters: the driver's occupancy on CUDA (which knows how clusters pack into GPCs); by
+  /// default (the emulator) as many as fill every SM by threads (2048) and shared memory, divided
+  /// by the cluster size, 0 below sm_90 or above 8 blocks.
+  virtual std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
+                                            std::uint32_t cluster_size) const;
   /// The device's compute capability, major·10 + minor (90: H100/H200, 121: GB10), for launchers
   /// that pick architecture-specific kernels; the emulator answers as sm_90.
   virtual std::uint32_t compute_capability() const { return 90; }

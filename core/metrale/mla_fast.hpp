@@ -4,8 +4,10 @@
 // otherwise. Same case semantics as SPEC §3.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -37,6 +39,9 @@ struct MlaFastKernels {
   KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
   KernelHandle wgmma16_rs_fp8;              // its staged 16-head FP8 blocks (one warpgroup); likewise
   KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
+  /// Clusters of n of that entry's blocks the device runs at once (GpuBackend::max_active_clusters),
+  /// n = 1..8; all 0 without the entry.
+  std::array<std::uint32_t, 9> fused_clusters{};
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -53,8 +58,8 @@ struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
   bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
-  /// FP8 16-head staged blocks in at most 8 splits: the combine can run in the split kernel's
-  /// clusters (mla_paged_decode_wgmma16_rs_combine_fp8), with no workspace.
+  /// FP8 16-head staged blocks in n ≤ 8 splits that combine in clusters of n
+  /// (mla_paged_decode_wgmma16_rs_combine_fp8): no workspace, no combine launch.
   bool fused = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
@@ -69,11 +74,15 @@ struct SplitPlan {
 /// (of at least four tiles: 32 keys, or 64 on wgmma) as give the least work to the busiest of the
 /// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
 /// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block. FP8 16-head wgmma blocks are
-/// staged (see SplitPlan) from num_seqs × ⌈keys / 64⌉ ≥ 64 × 2·multiprocessors, when two fit in
-/// max_shared_bytes.
+/// staged (see SplitPlan) from num_seqs × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
+/// max_shared_bytes. Staged 16-head FP8 blocks are `fused` when `fused_clusters` (index n: the
+/// clusters of n blocks of that entry the device runs at once, MlaFastKernels::fused_clusters;
+/// empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best
+/// unfused plan and its combine launch (two tiles' worth); the n that costs least is taken.
 /// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
-                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false);
+                            std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
+                            std::span<const std::uint32_t> fused_clusters = {});
 
 /// The heads per block of the wgmma entries for `a`: DeepSeek's rows (q_head_dim = kv_cache_dim =
 /// 576) with more than 32 query heads take the 64-head entries (mla_paged_decode_wgmma_*), with 16

@@ -44,6 +44,10 @@ class CudaBackend final : public GpuBackend {
   /// Device name, compute capability, driver version and the toolkit this was built with.
   std::string device_name() const;
   std::uint32_t compute_capability() const override;  // major·10 + minor
+  /// cuOccupancyMaxActiveClusters (the kernel's dynamic shared memory limit raised to
+  /// `shared_bytes` first, as a launch would).
+  std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
+                                    std::uint32_t cluster_size) const override;
   int driver_version() const;      // e.g. 13000
   static int toolkit_version();    // CUDA_VERSION at build time
   /// Milliseconds between two events recorded around `work` on `stream` (cuEventElapsedTime).
