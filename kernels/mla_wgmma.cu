@@ -1,9 +1,10 @@
 // Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
 // warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
 // (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and for FP8
-// mla_paged_decode_wgmma16_rs_fp8, the one-warpgroup block of wgmma16_fp8_decode).
+// mla_paged_decode_wgmma16_rs_fp8, the one-warpgroup block of wgmma16_fp8_decode, and
+// mla_paged_decode_wgmma16_rs_combine_fp8, the same in clusters that combine their partials).
 // Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
-// partials go to mla_fast's combine.
+// partials go to mla_fast's combine (the cluster entry's stay in its clusters: cluster_combine).
 //
 // A 64-head block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
 // against one chunk of its keys, in 64-key tiles, with two warpgroups. Q (FP16, each row scaled
