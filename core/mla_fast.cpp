@@ -547,9 +547,10 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
     return DecodePath::seed;
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
+  const bool clusters = fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0;  // the entry's o: 8-byte aligned
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
                                         gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
-                                        a.o.addr % 8 == 0 ? fast.fused_clusters : std::span<const std::uint32_t>{});
+                                        clusters ? fast.fused_clusters : std::span<const std::uint32_t>{});
   if (p.fused) {  // no partials: no workspace
     SplitDecodeFp8Args s{split_from(a, p, {}, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                          a.comp_block_count};
