@@ -257,6 +257,8 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   if (rs && !fp8) fail(Errc::invalid_argument, "split_kernel_case: the staged 16-head wgmma entry is FP8's only");
   const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16 || rs;
   const bool wgmma = which == SplitEntry::wgmma || wgmma16;
+  if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
+    fail(Errc::invalid_argument, "split_kernel_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
   const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
   const auto num_splits = static_cast<std::uint32_t>((max_keys + keys_per_split - 1) / keys_per_split + 1);  // a spare
@@ -306,6 +308,8 @@ KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
     fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", kEntry,
          to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
+  if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
+    fail(Errc::invalid_argument, "fused_decode_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
   KernelCase c = split_path_case(spec);  // the inputs, o and its tolerance
   const std::uint32_t keys_per_split = 64 * tiles_per_split;
   const std::uint64_t max_keys =

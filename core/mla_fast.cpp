@@ -165,7 +165,7 @@ std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_
   const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
   const std::uint32_t bytes =
       wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
-                         entry == "mla_paged_decode_wgmma16_rs_fp8");
+                         entry.starts_with("mla_paged_decode_wgmma16_rs"));  // the staged entries
   if (bytes <= gpu.max_shared_bytes_per_block()) return std::nullopt;
   return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", entry, bytes,
                      gpu.max_shared_bytes_per_block());
@@ -179,6 +179,8 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    k("mla_batched_gemv_wide"),
                    k("mla_paged_decode_split16_fp8"),
                    k("mla_paged_decode_split16_nvfp4"),
+                   {},
+                   {},
                    {},
                    {},
                    {},
@@ -330,7 +332,11 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   // Staged 16-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
   // launch, taken as kCombineTiles tiles' worth), ⌈clusters / fused_clusters[n]⌉ rounds: where
   // that costs no more, with the n that costs least (ties to fewer).
-  if (p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && fused_clusters.size() > kMaxClusterSplits) {
+  if (!fused_clusters.empty() && fused_clusters.size() != kMaxClusterSplits + 1)
+    fail(Errc::invalid_argument, "split plan: fused_clusters has {} entries, not {} (index n = 0..{})",
+         fused_clusters.size(), kMaxClusterSplits + 1, kMaxClusterSplits);
+  if (p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && !fused_clusters.empty() &&
+      per <= 0x7FFF'FFC0 / tile_keys) {  // (longer chunks are clamped below: more than 8 of them)
     std::uint64_t fused_best = ~std::uint64_t{0}, fused_per = 0;
     for (std::uint64_t n = 1; n <= std::min<std::uint64_t>(kMaxClusterSplits, tiles); ++n) {
       const std::uint64_t tiles_each = (tiles + n - 1) / n, splits = (tiles + tiles_each - 1) / tiles_each;
@@ -339,11 +345,13 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
       const std::uint64_t cost = (base + at_once - 1) / at_once * (tiles_each + 1);
       if (cost < fused_best) fused_best = cost, fused_per = tiles_each;
     }
-    if (fused_per != 0 && fused_best <= best + kCombineTiles) p.fused = true, per = fused_per;
+    if (fused_per != 0 && fused_per <= 0x7FFF'FFC0 / tile_keys && fused_best <= best + kCombineTiles)
+      p.fused = true, per = fused_per;
   }
   p.keys_per_split = static_cast<std::uint32_t>(std::min<std::uint64_t>(per, 0x7FFF'FFC0 / tile_keys) * tile_keys);
   p.num_splits =
       static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (max_keys + p.keys_per_split - 1) / p.keys_per_split));
+  if (p.fused) return p;  // no partials: no workspace
   const std::uint64_t partials = std::uint64_t{a.num_seqs} * a.num_q_heads * p.num_splits;
   p.ml_offset = partials * a.kv_cache_dim * 4;
   p.workspace_bytes = p.ml_offset + partials * 2 * 4;
@@ -467,16 +475,24 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
   launch_split_nvfp4(gpu, kernel, a, stream, true);
 }
 
+// Whether o [rows, 576] bf16 and q [rows, q_head_dim] bf16 share a byte.
+bool o_overlaps_q(DevicePtr o, DevicePtr q, std::uint64_t rows, std::uint32_t q_head_dim) {
+  return o.addr < q.addr + rows * q_head_dim * 2 && q.addr < o.addr + rows * kWgmmaDim * 2;
+}
+
 void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                              Stream stream) {
   const Validator v{kFusedEntry};
-  const SplitDecodeFp8Args& s = a.split;
+  SplitDecodeFp8Args s = a.split;
+  s.o_partial = s.ml_partial = {};  // not used
   validate_split_fp8(v, s, false);
   validate_wgmma_shape(v, s);
   v.check(s.rows_per_block == kWgmma16Rows, "rows_per_block {} is not 16 (the entry's blocks)", s.rows_per_block);
   v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
   v.non_null({{"o", a.o}});
   v.check(a.o.addr % 8 == 0, "o {:#x} is not 8-byte aligned", a.o.addr);
+  v.check(!o_overlaps_q(a.o, s.q, std::uint64_t{s.num_seqs} * s.num_q_heads, s.q_head_dim),
+          "o {:#x} overlaps q {:#x}: a cluster's blocks read q while others write o", a.o.addr, s.q.addr);
   v.positive_finite("v_scale", a.v_scale);
   validate_entry(v, gpu, kernel, {kFusedEntry});
   KernelLaunch l(gpu, kernel);
@@ -547,7 +563,9 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
     return DecodePath::seed;
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
-  const bool clusters = fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0;  // the entry's o: 8-byte aligned
+  // The cluster entry's o: 8-byte aligned, apart from q (which the step may overwrite in place).
+  const bool clusters = fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0 &&
+                        !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
                                         gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
                                         clusters ? fast.fused_clusters : std::span<const std::uint32_t>{});

@@ -197,9 +197,12 @@ TEST_CASE("the dispatcher combines in clusters where the plan's clusters cost no
   CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
   a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles beat 8 chunks of 8
   CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
-  a.num_seqs = 128;  // 2 chunks of 32 tiles, in clusters of 2
+  a.num_seqs = 128;  // 2 chunks of 32 tiles, in clusters of 2, and no workspace
   CHECK(plan(KvFormat::fp8, h200).fused);
   CHECK(plan(KvFormat::fp8, h200).num_splits == 2);
+  CHECK(plan(KvFormat::fp8, h200).workspace_bytes == 0);
+  test::require_error([&] { plan(KvFormat::fp8, std::span(h200).first(8)); }, Errc::invalid_argument,
+                      {"fused_clusters has 8 entries, not 9"});
 }
 
 TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads and up to 16",
@@ -318,7 +321,7 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
   }
   SECTION("the entry that combines in clusters: its chunks, o, handle and cluster") {
     a.rows_per_block = 16, a.num_splits = 9, a.o_partial = a.ml_partial = {};
-    const FusedDecodeFp8Args f{a, {}, buf.ptr(), 1.0f};
+    const FusedDecodeFp8Args f{a, {}, buf.ptr() + (1 << 19), 1.0f};  // o apart from q
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, f); },
                         Errc::invalid_argument, {"mla_paged_decode_wgmma16_rs_combine_fp8", "num_splits 9"});
     FusedDecodeFp8Args g = f;
@@ -328,7 +331,17 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     g.o = {};
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
                         Errc::invalid_argument, {"o is null"});
-    g.o = buf.ptr(), g.v_scale = 0.0f;
+    g.o = g.split.q + 64 * 576;  // q's second row
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
+                        Errc::invalid_argument, {"overlaps q"});
+    g.o = g.split.q + 64 * 576 * 2, g.split.o_partial = buf.ptr() + 4;  // o just past q; o_partial not used
+    try {  // (the launch then reads the buffer's unwritten seq_lens: the emulator's fault)
+      mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g);
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::device_fault);
+    }
+    g.split.o_partial = {};
+    g.o = f.o, g.v_scale = 0.0f;
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
                         Errc::invalid_argument, {"v_scale"});
     g.v_scale = 1.0f, g.split.rows_per_block = 64;
@@ -368,6 +381,22 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
           gpu.launch(fast.wgmma16_rs_combine_fp8, {16, 4, 1}, {128, 1, 1}, args, 0, 95568, false, {16, 1, 1});
         },
         Errc::launch_failed, {"cluster (16,1,1) is not 1 to 8 blocks"});
+    test::require_error(  // 2^31 · 2^31 · 4 blocks wrap to 0 in 64 bits
+        [&] {
+          gpu.launch(fast.wgmma16_rs_combine_fp8, {16, 4, 1}, {128, 1, 1}, args, 0, 95568, false,
+                     {1u << 31, 1u << 31, 4});
+        },
+        Errc::launch_failed, {"is not 1 to 8 blocks"});
+    // The occupancy the plan reads: none for a block that cannot fit, saturated for absurd SMs.
+    CHECK(gpu.max_active_clusters(fast.wgmma16_rs_combine_fp8, {128, 1, 1}, 0xFFFF'FC00u, 2) == 0);
+    emu::EmulatorOptions huge;
+    huge.multiprocessor_count = 0xFFFF'FFFFu;
+    CHECK(emu::EmulatorBackend(huge).max_active_clusters(fast.wgmma16_rs_combine_fp8, {128, 1, 1}, 95568, 1) ==
+          0xFFFF'FFFFu);
+    emu::EmulatorOptions gb10_smem;  // the entry's 95,568 bytes fit an sm_121's 99 KiB
+    gb10_smem.max_shared_bytes_per_block = 101376;
+    CHECK_FALSE(
+        entry_unavailable(emu::EmulatorBackend(gb10_smem), "mla_wgmma", "mla_paged_decode_wgmma16_rs_combine_fp8"));
   }
   SECTION("q and o_partial misaligned, chunks too few for the table") {
     a.q = buf.ptr() + 2;

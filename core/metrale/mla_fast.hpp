@@ -78,7 +78,9 @@ struct SplitPlan {
 /// max_shared_bytes. Staged 16-head FP8 blocks are `fused` when `fused_clusters` (index n: the
 /// clusters of n blocks of that entry the device runs at once, MlaFastKernels::fused_clusters;
 /// empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best
-/// unfused plan and its combine launch (two tiles' worth); the n that costs least is taken.
+/// unfused plan and its combine launch (two tiles' worth); the n that costs least is taken, and
+/// the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9
+/// entries (or none).
 /// Errors: `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
@@ -179,8 +181,9 @@ std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_
 /// be null); `sinks` [num_q_heads] f32 or null; `o` [num_seqs, num_q_heads, 576] bf16; v_scale as
 /// the combine's. Grid [num_splits, ⌈num_q_heads/16⌉, num_seqs], block 128, two per SM;
 /// launched early. Errors (`invalid_argument`): those of mla_paged_decode_wgmma_fp8 but for
-/// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null or not 8-byte
-/// aligned; v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the decode),
+/// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null, not 8-byte
+/// aligned or overlapping q (a cluster's blocks read q while others write o; the dispatcher
+/// takes the two kernels for a step in place); v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the decode),
 /// docs/performance.md (the cluster combine).
 struct FusedDecodeFp8Args {
   SplitDecodeFp8Args split;
