@@ -569,16 +569,13 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
                                         gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
                                         clusters ? fast.fused_clusters : std::span<const std::uint32_t>{});
-  if (p.fused) {  // no partials: no workspace
-    SplitDecodeFp8Args s{split_from(a, p, {}, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
-                         a.comp_block_count};
-    s.o_partial = s.ml_partial = {};
+  const DevicePtr w = p.fused ? DevicePtr{} : ws.get(gpu, p.workspace_bytes);  // fused: no partials, no workspace
+  SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
+                       a.comp_block_count};
+  if (p.fused) {
     mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
     return DecodePath::split;
   }
-  const DevicePtr w = ws.get(gpu, p.workspace_bytes);
-  SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
-                       a.comp_block_count};
   if (p.wgmma) {
     mla_paged_decode_wgmma_fp8(gpu,
                                p.rows_per_block == kWgmmaRows ? fast.wgmma_fp8
