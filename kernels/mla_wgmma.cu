@@ -446,11 +446,13 @@ __device__ void tile_softmax16(float (&sacc)[8], float (&m)[4], float (&l)[4], f
 // 64i + 16j + 4t + 2hi + e is column 64i + 16t + 8hi + 2j + e, which k-step 4i + t gives the
 // threads of quad index j (lane % 4) as their A column 2j + 8hi + e — the values 4t + 2hi + e of
 // their unit 4i + j. Unit `part` of a Q row (dims 8·part..+7) thus goes as four FP16 pairs to
-// four chunks, at the same 4-byte place in each.
+// four chunks, at the same 4-byte place in each. kRowsQ: the rows of a slab (16 or 64 heads).
+template <uint32_t kRowsQ = kRows16>
 __device__ void store_q_permuted(uint8_t* sq, uint32_t row, uint32_t part, const uint32_t (&w)[4]) {
   const uint32_t chunk0 = 8 * (part / 8) + 4 * (part % 2), byte = 4 * ((part % 8) / 2);
+  auto at = [&](uint32_t chunk) { return kRowsQ == kRows16 ? swizzled16(row, chunk) : swizzled(row, chunk); };
 #pragma unroll
-  for (uint32_t m = 0; m < 4; ++m) *reinterpret_cast<uint32_t*>(sq + swizzled16(row, chunk0 + m) + byte) = w[m];
+  for (uint32_t m = 0; m < 4; ++m) *reinterpret_cast<uint32_t*>(sq + at(chunk0 + m) + byte) = w[m];
 }
 
 // Sᵀ = K·Qᵀ for one tile, A from registers: the thread holds keys `key0` and `key1` (rows r0 and
@@ -964,6 +966,444 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   }
 }
 
+// ---- FP8, 64 heads: two warpgroups, A from registers
+
+// D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate: A from registers (each warp's 16 rows as the
+// m16n8k16 A fragment), B K-major in shared memory (descriptor). `accumulate` 0 overwrites D.
+__device__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// The 64-head FP8 block's split of the work between its warpgroups W = 0, 1: Sᵀ = K·Qᵀ's
+// contraction (W 0 the 64-dim slabs 0-3 and the first half of slab 8, W 1 slabs 4-7 and the
+// second half), the softmax of heads [32W, 32W + 32), and Oᵀ's output dims: dims
+// [256W, 256W + 256) of all 64 heads in four atoms, and the last 64 dims (512-575) of its own 32
+// heads in a tail atom (N = 32). In a main atom a of warpgroup W the thread of row group
+// qrow = 8·warp + lane/4 holds dims 256W + 8·qrow + 2a (row r0) and + 1 (r0 + 8) — eight
+// contiguous bytes of each key's V row for the four atoms — and in the tail dims 512 + 2·qrow
+// and + 1.
+template <uint32_t kW>
+struct Wg64 {
+  static constexpr uint32_t slab_begin = 4 * kW, slab_end = 4 * kW + 4;
+  static constexpr uint32_t atoms = 4, dim_base = 256 * kW, tail_dim = 512;
+  static constexpr uint32_t heads = 32, head_base = 32 * kW;
+};
+constexpr uint32_t kRows64 = 64;
+enum : uint32_t { kBlockBar64 = 1, kWgBar64 = 2 };  // named barriers: the block's, then each warpgroup's
+// Named barrier kId of kThreads threads that a warp's lanes may reach apart (barrier.sync, not
+// bar.sync's .aligned form: the mbarrier waits and the staging's runs leave lanes apart).
+template <uint32_t kId, uint32_t kThreads>
+__device__ void named_barrier() {
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+// The online softmax's lazy rescale (as FlashAttention-4's): a head's reference maximum moves only
+// when a tile's logits pass it by more than this (natural log units), so P = exp(s − m) stays
+// below e^8 (FP16 holds it), and O and l are rescaled only then; the walk's end rescales them to
+// the true maximum, which the partial reports.
+constexpr float kRescaleSlack = 8.0f;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// Sᵀ (+)= K·Qᵀ over warpgroup W's part of the contraction for one tile, A from registers (as
+// kq_tile_rs, N = 64 heads): slabs [kBegin, kBegin + 4), then k-steps 2W and 2W + 1 of slab 8
+// (values 8W..8W + 7 of its unit). The thread holds keys `key0` and `key1` and converts their
+// units 4i + j; one commit group a slab, the next converted while one runs.
+template <uint32_t kW>
+__device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
+                             uint32_t j, uint64_t q) {
+  constexpr uint32_t kBegin = Wg64<kW>::slab_begin, kEnd = Wg64<kW>::slab_end, kLast = kKUnits16 - 1;
+  uint4 r0 = layout.staged_half(key0, 4 * kBegin + j), r1 = layout.staged_half(key1, 4 * kBegin + j);
+  uint2 h0, h1;  // slab 8's half
+#pragma unroll
+  for (uint32_t i = kBegin; i < kEnd; ++i) {
+    uint32_t w0[8], w1[8];
+    fp8x16_to_f16<true>(r0, w0);
+    fp8x16_to_f16<true>(r1, w1);
+    if (i + 1 < kEnd) {
+      r0 = layout.staged_half(key0, 4 * (i + 1) + j), r1 = layout.staged_half(key1, 4 * (i + 1) + j);
+    } else {
+      h0 = *reinterpret_cast<const uint2*>(key0 + (4 * kLast + j) * 16 + 8 * kW);
+      h1 = *reinterpret_cast<const uint2*>(key1 + (4 * kLast + j) * 16 + 8 * kW);
+    }
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e) pin(w0[e]), pin(w1[e]);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t t = 0; t < 4; ++t) {
+      const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
+      wgmma_rs_m64n64k16(sacc, a, q + ((i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  uint32_t w0[4] = {bits_of(e4m3x2_to_f16x2(h0.x)), e4m3x2_hi_to_f16x2(h0.x), bits_of(e4m3x2_to_f16x2(h0.y)),
+                    e4m3x2_hi_to_f16x2(h0.y)};
+  uint32_t w1[4] = {bits_of(e4m3x2_to_f16x2(h1.x)), e4m3x2_hi_to_f16x2(h1.x), bits_of(e4m3x2_to_f16x2(h1.y)),
+                    e4m3x2_hi_to_f16x2(h1.y)};
+#pragma unroll
+  for (uint32_t e = 0; e < 4; ++e) pin(w0[e]), pin(w1[e]);
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t t = 0; t < 2; ++t) {
+    const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
+    wgmma_rs_m64n64k16(sacc, a, q + ((kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
+// D (+)= A·B, m64n32k16, as wgmma_rs_m64n64k16 (16 accumulator registers).
+__device__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// The contraction order of Oᵀ = Vᵀ·Pᵀ in the 64-head block: column 2j + c%2 + 8·(c/2) of k-step
+// kk (lane quad index j, c = 0-3 the A fragment's four columns) is key 16kk + 4c + j, so that the
+// four lanes of a quad read consecutive V rows (two bank groups apart, not one: V's rows are
+// 576 bytes) — Pᵀ's columns in the same order.
+__device__ uint32_t pv_column64(uint32_t key) {
+  const uint32_t k = key % 16, c = k / 4;
+  return key - k + 2 * (k % 4) + c % 2 + 8 * (c / 2);
+}
+
+// Oᵀ += Vᵀ·Pᵀ over warpgroup W's atoms for one tile, A from registers (as vp_tile_rs, the rows of
+// Wg64, the keys of pv_column64): the main atoms over all 64 heads, the tail over the
+// warpgroup's 32 (P's rows from 32W). Keys from `live_keys` on are zeros. One commit group a
+// k-step.
+template <uint32_t kW>
+__device__ void vp_tile_rs64(float (&o)[Wg64<kW>::atoms][32], float (&tail)[16], const uint8_t* sv, uint32_t live_keys,
+                             uint32_t j, uint32_t qrow, uint64_t p) {
+  using G = Wg64<kW>;
+  uint2 raw[4];
+  uint32_t pair[4];
+  auto fetch = [&](uint32_t kk) {
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t key = 16 * kk + 4 * c + j;
+      const uint8_t* row = sv + key * kDim;
+      const bool live = key < live_keys;
+      raw[c] = live ? *reinterpret_cast<const uint2*>(row + G::dim_base + 8 * qrow) : uint2{};
+      pair[c] = live ? *reinterpret_cast<const uint16_t*>(row + G::tail_dim + 2 * qrow) : 0u;
+    }
+  };
+  fetch(0);
+#pragma unroll
+  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+    uint32_t w[4][G::atoms + 1];  // per key: its dims' FP16 pairs, atom by atom, then the tail's
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      w[c][0] = bits_of(e4m3x2_to_f16x2(raw[c].x)), w[c][1] = e4m3x2_hi_to_f16x2(raw[c].x);
+      w[c][2] = bits_of(e4m3x2_to_f16x2(raw[c].y)), w[c][3] = e4m3x2_hi_to_f16x2(raw[c].y);
+      w[c][4] = bits_of(e4m3x2_to_f16x2(pair[c]));
+    }
+    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
+    uint32_t f[G::atoms + 1][4];
+#pragma unroll
+    for (uint32_t a = 0; a < G::atoms + 1; ++a) {
+      f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
+      f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
+#pragma unroll
+      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16(o[a], f[a], p + ((kk * 32) >> 4), 1);
+    wgmma_rs_m64n32k16(tail, f[G::atoms], p + ((G::head_base * 128 + kk * 32) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+}
+
+// The shared memory of a 64-head FP8 block (the host's wgmma_shared_bytes counts it).
+struct Smem64 {
+  uint8_t* sq;       // Q, permuted (store_q_permuted), 64-row slabs
+  uint8_t* sp;       // Pᵀ as [64 heads][64 keys] FP16, one slab
+  uint8_t* sk;       // the raw K half-tile, [64 keys][576]
+  uint8_t* sv;       // the raw V half-tile
+  float* xchg;       // [W][4][128 threads][4]: the partial logits each warpgroup sends the other
+  float* q_unscale;  // [64]; then times the softmax scale and log2 e
+  float* alpha;      // [64]: this tile's rescale of each head
+  float* red;        // [W][4 warps][32 heads]: maxima, then sums
+  float* l;          // [W][8 heads][128 threads]: each thread's share of its heads' sums
+  float* mx_seen;    // [W][8 heads][128 threads]: the largest of each thread's logits, per head
+  uint32_t* votes;   // [W][4 warps]: the heads whose tile maximum passed the reference
+  uint64_t* bars;    // the K and V slots' mbarriers
+};
+
+// One warpgroup's walk of the block's tiles (wgmma64_fp8_decode), its partial then written. The
+// online softmax works in log2 units (logits times log2 e, exp2) with the lazy rescale of
+// kRescaleSlack: a tile whose logits stay within the slack of their heads' reference maxima —
+// nearly every tile after the first — needs no maximum across the warpgroup's threads, only a vote.
+template <uint32_t kW>
+__device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut& out, uint32_t num_q_heads,
+                             uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
+  using G = Wg64<kW>;
+  constexpr float kSlack2 = kRescaleSlack * kLog2e;
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
+  const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
+  // Accumulator element e (of Sᵀ or an Oᵀ atom) is row r0 + 8·(e%4 ≥ 2), head 8·(e/4) + 2·j + e%2.
+  // The warpgroup's softmax heads are its elements 16W..16W + 15: local head jj (0-7) of element
+  // k = e − 16W is 2·(k/4) + k%2, block head 32W + hh(jj).
+  auto hh = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * j + jj % 2; };
+  const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024), p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
+  const bool keeper = warp == 0 && lane < 4;  // writes the rescales and the partial's (max, sum)
+  float o[G::atoms][32] = {}, tail[16] = {};
+  float m[8];  // the warpgroup's heads' reference maxima (log2 units)
+  // In shared memory (registers are the accumulators'), this thread's share of each head jj's
+  // running sum at l[128·jj] and the largest of its logits at mx_seen[128·jj].
+  float* const l = sm.l + kW * 8 * 128 + tid % 128;
+  float* const mx_seen = sm.mx_seen + kW * 8 * 128 + tid % 128;
+#pragma unroll
+  for (uint32_t jj = 0; jj < 8; ++jj) m[jj] = -INFINITY, l[128 * jj] = 0.0f, mx_seen[128 * jj] = -INFINITY;
+  float4* const send = reinterpret_cast<float4*>(sm.xchg) + kW * 4 * 128;
+  const float4* const recv = reinterpret_cast<const float4*>(sm.xchg) + (1 - kW) * 4 * 128;
+  float* const red = sm.red + kW * 4 * G::heads;
+  uint32_t* const votes = sm.votes + kW * 4;
+  // The maxima over the warpgroup's threads of each head's per-thread values v (lanes of one
+  // lane%4, then the four warps through `red`, a warpgroup barrier between).
+  auto wg_max = [&](float(&v)[8]) {
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) {
+      for (uint32_t off = 4; off < kWarp; off *= 2) v[jj] = fmaxf(v[jj], __shfl_xor_sync(0xFFFFFFFFu, v[jj], off));
+      if (lane < 4) red[warp * G::heads + hh(jj)] = v[jj];
+    }
+    named_barrier<kWgBar64 + kW, 128>();
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) {
+      const uint32_t h = hh(jj);
+      v[jj] = fmaxf(fmaxf(red[h], red[G::heads + h]), fmaxf(red[2 * G::heads + h], red[3 * G::heads + h]));
+    }
+  };
+  // O's main atoms rescaled by every head's factor in sm.alpha (both warpgroups' heads: an atom's
+  // columns are all 64), skipped when every factor is 1.
+  auto rescale_main = [&](float(&acc)[G::atoms][32]) {
+    float alpha[16];
+    bool rescale = false;
+#pragma unroll
+    for (uint32_t hb = 0; hb < 8; ++hb) {
+      const float2 a2 = *reinterpret_cast<const float2*>(sm.alpha + 8 * hb + 2 * j);
+      alpha[2 * hb] = a2.x, alpha[2 * hb + 1] = a2.y;
+      rescale = rescale || a2.x != 1.0f || a2.y != 1.0f;
+    }
+    if (rescale) {
+#pragma unroll
+      for (uint32_t a = 0; a < G::atoms; ++a)
+#pragma unroll
+        for (uint32_t e = 0; e < 32; ++e) acc[a][e] *= alpha[2 * (e / 4) + e % 2];
+    }
+  };
+  // The tail and l (the warpgroup's own heads) rescaled by f[jj].
+  auto rescale_own = [&](const float(&f)[8]) {
+#pragma unroll
+    for (uint32_t e = 0; e < 16; ++e) tail[e] *= f[2 * (e / 4) + e % 2];
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) l[128 * jj] *= f[jj];
+  };
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    feed.wait(0, i);
+    named_barrier<kBlockBar64, 256>();  // this tile's K everywhere
+    if constexpr (kW == 0) feed.locate(tile + kTileKeys);
+    float sacc[32];
+    kq_tile_rs64<kW>(sacc, feed.layout, sm.sk + r0 * kDim, sm.sk + (r0 + 8) * kDim, j, q_desc);
+    // The other warpgroup's heads' partial logits to it, four at a time.
+#pragma unroll
+    for (uint32_t b = 0; b < 4; ++b) {
+      const uint32_t e = 16 * (1 - kW) + 4 * b;
+      send[b * 128 + tid % 128] = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
+    }
+    named_barrier<kBlockBar64, 256>();  // the partials written, the K half-tile read everywhere
+    if constexpr (kW == 0) feed.stage(tile + kTileKeys, 0);
+    float sv[16], mx[8];
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) mx[jj] = -INFINITY;
+#pragma unroll
+    for (uint32_t b = 0; b < 4; ++b) {
+      const float4 other = recv[b * 128 + tid % 128];
+      const float got[4] = {other.x, other.y, other.z, other.w};
+#pragma unroll
+      for (uint32_t c = 0; c < 4; ++c) {
+        const uint32_t k = 4 * b + c, jj = 2 * b + c % 2, key = r0 + 8 * (c / 2);
+        const float x = kW == 0 ? sacc[k] + got[c] : got[c] + sacc[16 + k];
+        sv[k] = tile + key < end ? x * sm.q_unscale[G::head_base + hh(jj)] : -INFINITY;
+        mx[jj] = fmaxf(mx[jj], sv[k]);
+      }
+    }
+    // The vote: does any head's tile maximum pass its reference by more than the slack?
+    uint32_t up = 0;
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) {
+      up |= mx[jj] > m[jj] + kSlack2 ? 1u << jj : 0u;
+      mx_seen[128 * jj] = fmaxf(mx_seen[128 * jj], mx[jj]);
+    }
+    up = __reduce_or_sync(0xFFFFFFFFu, up);
+    if (lane == 0) votes[warp] = up;
+    named_barrier<kWgBar64 + kW, 128>();  // the warpgroup's votes written
+    {
+      const uint4 v = *reinterpret_cast<const uint4*>(votes);
+      up = v.x | v.y | v.z | v.w;
+    }
+    float alpha[8];
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) alpha[jj] = 1.0f;
+    if (up != 0) {  // (the warpgroup's threads agree) the heads that passed move to their tile maximum
+      wg_max(mx);
+#pragma unroll
+      for (uint32_t jj = 0; jj < 8; ++jj) {
+        if (mx[jj] > m[jj] + kSlack2) alpha[jj] = exp2f(m[jj] - mx[jj]), m[jj] = mx[jj];
+      }
+      rescale_own(alpha);
+    }
+    if (keeper) {
+#pragma unroll
+      for (uint32_t jj = 0; jj < 8; ++jj) sm.alpha[G::head_base + hh(jj)] = alpha[jj];
+    }
+    float sum[8] = {};
+#pragma unroll
+    for (uint32_t k = 0; k < 16; ++k) {
+      const uint32_t jj = 2 * (k / 4) + k % 2, key = r0 + 8 * ((k % 4) / 2);
+      const float pe = exp2f(sv[k] - m[jj]);
+      sum[jj] += pe;
+      const uint32_t col = pv_column64(key);
+      *reinterpret_cast<__half*>(sm.sp + swizzled(G::head_base + hh(jj), col / 8) + (col % 8) * 2) =
+          __float2half_rn(pe);
+    }
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) l[128 * jj] += sum[jj];
+    fence_to_async_proxy();  // P, for the tensor cores
+    feed.wait(1, i);
+    named_barrier<kBlockBar64, 256>();  // P, the rescales and this tile's V everywhere; the votes read
+    rescale_main(o);
+    vp_tile_rs64<kW>(o, tail, sm.sv, end - tile, j, qrow, p_desc);
+    named_barrier<kBlockBar64, 256>();  // the V half-tile, P and the rescales read everywhere
+    if constexpr (kW == 0) feed.stage(tile + kTileKeys, 1);
+  }
+  // O, the tail and l from the reference maxima to the true ones (a head without keys keeps −inf).
+  float mt[8], f[8];
+#pragma unroll
+  for (uint32_t jj = 0; jj < 8; ++jj) mt[jj] = mx_seen[128 * jj];
+  wg_max(mt);
+#pragma unroll
+  for (uint32_t jj = 0; jj < 8; ++jj) f[jj] = m[jj] == mt[jj] ? 1.0f : exp2f(m[jj] - mt[jj]);
+  if (keeper) {
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) sm.alpha[G::head_base + hh(jj)] = f[jj];
+  }
+  rescale_own(f);
+  named_barrier<kBlockBar64, 256>();  // both warpgroups' factors written
+  rescale_main(o);
+  // The sums over the block's keys: lanes of one lane%4, then the warpgroup's four warps in order.
+#pragma unroll
+  for (uint32_t jj = 0; jj < 8; ++jj) {
+    float lj = l[128 * jj];
+    for (uint32_t off = 4; off < kWarp; off *= 2) lj += __shfl_xor_sync(0xFFFFFFFFu, lj, off);
+    if (lane < 4) red[warp * G::heads + hh(jj)] = lj;
+  }
+  named_barrier<kWgBar64 + kW, 128>();
+  if (keeper) {
+#pragma unroll
+    for (uint32_t jj = 0; jj < 8; ++jj) {
+      const uint32_t h = head0 + G::head_base + hh(jj);
+      if (h >= num_q_heads) continue;
+      float* const ml = out.ml((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0);
+      const uint32_t hl = hh(jj);
+      ml[0] = mt[jj] * kLn2;
+      ml[1] = (red[hl] + red[G::heads + hl]) + (red[2 * G::heads + hl] + red[3 * G::heads + hl]);
+    }
+  }
+  // The warpgroup's dims of every head's unnormalised O.
+  const bool vector_stores = out.vector_stores();
+#pragma unroll
+  for (uint32_t hx = 0; hx < 16; ++hx) {  // the thread's heads 8·(hx/2) + 2j + hx%2
+    const uint32_t h = head0 + 8 * (hx / 2) + 2 * j + hx % 2;
+    if (h >= num_q_heads) continue;
+    float* const row = out.row((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0) + G::dim_base;
+    const uint32_t e0 = 4 * (hx / 2) + hx % 2;  // row r0's element; r0 + 8's is e0 + 2
+    if (vector_stores) {
+#pragma unroll
+      for (uint32_t b = 0; b < 2; ++b)
+        *reinterpret_cast<float4*>(row + 8 * qrow + 4 * b) =
+            make_float4(o[2 * b][e0], o[2 * b][e0 + 2], o[2 * b + 1][e0], o[2 * b + 1][e0 + 2]);
+    } else {
+#pragma unroll
+      for (uint32_t a = 0; a < 4; ++a)
+        *reinterpret_cast<float2*>(row + 8 * qrow + 2 * a) = make_float2(o[a][e0], o[a][e0 + 2]);
+    }
+  }
+#pragma unroll
+  for (uint32_t jj = 0; jj < 8; ++jj) {  // the tail: dims 512 + 2·qrow and + 1 of the warpgroup's heads
+    const uint32_t h = head0 + G::head_base + hh(jj);
+    if (h >= num_q_heads) continue;
+    float* const row = out.row((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0) + G::tail_dim;
+    const uint32_t e0 = 4 * (jj / 2) + jj % 2;
+    *reinterpret_cast<float2*>(row + 2 * qrow) = make_float2(tail[e0], tail[e0 + 2]);
+  }
+}
+
+// The split decode of one 64-head block over an FP8 cache (the compute-bound rows): two
+// warpgroups, transposed products with A from registers, one block per SM. Sᵀ = K·Qᵀ puts the
+// tile's 64 keys in M and the 64 heads in N, each warpgroup a part of the contraction (Wg64),
+// whose partial logits they exchange through shared memory so that each holds its 32 heads'
+// sums; Oᵀ = Vᵀ·Pᵀ the output dims in M, split between them. The raw K and V half-tiles are
+// staged by the bulk copy engine (HalfFeed, warpgroup 0's warps) and converted in registers by
+// the threads whose fragments hold them — each byte once — as in wgmma16_fp8_decode.
+__device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads,
+                                   float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem64 sm;
+  sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  sm.sp = sm.sq + kRows64 * kDim * 2;
+  sm.sk = sm.sp + kSlabBytes;
+  sm.sv = sm.sk + kTileKeys * kDim;
+  sm.xchg = reinterpret_cast<float*>(sm.sv + kTileKeys * kDim);
+  sm.q_unscale = sm.xchg + 2 * 16 * 128;
+  sm.alpha = sm.q_unscale + kRows64;
+  sm.red = sm.alpha + kRows64;
+  sm.l = sm.red + 2 * 4 * 32;
+  sm.mx_seen = sm.l + 2 * 8 * 128;
+  sm.votes = reinterpret_cast<uint32_t*>(sm.mx_seen + 2 * 8 * 128);
+  sm.bars = reinterpret_cast<uint64_t*>(sm.votes + 2 * 4);
+
+  const uint32_t tid = threadIdx.x;
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows64, s = blockIdx.z;
+  const Chunk chunk = chunk_of(layout.keys, z, keys_per_split);
+  if (tid == 0) mbar_init(sm.bars, 1), mbar_init(sm.bars + 1, 1), fence_mbar_init();
+  __syncthreads();  // the mbarriers ready before any copy counts off at them
+  HalfFeed feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end};
+  if (tid < 128) {  // warpgroup 0 stages: the first tile's K and V on their way
+    feed.locate(chunk.begin);
+    feed.stage(chunk.begin, 0);
+    feed.stage(chunk.begin, 1);
+  }
+  load_q_rows_with<kQUnits, 4>(  // eight rows a warp, four loaded together
+      q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
+      [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted<kRows64>(sm.sq, row, part, w); });
+  fence_to_async_proxy();
+  __syncthreads();
+  // Each row's unscale (a power of two) times the softmax scale in log2 units, for the walk.
+  if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
+  __syncthreads();
+  if (tid < 128) {
+    wgmma64_walk<0>(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
+  } else {
+    wgmma64_walk<1>(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -981,7 +1421,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma64_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache; logit_scale is inv_sqrt_d.
