@@ -1012,6 +1012,19 @@ __device__ void named_barrier() {
 constexpr float kRescaleSlack = 8.0f;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
+// Descriptor `d` moved by `off` 16-byte units: a 32-bit add, as the address field (bits 0-13)
+// never carries out of it for shared memory below 256 KiB.
+__device__ uint64_t desc_plus(uint64_t d, uint32_t off) {
+  return (d & ~uint64_t{0xFFFFFFFFu}) | static_cast<uint32_t>(static_cast<uint32_t>(d) + off);
+}
+// 2^x, approximate (MUFU.EX2, results below 2^-126 flushed to zero: P rounds them to zero in
+// FP16 anyway), for the 64-head block's softmax.
+__device__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Sᵀ (+)= K·Qᵀ over warpgroup W's part of the contraction for one tile, A from registers (as
 // kq_tile_rs, N = 64 heads): slabs [kBegin, kBegin + 4), then k-steps 2W and 2W + 1 of slab 8
 // (values 8W..8W + 7 of its unit). The thread holds keys `key0` and `key1` and converts their
@@ -1039,7 +1052,7 @@ __device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uin
 #pragma unroll
     for (uint32_t t = 0; t < 4; ++t) {
       const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-      wgmma_rs_m64n64k16(sacc, a, q + ((i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
+      wgmma_rs_m64n64k16(sacc, a, desc_plus(q, (i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -1054,7 +1067,7 @@ __device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uin
 #pragma unroll
   for (uint32_t t = 0; t < 2; ++t) {
     const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-    wgmma_rs_m64n64k16(sacc, a, q + ((kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
+    wgmma_rs_m64n64k16(sacc, a, desc_plus(q, (kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -1121,8 +1134,8 @@ __device__ void vp_tile_rs64(float (&o)[Wg64<kW>::atoms][32], float (&tail)[16],
     }
     wgmma_fence();
 #pragma unroll
-    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16(o[a], f[a], p + ((kk * 32) >> 4), 1);
-    wgmma_rs_m64n32k16(tail, f[G::atoms], p + ((G::head_base * 128 + kk * 32) >> 4), 1);
+    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16(o[a], f[a], desc_plus(p, (kk * 32) >> 4), 1);
+    wgmma_rs_m64n32k16(tail, f[G::atoms], desc_plus(p, (G::head_base * 128 + kk * 32) >> 4), 1);
     wgmma_commit();
     wgmma_wait<1>();
   }
@@ -1215,8 +1228,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
     for (uint32_t jj = 0; jj < 8; ++jj) l[128 * jj] *= f[jj];
   };
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    feed.wait(0, i);
-    named_barrier<kBlockBar64, 256>();  // this tile's K everywhere
+    feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
     if constexpr (kW == 0) feed.locate(tile + kTileKeys);
     float sacc[32];
     kq_tile_rs64<kW>(sacc, feed.layout, sm.sk + r0 * kDim, sm.sk + (r0 + 8) * kDim, j, q_desc);
@@ -1264,7 +1276,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
       wg_max(mx);
 #pragma unroll
       for (uint32_t jj = 0; jj < 8; ++jj) {
-        if (mx[jj] > m[jj] + kSlack2) alpha[jj] = exp2f(m[jj] - mx[jj]), m[jj] = mx[jj];
+        if (mx[jj] > m[jj] + kSlack2) alpha[jj] = fast_exp2(m[jj] - mx[jj]), m[jj] = mx[jj];
       }
       rescale_own(alpha);
     }
@@ -1276,7 +1288,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
 #pragma unroll
     for (uint32_t k = 0; k < 16; ++k) {
       const uint32_t jj = 2 * (k / 4) + k % 2, key = r0 + 8 * ((k % 4) / 2);
-      const float pe = exp2f(sv[k] - m[jj]);
+      const float pe = fast_exp2(sv[k] - m[jj]);
       sum[jj] += pe;
       const uint32_t col = pv_column64(key);
       *reinterpret_cast<__half*>(sm.sp + swizzled(G::head_base + hh(jj), col / 8) + (col % 8) * 2) =
@@ -1298,7 +1310,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
   for (uint32_t jj = 0; jj < 8; ++jj) mt[jj] = mx_seen[128 * jj];
   wg_max(mt);
 #pragma unroll
-  for (uint32_t jj = 0; jj < 8; ++jj) f[jj] = m[jj] == mt[jj] ? 1.0f : exp2f(m[jj] - mt[jj]);
+  for (uint32_t jj = 0; jj < 8; ++jj) f[jj] = m[jj] == mt[jj] ? 1.0f : fast_exp2(m[jj] - mt[jj]);
   if (keeper) {
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) sm.alpha[G::head_base + hh(jj)] = f[jj];
