@@ -6,6 +6,8 @@
 // Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
 // partials go to mla_fast's combine (the cluster entry's stay in its clusters: cluster_combine).
 //
+// The 64-head FP8 entry runs wgmma64_fp8_decode (register operands, as the 16-head FP8 block: see
+// there); NVFP4's 64-head entry the block described here (wgmma_decode).
 // A 64-head block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
 // against one chunk of its keys, in 64-key tiles, with two warpgroups. Q (FP16, each row scaled
 // by a power of two as in mla_fast) stays in shared memory for the whole chunk, in 64-column
@@ -1420,7 +1422,8 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma_fp8: mla_paged_decode_split_fp8 on warpgroup MMA (sm_90a), 64 heads per
-// block, 64-key tiles. Same parameters, partial outputs and combine.
+// block, 64-key tiles, register operands (wgmma64_fp8_decode). Same parameters, partial outputs
+// and combine.
 // Grid: [num_splits, ⌈num_q_heads/64⌉, num_seqs]. Block: 256. keys_per_split a multiple of 64.
 // Dynamic shared memory: see core/mla_fast.cpp (wgmma_shared_bytes).
 extern "C" __global__ void __launch_bounds__(256, 1)
@@ -1436,7 +1439,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wgmma64_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
-// mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache; logit_scale is inv_sqrt_d.
+// mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache (wgmma_decode: FP16 tiles in shared
+// memory); logit_scale is inv_sqrt_d.
 extern "C" __global__ void __launch_bounds__(256, 1)
     mla_paged_decode_wgmma_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
                                  float* o_partial, float* ml_partial, const int32_t* block_tables,

@@ -141,7 +141,8 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
                                   Stream stream = 0);
 /// mla_paged_decode_wgmma_{fp8,nvfp4}, mla_paged_decode_wgmma16_{fp8,nvfp4} and
 /// mla_paged_decode_wgmma16_rs_fp8 (module mla_wgmma, sm_90a): the split decode on warpgroup MMA,
-/// 64 heads per block, or 16 transposed (keys and output dims in M): warp-specialised on the
+/// 64 heads per block (FP8: two warpgroups on register operands, transposed), or 16 transposed
+/// (keys and output dims in M): warp-specialised on the
 /// wgmma16 entries (a consumer warpgroup multiplies, two producer warpgroups dequantise), or with
 /// `staged` (FP8 only) on wgmma16_rs_fp8, one warpgroup that dequantises bulk-copied raw rows into
 /// its own register operands, two blocks per SM (`staged` is ignored at 64 heads, whose block
@@ -156,9 +157,11 @@ void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
 /// Bytes of dynamic shared memory a wgmma block of `rows_per_block` heads (64 or 16) needs
-/// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads: Q and the K/V
-/// tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the raw K
-/// and V half-tiles of `format` and row pointers: FP8 223.25 KiB, NVFP4 191.25 KiB. 16 heads: Q
+/// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads, NVFP4: Q and
+/// the K/V tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the
+/// raw K and V half-tiles and row pointers, 191.25 KiB; FP8 (register operands): Q and Pᵀ as FP16,
+/// the raw K and V half-tiles (36 KiB each), the warpgroups' logit exchange (16 KiB), each
+/// thread's partial sums and largest logits (16 KiB), 186.5 KiB. 16 heads: Q
 /// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
 /// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged` (FP8):
 /// Q and P, the raw K and V half-tiles (36 and 37 KiB), the maxima and two mbarriers: 94.3 KiB.
