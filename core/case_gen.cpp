@@ -80,10 +80,12 @@ std::string PagedSpec::vars() const {
   s << "format=" << to_string(format) << " num_seqs=" << num_seqs << " num_q_heads=" << num_q_heads
     << " num_kv_heads=" << num_kv_heads << " q_head_dim=" << q_head_dim << " kv_cache_dim=" << kv_cache_dim
     << " block_size=" << block_size << " max_blocks_per_seq=" << max_blocks_per_seq << " num_blocks=" << num_blocks
-    << " fill=" << fill << " inv_sqrt_d=" << inv_sqrt_d << " q_range=" << q_range << " k_scale=" << k_scale << " v_scale=" << v_scale
-    << " cache_stride=" << cache_stride << " sliding_window=" << sliding_window << " sinks=" << sinks
-    << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
-    << " zero_groups_every=" << zero_groups_every << " seed=" << seed << " seq_lens=[";
+    << " fill=" << fill << " inv_sqrt_d=" << inv_sqrt_d << " q_range=" << q_range << " k_scale=" << k_scale
+    << " v_scale=" << v_scale << " cache_stride=" << cache_stride << " sliding_window=" << sliding_window
+    << " sinks=" << sinks << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
+    << " zero_groups_every=" << zero_groups_every << " seed=" << seed;
+  if (key_ramp != 0.0f) s << " key_ramp=" << key_ramp;  // (older case names stay as they were)
+  s << " seq_lens=[";
   for (std::size_t i = 0; i < seq_lens.size(); ++i) s << (i ? " " : "") << seq_lens[i];
   s << "]";
   return s.str();
@@ -141,6 +143,25 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     for (std::uint32_t h = 0; h < p.num_q_heads; ++h) sinks.push_back(uni(rng) * 4.0f);
   std::vector<std::uint8_t> comp;
   if (p.comp_pool) comp = random_codes(std::size_t{p.num_seqs} * std::max(p.comp_block_count, 1u) * 2 * stride, rng);
+  if (p.format == KvFormat::fp8 && p.key_ramp != 0.0f) {
+    if (!std::isfinite(p.key_ramp))
+      fail(Errc::invalid_argument, "paged_decode_case: key_ramp {} is not finite", p.key_ramp);
+    const auto below_one = [](std::uint8_t& c) { c = static_cast<std::uint8_t>((c & 0x80) | ((c & 0x7F) % 0x38)); };
+    std::for_each(k_pool.begin(), k_pool.end(), below_one);
+    for (std::size_t i = 0; i < comp.size(); i += 2 * stride)  // a compressed entry's K row
+      std::for_each(comp.begin() + static_cast<std::ptrdiff_t>(i),
+                    comp.begin() + static_cast<std::ptrdiff_t>(i + stride), below_one);
+    for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+      const std::int64_t len =
+          std::clamp<std::int64_t>(p.seq_lens.at(s), 0, std::int64_t{p.max_blocks_per_seq} * p.block_size);
+      for (std::int64_t t = 0; t < len; ++t) {
+        const std::int64_t blk =
+            tables[std::size_t{s} * p.max_blocks_per_seq + static_cast<std::size_t>(t / p.block_size)];
+        k_pool[static_cast<std::size_t>((blk * p.block_size + t % p.block_size) * stride)] =
+            e4m3_encode(p.key_ramp * static_cast<float>(t));
+      }
+    }
+  }
 
   // The float64 reference.
   const auto qf = floats(q);
@@ -896,6 +917,14 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   // with empty chunks.
   out.push_back(k3_split_case(19, 192, 128, 733, 13, 64, ++s));
   for (bool gate : {false, true}) out.push_back(k3_combine_case(7, 128, 12, gate, ++s));
+  // The wgmma entries' online softmax over logits that rise along the keys (the FP8 64-head
+  // block's lazy rescale moves a head's maximum after its first tile): two head groups, chunks of
+  // three tiles, one ending inside a tile, compressed entries first.
+  PagedSpec ramp;
+  ramp.q_head_dim = ramp.kv_cache_dim = 576, ramp.num_q_heads = 70, ramp.block_size = 16, ramp.num_seqs = 2;
+  ramp.max_blocks_per_seq = 21, ramp.num_blocks = 48, ramp.seq_lens = {330, 201}, ramp.k_scale = 0.5f;
+  ramp.v_scale = 0.021f, ramp.key_ramp = 2.0f, ramp.comp_pool = true, ramp.comp_block_count = 3, ramp.seed = ++s;
+  out.push_back(split_kernel_case(ramp, 3, SplitEntry::wgmma));
   return out;
 }
 

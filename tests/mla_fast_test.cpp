@@ -11,6 +11,7 @@
 #include <set>
 
 #include "metrale/case_gen.hpp"
+#include "metrale/formats.hpp"
 #include "metrale/launch.hpp"
 #include "metrale/mla_fast.hpp"
 #include "support.hpp"
@@ -82,6 +83,26 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
   p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
   if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
+}
+
+// The FP8 entries' online softmax over logits that rise along the keys (PagedSpec::key_ramp): up
+// to about 6 natural-log units a tile for heads with q[0] near 1, falling for q[0] < 0, so the
+// 64-head block's lazy rescale moves some heads' maxima after the first tile while others stay;
+// chunks of one and three tiles, some ending inside a tile, and one without keys.
+TEST_CASE("the wgmma entries' partials follow logits that rise along the keys", "[mla_fast][wgmma]") {
+  gen::PagedSpec p;
+  const auto [entry, heads] = GENERATE(table<gen::SplitEntry, std::uint32_t>(
+      {{gen::SplitEntry::wgmma, 40}, {gen::SplitEntry::wgmma, 128}, {gen::SplitEntry::wgmma16_rs, 16}}));
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = 21, p.num_blocks = 64, p.seq_lens = {330, 0, 201}, p.fill = -1;
+  p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f;
+  const KernelCase c = gen::split_kernel_case(p, GENERATE(1u, 3u), entry);
+  // The ramp is in the inputs: dim 0 of position 300 of sequence 0 saturates at 448.
+  const auto k = c.inputs.at("k_cache").values<std::uint8_t>();
+  const auto tables = c.inputs.at("block_tables").values<std::int32_t>();
+  CHECK(e4m3_decode(k[static_cast<std::size_t>(tables[300 / 16] * 16 + 300 % 16) * 576]) == 448.0f);
+  CHECK(e4m3_decode(k[static_cast<std::size_t>(tables[10 / 16] * 16 + 10 % 16) * 576]) == 20.0f);
+  test::check_case(c);
 }
 
 // The staged FP8 16-head entry that combines inside its clusters: o against the float64
