@@ -578,6 +578,18 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
   CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 skipped: the device cannot run them): PASS"));
 }
 
+// Two formats' recordings of one launch share the case's name: a row names its file.
+TEST_CASE("a case run labels each row by its file", "[cli]") {
+  const std::string dir = std::string(METRALE_SOURCE_DIR) + "/cases/kernels/";
+  std::string out;
+  CHECK(run_cli("case run --backend emu " + dir + "dsv3_h8_t300_fp8_0607_mla_paged_decode_combine.safetensors " + dir +
+                    "dsv3_h8_t300_nvfp4_0607_mla_paged_decode_combine.safetensors",
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("dsv3_h8_t300_fp8_0607_mla_paged_decode_combine"));
+  CHECK_THAT(out, Catch::Matchers::Contains("dsv3_h8_t300_nvfp4_0607_mla_paged_decode_combine"));
+  CHECK_THAT(out, Catch::Matchers::Contains("2 files on emu: PASS"));
+}
+
 TEST_CASE("bad input: a case run's summary counts the files that had nothing to check", "[bad_input][cli]") {
   SafeTensors f = recorded_decode_case();
   f.tensors.erase("expected.o");

@@ -42,31 +42,33 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     }
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
-    fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", "case", "output", "max_abs", "bad", "result");
+    // Rows are labelled by file (two formats' recordings of one launch share the case's name).
+    fmt::print("{:<52} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
     int failed = 0, errors = 0, skipped = 0, unchecked = 0;
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
+        const std::string label = path.stem().string();
         if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
-          fmt::print("{:<44} {:<20} {:>11} {:>9}  skipped: {}\n", c.name, "-", "-", "-", *why);
+          fmt::print("{:<52} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
           ++skipped;
           continue;
         }
         const auto out = run_kernel_case(*gpu, c);
         if (c.expected.empty()) {
-          fmt::print("{:<44} {:<20} {:>11} {:>9}  {}\n", c.name, "-", "-", "-", "ran (no expectation)");
+          fmt::print("{:<52} {:<20} {:>11} {:>9}  {}\n", label, "-", "-", "-", "ran (no expectation)");
           ++unchecked;
         }
         for (const auto& [param, want] : c.expected) {
           const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
           const auto r = check_output(param, out.at(param), want, tol);
-          fmt::print("{:<44} {:<20} {:>11.3e} {:>9}  {}\n", c.name, param, r.max_abs,
+          fmt::print("{:<52} {:<20} {:>11.3e} {:>9}  {}\n", label, param, r.max_abs,
                      fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
           failed += r.pass ? 0 : 1;
         }
       } catch (const Error& e) {
         ++errors;
-        fmt::print("{:<44} {:<20} {:>11} {:>9}  error ({}): {}\n", path.filename().string(), "-", "-", "-",
+        fmt::print("{:<52} {:<20} {:>11} {:>9}  error ({}): {}\n", path.filename().string(), "-", "-", "-",
                    to_string(e.code()), e.what());
       }
     }
