@@ -68,19 +68,21 @@ __device__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b, uint3
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// D += A·B, m64n64k16: A from registers (the m16n8k16 fragment of each warp's 16 rows), B
-// MN-major in shared memory (trans-b: rows of B are keys, its 64 columns contiguous).
-__device__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+// D (+)= A·B, m64n64k16: A from registers (the m16n8k16 fragment of each warp's 16 rows), B in
+// shared memory, K-major or, with kTransB, MN-major (rows of B are keys, its 64 columns
+// contiguous). `accumulate` 0 overwrites D.
+template <int kTransB>
+__device__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
 }
 
 __device__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -129,7 +131,7 @@ __device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], u
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
 #pragma unroll
     for (uint32_t a = 0; a < kAtoms; ++a)
-      wgmma_rs_m64n64k16_tb(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4));
+      wgmma_rs_m64n64k16<1>(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4), 1);
   }
   wgmma_commit();
 }
@@ -970,21 +972,6 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
 
 // ---- FP8, 64 heads: two warpgroups, A from registers
 
-// D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate: A from registers (each warp's 16 rows as the
-// m16n8k16 A fragment), B K-major in shared memory (descriptor). `accumulate` 0 overwrites D.
-__device__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
 // The 64-head FP8 block's split of the work between its warpgroups W = 0, 1: Sᵀ = K·Qᵀ's
 // contraction (W 0 the 64-dim slabs 0-3 and the first half of slab 8, W 1 slabs 4-7 and the
 // second half), the softmax of heads [32W, 32W + 32), and Oᵀ's output dims: dims
@@ -1054,7 +1041,7 @@ __device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uin
 #pragma unroll
     for (uint32_t t = 0; t < 4; ++t) {
       const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-      wgmma_rs_m64n64k16(sacc, a, desc_plus(q, (i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
+      wgmma_rs_m64n64k16<0>(sacc, a, desc_plus(q, (i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -1069,13 +1056,13 @@ __device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uin
 #pragma unroll
   for (uint32_t t = 0; t < 2; ++t) {
     const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-    wgmma_rs_m64n64k16(sacc, a, desc_plus(q, (kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
+    wgmma_rs_m64n64k16<0>(sacc, a, desc_plus(q, (kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
   }
   wgmma_commit();
   wgmma_wait<0>();
 }
 
-// D (+)= A·B, m64n32k16, as wgmma_rs_m64n64k16 (16 accumulator registers).
+// D (+)= A·B, m64n32k16, as wgmma_rs_m64n64k16<0> (16 accumulator registers).
 __device__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -1136,7 +1123,7 @@ __device__ void vp_tile_rs64(float (&o)[Wg64<kW>::atoms][32], float (&tail)[16],
     }
     wgmma_fence();
 #pragma unroll
-    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16(o[a], f[a], desc_plus(p, (kk * 32) >> 4), 1);
+    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16<0>(o[a], f[a], desc_plus(p, (kk * 32) >> 4), 1);
     wgmma_rs_m64n32k16(tail, f[G::atoms], desc_plus(p, (G::head_base * 128 + kk * 32) >> 4), 1);
     wgmma_commit();
     wgmma_wait<1>();
@@ -1173,8 +1160,8 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
   const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
   // Accumulator element e (of Sᵀ or an Oᵀ atom) is row r0 + 8·(e%4 ≥ 2), head 8·(e/4) + 2·j + e%2.
   // The warpgroup's softmax heads are its elements 16W..16W + 15: local head jj (0-7) of element
-  // k = e − 16W is 2·(k/4) + k%2, block head 32W + hh(jj).
-  auto hh = [&](uint32_t jj) { return 8 * (jj / 2) + 2 * j + jj % 2; };
+  // k = e − 16W is 2·(k/4) + k%2, block head 32W + hh(jj) (the 16-head block's head16_of).
+  auto hh = [&](uint32_t jj) { return head16_of(jj, lane); };
   const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024), p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
   const bool keeper = warp == 0 && lane < 4;  // writes the rescales and the partial's (max, sum)
   float o[G::atoms][32] = {}, tail[16] = {};
@@ -1343,7 +1330,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut&
   const bool vector_stores = out.vector_stores();
 #pragma unroll
   for (uint32_t hx = 0; hx < 16; ++hx) {  // the thread's heads 8·(hx/2) + 2j + hx%2
-    const uint32_t h = head0 + 8 * (hx / 2) + 2 * j + hx % 2;
+    const uint32_t h = head0 + head16_of(hx, lane);
     if (h >= num_q_heads) continue;
     float* const row = out.row((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0) + G::dim_base;
     const uint32_t e0 = 4 * (hx / 2) + hx % 2;  // row r0's element; r0 + 8's is e0 + 2
