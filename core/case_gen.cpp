@@ -131,10 +131,13 @@ KernelCase paged_decode_case(const PagedSpec& p) {
   std::iota(phys.begin(), phys.end(), 0);
   std::shuffle(phys.begin(), phys.end(), rng);
   std::vector<std::int32_t> tables(std::size_t{p.num_seqs} * p.max_blocks_per_seq, p.fill);
+  // Sequence s's tokens in the cache: its length clamped to the table.
+  const auto cached_len = [&](std::uint32_t s) {
+    return std::clamp<std::int64_t>(p.seq_lens.at(s), 0, std::int64_t{p.max_blocks_per_seq} * p.block_size);
+  };
   std::size_t next = 0;
   for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
-    const std::int64_t len =
-        std::clamp<std::int64_t>(p.seq_lens.at(s), 0, std::int64_t{p.max_blocks_per_seq} * p.block_size);
+    const std::int64_t len = cached_len(s);
     for (std::int64_t b = 0; b < (len + p.block_size - 1) / p.block_size; ++b)
       tables[s * p.max_blocks_per_seq + b] = phys[next++ % p.num_blocks];
   }
@@ -152,9 +155,7 @@ KernelCase paged_decode_case(const PagedSpec& p) {
       std::for_each(comp.begin() + static_cast<std::ptrdiff_t>(i),
                     comp.begin() + static_cast<std::ptrdiff_t>(i + stride), below_one);
     for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
-      const std::int64_t len =
-          std::clamp<std::int64_t>(p.seq_lens.at(s), 0, std::int64_t{p.max_blocks_per_seq} * p.block_size);
-      for (std::int64_t t = 0; t < len; ++t) {
+      for (std::int64_t t = 0, len = cached_len(s); t < len; ++t) {
         const std::int64_t blk =
             tables[std::size_t{s} * p.max_blocks_per_seq + static_cast<std::size_t>(t / p.block_size)];
         k_pool[static_cast<std::size_t>((blk * p.block_size + t % p.block_size) * stride)] =
