@@ -212,17 +212,14 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, 
            + 4 * kWgmma16Rows * 4               // the per-warp maxima and sums
            + 2 * 8;                             // the two slots' mbarriers
   if (rows_per_block == kWgmmaRows && format == KvFormat::fp8)
-    return 1024                               // alignment of the swizzled tiles
-           + kWgmmaRows * kWgmmaDim * 2       // Q (FP16)
-           + kWgmmaRows * kWgmmaTileKeys * 2  // Pᵀ (FP16)
-           + 2 * kWgmmaTileKeys * kWgmmaDim   // the raw FP8 K and V half-tiles (rows unpadded)
-           + 2 * 16 * 128 * 4                 // the warpgroups' partial logits for each other
-           + 2 * kWgmmaRows * 4               // the Q rows' unscale factors, the tile's rescales
-           + 2 * 4 * 32 * 4                   // the per-warp maxima and sums
-           + 2 * 8 * 128 * 4                  // each thread's share of its heads' sums
-           + 2 * 8 * 128 * 4                  // the largest of each thread's logits, per head
-           + 2 * 4 * 4                        // the warps' rescale votes
-           + 2 * 8;                           // the two slots' mbarriers
+    return 1024                                  // alignment of the swizzled tiles
+           + kWgmmaRows * kWgmmaDim * 2          // Q (FP16)
+           + kWgmmaRows * kWgmmaTileKeys * 2     // Pᵀ (FP16), each warpgroup's 32 heads
+           + 2 * 2 * kWgmmaTileKeys * kWgmmaDim  // two slots of raw FP8 K and V tiles (rows unpadded)
+           + kWgmmaRows * 4                      // the Q rows' unscale factors
+           + 2 * 4 * 32 * 4                      // the per-warp maxima and sums
+           + 2 * 4 * 4                           // the warps' rescale votes
+           + 3 * 2 * 8;                          // the slots' fill and release mbarriers
   if (rows_per_block == kWgmma16Rows)
     return 1024                                                   // alignment of the swizzled tiles
            + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)

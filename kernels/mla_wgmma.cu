@@ -363,6 +363,26 @@ __device__ void wgmma_rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
+// D (+)= A·B, m64n32k16, as wgmma_rs_m64n16k16 (16 accumulator registers).
+__device__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+// The register-operand m64nNk16 of kAcc = N / 2 accumulator registers (N = 16 or 32 heads).
+template <uint32_t kAcc>
+__device__ void wgmma_rs_heads(float (&d)[kAcc], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
+  if constexpr (kAcc == 8) {
+    wgmma_rs_m64n16k16(d, a, b, accumulate);
+  } else {
+    static_assert(kAcc == 16, "16 or 32 heads");
+    wgmma_rs_m64n32k16(d, a, b, accumulate);
+  }
+}
 // Pins register `r` here: the compiler computes it before this point (the A operands of a wgmma
 // before its wgmma_fence, which otherwise costs a fence per wgmma).
 __device__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)); }
@@ -461,9 +481,13 @@ __device__ void store_q_permuted(uint8_t* sq, uint32_t row, uint32_t part, const
 
 // Sᵀ = K·Qᵀ for one tile, A from registers: the thread holds keys `key0` and `key1` (rows r0 and
 // r0 + 8 of its warp's 16, staged raw) and converts their units 4i + j (exactly, to FP16) for the
-// four k-steps of slab i, one commit group a slab, the next slab converted while one runs.
-__device__ void kq_tile_rs(float (&sacc)[8], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
+// four k-steps of slab i, the next slab converted while they run: one commit group a slab with 16
+// heads, two with 32 (fewer A registers in flight). N = 2·kAcc heads, Q's 64-column slabs kQSlab
+// bytes apart.
+template <uint32_t kAcc = 8, uint32_t kQSlab = kSlab16Bytes>
+__device__ void kq_tile_rs(float (&sacc)[kAcc], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
                            uint32_t j, uint64_t q) {
+  constexpr uint32_t kStepsPerGroup = kAcc == 8 ? 4 : 2;  // a commit group's k-steps
   uint4 r0 = layout.staged_half(key0, j), r1 = layout.staged_half(key1, j);
 #pragma unroll
   for (uint32_t i = 0; i < kKUnits16; ++i) {
@@ -478,60 +502,90 @@ __device__ void kq_tile_rs(float (&sacc)[8], const Fp8Rows& layout, const uint8_
 #pragma unroll
     for (uint32_t t = 0; t < 4; ++t) {
       const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-      wgmma_rs_m64n16k16(sacc, a, q + ((i * kSlab16Bytes + t * 32) >> 4), i + t != 0);
+      wgmma_rs_heads(sacc, a, q + ((i * kQSlab + t * 32) >> 4), i + t != 0);
+      if (t % kStepsPerGroup == kStepsPerGroup - 1) {
+        wgmma_commit();
+        wgmma_wait<1>();
+      }
     }
-    wgmma_commit();
-    wgmma_wait<1>();
   }
   wgmma_wait<0>();
+}
+
+// The key of column 2j + c%2 + 8·(c/2) (c = 0-3, j = lane%4: an A fragment's four columns) of
+// k-step kk of Oᵀ = Vᵀ·Pᵀ, and the column of a key (P's columns in that order). With 16 heads in
+// key order (key 16kk + 2j + c%2 + 8·(c/2)); with 32, key 16kk + 4c + j, so that the four lanes
+// of a quad read consecutive V rows — two bank groups apart, not one (V's rows are 576 bytes):
+// 2-way bank conflicts rather than 4.
+template <uint32_t kAcc>
+__device__ uint32_t pv_key(uint32_t kk, uint32_t c, uint32_t j) {
+  return kAcc == 8 ? 16 * kk + 2 * j + c % 2 + 8 * (c / 2) : 16 * kk + 4 * c + j;
+}
+template <uint32_t kAcc>
+__device__ uint32_t pv_column(uint32_t key) {
+  const uint32_t k = key % 16, c = k / 4;
+  return kAcc == 8 ? key : key - k + 2 * (k % 4) + c % 2 + 8 * (c / 2);
 }
 
 // Oᵀ += Vᵀ·Pᵀ for one tile, A from registers. Output rows are permuted like Q's columns: the
 // thread of row group qrow = 8·warp + lane/4 holds, in atom a < 8, dims 16·qrow + 2a (its row
 // r0) and + 1 (r0 + 8), and in atom 8 dims 512 + 2·qrow and + 1 — one unit and one pair of each
-// key's V row. K-step kk gives it keys 16kk + 2j + {0, 1, 8, 9} (P's columns, in key order), so
-// each A register pairs one dim of two keys: the converted units' FP16 pairs, transposed by byte
-// permutes. Keys from `live_keys` on are zeros (0·NaN would poison O). One commit group a k-step.
-__device__ void vp_tile_rs(float (&o)[kAtoms16][8], const Fp8Rows& layout, const uint8_t* sv, uint32_t pitch,
+// key's V row. K-step kk gives it keys pv_key(kk, c, j), so each A register pairs one dim of two
+// keys: the converted units' FP16 pairs, transposed by byte permutes. Keys from `live_keys` on
+// are zeros (0·NaN would poison O). N = 2·kAcc heads (16 or 32).
+template <uint32_t kAcc = 8>
+__device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, const uint8_t* sv, uint32_t pitch,
                            uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
   uint4 raw[4];
   uint32_t pair[4];  // atom 8's dims of each key, as FP16
   auto fetch = [&](uint32_t kk) {
 #pragma unroll
     for (uint32_t c = 0; c < 4; ++c) {
-      const uint32_t key = 16 * kk + 2 * j + c % 2 + 8 * (c / 2);
+      const uint32_t key = pv_key<kAcc>(kk, c, j);
       const uint8_t* row = sv + key * pitch;
       const bool live = key < live_keys;
       raw[c] = live ? layout.staged_half(row, qrow) : uint4{};
       pair[c] = live ? layout.staged_pair(row, 512 + 2 * qrow) : 0u;
     }
   };
+  // The atoms in groups, converted and issued in turn, one commit group each (with 32 heads two:
+  // the fragments of fewer atoms held at once, in flight and being converted).
+  constexpr uint32_t kGroupEnds[3] = {kAcc == 8 ? kAtoms16 : 4, kAtoms16, kAtoms16};
+  constexpr uint32_t kGroups = kAcc == 8 ? 1 : 2;
   fetch(0);
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
-    uint32_t w[4][kAtoms16];  // per key: the unit's eight pairs, then the pair of atom 8
 #pragma unroll
-    for (uint32_t c = 0; c < 4; ++c) {
-      uint32_t unit[8];
-      fp8x16_to_f16<true>(raw[c], unit);
+    for (uint32_t g = 0; g < kGroups; ++g) {
+      const uint32_t a0 = g == 0 ? 0 : kGroupEnds[g - 1], a1 = kGroupEnds[g];
+      uint32_t w[4][kAtoms16];  // per key: its unit's FP16 pairs (atoms 0-7), then the pair of atom 8
 #pragma unroll
-      for (uint32_t a = 0; a < 8; ++a) w[c][a] = unit[a];
-      w[c][8] = pair[c];
+      for (uint32_t c = 0; c < 4; ++c) {
+        const uint32_t words[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+#pragma unroll
+        for (uint32_t a = a0; a < a1; ++a) {
+          if (a == 8) {
+            w[c][a] = pair[c];
+          } else {
+            w[c][a] = a % 2 == 0 ? bits_of(e4m3x2_to_f16x2(words[a / 2])) : e4m3x2_hi_to_f16x2(words[a / 2]);
+          }
+        }
+      }
+      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
+      uint32_t f[kAtoms16][4];
+#pragma unroll
+      for (uint32_t a = a0; a < a1; ++a) {
+        f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
+        f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<1>();
     }
-    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
-    uint32_t f[kAtoms16][4];
-#pragma unroll
-    for (uint32_t a = 0; a < kAtoms16; ++a) {
-      f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
-      f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
-#pragma unroll
-      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t a = 0; a < kAtoms16; ++a) wgmma_rs_m64n16k16(o[a], f[a], p + ((kk * 32) >> 4), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
   }
   wgmma_wait<0>();
 }
@@ -569,6 +623,9 @@ __device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* 
 // rows keep older bytes). Unpadded rows cost V's reads bank conflicts (vp_tile_rs: a quarter warp
 // reads 32 bytes of each of four keys two apart, 288 words apart: 4-way); padding them to 592
 // bytes, which avoids that, took a copy per V row, and measured 12% slower (docs/performance.md).
+// With kStages > 1 each half has that many slots, kTileKeys rows apart, slot b's mbarriers at
+// bars + 2b (the block's i-th tile in slot i % kStages).
+template <uint32_t kStages = 1>
 struct HalfFeed {
   const Fp8Rows& layout;
   uint8_t* slot[2];
@@ -579,17 +636,19 @@ struct HalfFeed {
   __device__ void locate(uint32_t tile) {
     const uint32_t k = threadIdx.x % kTileKeys;
     if (tile + k < end) layout.locate(tile + k, layout.entry(tile + k), rows);
+    if constexpr (kStages > 1) rows[0] = threadIdx.x / kTileKeys % 2 == 0 ? rows[0] : rows[2];  // its half's only
   }
   // Start half h of the tile located last (whose slot every thread is done reading). Keys whose
   // rows follow each other in the cache (a page's rows at a pitch of the row width) go as one
   // copy, issued by the run's first key; runs end at a warp's last key. (A copy per row had
   // spent 16% of the warps' time in the loop that issues the copies lane by lane.)
-  __device__ void stage(uint32_t tile, uint32_t h) {
+  __device__ void stage(uint32_t tile, uint32_t h, uint32_t b = 0) {
     const uint32_t k = threadIdx.x % kTileKeys, lane = threadIdx.x % kWarp, dim = layout.dim;
     if (threadIdx.x / kTileKeys != h) return;  // whole warps
-    if (k == 0 && tile < end) mbar_expect_tx(bars + h, min(kTileKeys, end - tile) * dim);
+    uint64_t* const bar = bars + 2 * b + h;
+    if (k == 0 && tile < end) mbar_expect_tx(bar, min(kTileKeys, end - tile) * dim);
     const bool live = tile + k < end;  // the live keys are a prefix
-    const uint8_t* src = rows[2 * h];
+    const uint8_t* src = rows[kStages > 1 ? 0 : 2 * h];
     const auto before =
         reinterpret_cast<const uint8_t*>(__shfl_up_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(src), 1));
     const bool starts_run = live && (lane == 0 || src != before + dim);
@@ -598,12 +657,12 @@ struct HalfFeed {
       const uint32_t later = starts >> lane >> 1;  // the run ends at the next start or the last live key
       const uint32_t n = later != 0 ? __ffs(later) : __popc(lives) - lane;
       fence_to_async_proxy();  // the slot's earlier reads before the engine's writes
-      bulk_copy(slot[h] + k * dim, src, n * dim, bars + h);
+      bulk_copy(slot[h] + (b * kTileKeys + k) * dim, src, n * dim, bar);
     }
   }
   // Wait until half h of the block's i-th tile has landed (the mbarrier's completion makes the
   // engine's writes visible to each thread that observes it).
-  __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + h, i % 2); }
+  __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + 2 * (i % kStages) + h, (i / kStages) % 2); }
 };
 
 // Where wgmma16_fp8_decode's block leaves its partial (unnormalised O, running max and sum of
@@ -710,7 +769,7 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
   if (tid == 0) mbar_init(bars, 1), mbar_init(bars + 1, 1), fence_mbar_init();
   __syncthreads();  // the mbarriers ready before any copy counts off at them
   // The first tile's K and V on their way, then Q.
-  HalfFeed feed{layout, {sk, sv}, bars, end};
+  HalfFeed<> feed{layout, {sk, sv}, bars, end};
   feed.locate(begin);
   feed.stage(begin, 0);
   feed.stage(begin, 1);
@@ -970,29 +1029,25 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   }
 }
 
-// ---- FP8, 64 heads: two warpgroups, A from registers
+// ---- FP8, 64 heads: two warpgroups of 32 heads over the same staged tiles
 
-// The 64-head FP8 block's split of the work between its warpgroups W = 0, 1: Sᵀ = K·Qᵀ's
-// contraction (W 0 the 64-dim slabs 0-3 and the first half of slab 8, W 1 slabs 4-7 and the
-// second half), the softmax of heads [32W, 32W + 32), and Oᵀ's output dims: dims
-// [256W, 256W + 256) of all 64 heads in four atoms, and the last 64 dims (512-575) of its own 32
-// heads in a tail atom (N = 32). In a main atom a of warpgroup W the thread of row group
-// qrow = 8·warp + lane/4 holds dims 256W + 8·qrow + 2a (row r0) and + 1 (r0 + 8) — eight
-// contiguous bytes of each key's V row for the four atoms — and in the tail dims 512 + 2·qrow
-// and + 1.
-template <uint32_t kW>
-struct Wg64 {
-  static constexpr uint32_t slab_begin = 4 * kW, slab_end = 4 * kW + 4;
-  static constexpr uint32_t atoms = 4, dim_base = 256 * kW, tail_dim = 512;
-  static constexpr uint32_t heads = 32, head_base = 32 * kW;
-};
-constexpr uint32_t kRows64 = 64;
-enum : uint32_t { kBlockBar64 = 1, kWgBar64 = 2 };  // named barriers: the block's, then each warpgroup's
-// Named barrier kId of kThreads threads that a warp's lanes may reach apart (barrier.sync, not
+// The 64-head FP8 block: warpgroup W takes heads [32W, 32W + 32) through the whole tile walk on
+// its own — Sᵀ = K·Qᵀ over the full contraction (N = 32 heads), the online softmax, and all 576
+// dims of Oᵀ = Vᵀ·Pᵀ (nine m64n32 atoms, 144 accumulators) — as a 32-head wgmma16_fp8_decode.
+// The two share Q's shared memory and each tile's raw K and V, staged once by the bulk copy
+// engine into one of kStages64 slots; between them there is no barrier, only the slots'
+// mbarriers, so one warpgroup's softmax and conversions run under the other's MMAs (up to a tile
+// apart: a slot is refilled once both are done with it).
+constexpr uint32_t kRows64 = 64, kHeads64 = 32, kStages64 = 2;
+enum : uint32_t { kWgBar64 = 1 };  // named barriers: warpgroup W's is kWgBar64 + W
+// Named barrier `id` of kThreads threads that a warp's lanes may reach apart (barrier.sync, not
 // bar.sync's .aligned form: the mbarrier waits and the staging's runs leave lanes apart).
-template <uint32_t kId, uint32_t kThreads>
-__device__ void named_barrier() {
-  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+template <uint32_t kThreads>
+__device__ void named_barrier(uint32_t id) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+__device__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // The online softmax's lazy rescale (as FlashAttention-4's): a head's reference maximum moves only
 // when a tile's logits pass it by more than this (natural log units), so P = exp(s − m) stays
@@ -1001,11 +1056,6 @@ __device__ void named_barrier() {
 constexpr float kRescaleSlack = 8.0f;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Descriptor `d` moved by `off` 16-byte units: a 32-bit add, as the address field (bits 0-13)
-// never carries out of it for shared memory below 256 KiB.
-__device__ uint64_t desc_plus(uint64_t d, uint32_t off) {
-  return (d & ~uint64_t{0xFFFFFFFFu}) | static_cast<uint32_t>(static_cast<uint32_t>(d) + off);
-}
 // 2^x, approximate (MUFU.EX2, results below 2^-126 flushed to zero: P rounds them to zero in
 // FP16 anyway), for the 64-head block's softmax.
 __device__ float fast_exp2(float x) {
@@ -1014,381 +1064,213 @@ __device__ float fast_exp2(float x) {
   return y;
 }
 
-// Sᵀ (+)= K·Qᵀ over warpgroup W's part of the contraction for one tile, A from registers (as
-// kq_tile_rs, N = 64 heads): slabs [kBegin, kBegin + 4), then k-steps 2W and 2W + 1 of slab 8
-// (values 8W..8W + 7 of its unit). The thread holds keys `key0` and `key1` and converts their
-// units 4i + j; one commit group a slab, the next converted while one runs.
-template <uint32_t kW>
-__device__ void kq_tile_rs64(float (&sacc)[32], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
-                             uint32_t j, uint64_t q) {
-  constexpr uint32_t kBegin = Wg64<kW>::slab_begin, kEnd = Wg64<kW>::slab_end, kLast = kKUnits16 - 1;
-  uint4 r0 = layout.staged_half(key0, 4 * kBegin + j), r1 = layout.staged_half(key1, 4 * kBegin + j);
-  uint2 h0, h1;  // slab 8's half
-#pragma unroll
-  for (uint32_t i = kBegin; i < kEnd; ++i) {
-    uint32_t w0[8], w1[8];
-    fp8x16_to_f16<true>(r0, w0);
-    fp8x16_to_f16<true>(r1, w1);
-    if (i + 1 < kEnd) {
-      r0 = layout.staged_half(key0, 4 * (i + 1) + j), r1 = layout.staged_half(key1, 4 * (i + 1) + j);
-    } else {
-      h0 = *reinterpret_cast<const uint2*>(key0 + (4 * kLast + j) * 16 + 8 * kW);
-      h1 = *reinterpret_cast<const uint2*>(key1 + (4 * kLast + j) * 16 + 8 * kW);
-    }
-#pragma unroll
-    for (uint32_t e = 0; e < 8; ++e) pin(w0[e]), pin(w1[e]);
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t t = 0; t < 4; ++t) {
-      const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-      wgmma_rs_m64n64k16<0>(sacc, a, desc_plus(q, (i * kSlabBytes + t * 32) >> 4), i != kBegin || t != 0);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
-  uint32_t w0[4] = {bits_of(e4m3x2_to_f16x2(h0.x)), e4m3x2_hi_to_f16x2(h0.x), bits_of(e4m3x2_to_f16x2(h0.y)),
-                    e4m3x2_hi_to_f16x2(h0.y)};
-  uint32_t w1[4] = {bits_of(e4m3x2_to_f16x2(h1.x)), e4m3x2_hi_to_f16x2(h1.x), bits_of(e4m3x2_to_f16x2(h1.y)),
-                    e4m3x2_hi_to_f16x2(h1.y)};
-#pragma unroll
-  for (uint32_t e = 0; e < 4; ++e) pin(w0[e]), pin(w1[e]);
-  wgmma_fence();
-#pragma unroll
-  for (uint32_t t = 0; t < 2; ++t) {
-    const uint32_t a[4] = {w0[2 * t], w1[2 * t], w0[2 * t + 1], w1[2 * t + 1]};
-    wgmma_rs_m64n64k16<0>(sacc, a, desc_plus(q, (kLast * kSlabBytes + (2 * kW + t) * 32) >> 4), 1);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-}
-
-// D (+)= A·B, m64n32k16, as wgmma_rs_m64n64k16<0> (16 accumulator registers).
-__device__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-// The contraction order of Oᵀ = Vᵀ·Pᵀ in the 64-head block: column 2j + c%2 + 8·(c/2) of k-step
-// kk (lane quad index j, c = 0-3 the A fragment's four columns) is key 16kk + 4c + j, so that the
-// four lanes of a quad read consecutive V rows (two bank groups apart, not one: V's rows are
-// 576 bytes) — Pᵀ's columns in the same order.
-__device__ uint32_t pv_column64(uint32_t key) {
-  const uint32_t k = key % 16, c = k / 4;
-  return key - k + 2 * (k % 4) + c % 2 + 8 * (c / 2);
-}
-
-// Oᵀ += Vᵀ·Pᵀ over warpgroup W's atoms for one tile, A from registers (as vp_tile_rs, the rows of
-// Wg64, the keys of pv_column64): the main atoms over all 64 heads, the tail over the
-// warpgroup's 32 (P's rows from 32W). Keys from `live_keys` on are zeros. One commit group a
-// k-step.
-template <uint32_t kW>
-__device__ void vp_tile_rs64(float (&o)[Wg64<kW>::atoms][32], float (&tail)[16], const uint8_t* sv, uint32_t live_keys,
-                             uint32_t j, uint32_t qrow, uint64_t p) {
-  using G = Wg64<kW>;
-  uint2 raw[4];
-  uint32_t pair[4];
-  auto fetch = [&](uint32_t kk) {
-#pragma unroll
-    for (uint32_t c = 0; c < 4; ++c) {
-      const uint32_t key = 16 * kk + 4 * c + j;
-      const uint8_t* row = sv + key * kDim;
-      const bool live = key < live_keys;
-      raw[c] = live ? *reinterpret_cast<const uint2*>(row + G::dim_base + 8 * qrow) : uint2{};
-      pair[c] = live ? *reinterpret_cast<const uint16_t*>(row + G::tail_dim + 2 * qrow) : 0u;
-    }
-  };
-  fetch(0);
-#pragma unroll
-  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
-    uint32_t w[4][G::atoms + 1];  // per key: its dims' FP16 pairs, atom by atom, then the tail's
-#pragma unroll
-    for (uint32_t c = 0; c < 4; ++c) {
-      w[c][0] = bits_of(e4m3x2_to_f16x2(raw[c].x)), w[c][1] = e4m3x2_hi_to_f16x2(raw[c].x);
-      w[c][2] = bits_of(e4m3x2_to_f16x2(raw[c].y)), w[c][3] = e4m3x2_hi_to_f16x2(raw[c].y);
-      w[c][4] = bits_of(e4m3x2_to_f16x2(pair[c]));
-    }
-    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
-    uint32_t f[G::atoms + 1][4];
-#pragma unroll
-    for (uint32_t a = 0; a < G::atoms + 1; ++a) {
-      f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
-      f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
-#pragma unroll
-      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t a = 0; a < G::atoms; ++a) wgmma_rs_m64n64k16<0>(o[a], f[a], desc_plus(p, (kk * 32) >> 4), 1);
-    wgmma_rs_m64n32k16(tail, f[G::atoms], desc_plus(p, (G::head_base * 128 + kk * 32) >> 4), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-}
-
 // The shared memory of a 64-head FP8 block (the host's wgmma_shared_bytes counts it).
 struct Smem64 {
-  uint8_t* sq;       // Q, permuted (store_q_permuted), 64-row slabs
-  uint8_t* sp;       // Pᵀ as [64 heads][64 keys] FP16, one slab
-  uint8_t* sk;       // the raw K half-tile, [64 keys][576]
-  uint8_t* sv;       // the raw V half-tile
-  float* xchg;       // [W][4][128 threads][4]: the partial logits each warpgroup sends the other
+  uint8_t* sq;       // Q, permuted (store_q_permuted), 64-row slabs: warpgroup W's heads rows 32W..
+  uint8_t* sp;       // [W] Pᵀ as [32 heads][64 keys] FP16, one slab each
+  uint8_t* sk;       // [kStages64] the raw K tiles, [64 keys][576]
+  uint8_t* sv;       // [kStages64] the raw V tiles
   float* q_unscale;  // [64]; then times the softmax scale and log2 e
-  float* alpha;      // [64]: this tile's rescale of each head
   float* red;        // [W][4 warps][32 heads]: maxima, then sums
-  float* l;          // [W][8 heads][128 threads]: each thread's share of its heads' sums
-  float* mx_seen;    // [W][8 heads][128 threads]: the largest of each thread's logits, per head
   uint32_t* votes;   // [W][4 warps]: the heads whose tile maximum passed the reference
-  uint64_t* bars;    // the K and V slots' mbarriers
+  uint64_t* bars;    // [kStages64][K, V] the slots' fills, then [kStages64] their releases
 };
 
-// One warpgroup's walk of the block's tiles (wgmma64_fp8_decode), its partial then written. The
-// online softmax works in log2 units (logits times log2 e, exp2) with the lazy rescale of
+// Warpgroup W's walk of the block's tiles (wgmma64_fp8_decode), its heads' partial then written.
+// The online softmax works in log2 units (logits times log2 e, exp2) with the lazy rescale of
 // kRescaleSlack: a tile whose logits stay within the slack of their heads' reference maxima —
-// nearly every tile after the first — needs no maximum across the warpgroup's threads, only a vote.
-template <uint32_t kW>
-__device__ void wgmma64_walk(const Smem64& sm, HalfFeed& feed, const PartialOut& out, uint32_t num_q_heads,
+// nearly every tile after the first — needs no maximum across the warpgroup's threads, only a
+// vote. Warpgroup 0 also refills the slots: at the start of tile i the one tile i − 1 held (once
+// every thread has released it) with tile i + 1.
+__device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const PartialOut& out, uint32_t num_q_heads,
                              uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
-  using G = Wg64<kW>;
   constexpr float kSlack2 = kRescaleSlack * kLog2e;
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
+  // The warpgroup, through a shuffle so that the compiler knows it warp-uniform (its descriptors
+  // and addresses then stay in uniform registers).
+  const uint32_t wg = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
   const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
-  // Accumulator element e (of Sᵀ or an Oᵀ atom) is row r0 + 8·(e%4 ≥ 2), head 8·(e/4) + 2·j + e%2.
-  // The warpgroup's softmax heads are its elements 16W..16W + 15: local head jj (0-7) of element
-  // k = e − 16W is 2·(k/4) + k%2, block head 32W + hh(jj) (the 16-head block's head16_of).
+  // Element e of Sᵀ (or of an Oᵀ atom) is key (dim row) r0 + 8·(e%4 ≥ 2) of the thread's head
+  // jj = 2·(e/4) + e%2, the warpgroup's head hh(jj) (the 16-head block's head16_of, to 32).
   auto hh = [&](uint32_t jj) { return head16_of(jj, lane); };
-  const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024), p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
-  const bool keeper = warp == 0 && lane < 4;  // writes the rescales and the partial's (max, sum)
-  float o[G::atoms][32] = {}, tail[16] = {};
-  float m[8];  // the warpgroup's heads' reference maxima (log2 units)
-  // In shared memory (registers are the accumulators'), this thread's share of each head jj's
-  // running sum at l[128·jj] and the largest of its logits at mx_seen[128·jj].
-  float* const l = sm.l + kW * 8 * 128 + tid % 128;
-  float* const mx_seen = sm.mx_seen + kW * 8 * 128 + tid % 128;
+  const uint64_t q_desc = smem_desc(smem_addr(sm.sq + wg * kHeads64 * 128), 16, 1024);
+  uint8_t* const sp = sm.sp + wg * kHeads64 * 128;
+  const uint64_t p_desc = smem_desc(smem_addr(sp), 16, 1024);
+  uint64_t* const released = sm.bars + 2 * kStages64;
+  float o[kAtoms16][16] = {};
+  float m[8], l[8], seen[8];  // the heads' reference maxima (log2 units), sums, largest logits
 #pragma unroll
-  for (uint32_t jj = 0; jj < 8; ++jj) m[jj] = -INFINITY, l[128 * jj] = 0.0f, mx_seen[128 * jj] = -INFINITY;
-  float4* const send = reinterpret_cast<float4*>(sm.xchg) + kW * 4 * 128;
-  const float4* const recv = reinterpret_cast<const float4*>(sm.xchg) + (1 - kW) * 4 * 128;
-  float* const red = sm.red + kW * 4 * G::heads;
-  uint32_t* const votes = sm.votes + kW * 4;
+  for (uint32_t jj = 0; jj < 8; ++jj) m[jj] = -INFINITY, l[jj] = 0.0f, seen[jj] = -INFINITY;
+  float* const red = sm.red + wg * 4 * kHeads64;
+  uint32_t* const votes = sm.votes + wg * 4;
   // The maxima over the warpgroup's threads of each head's per-thread values v (lanes of one
   // lane%4, then the four warps through `red`, a warpgroup barrier between).
   auto wg_max = [&](float(&v)[8]) {
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) {
       for (uint32_t off = 4; off < kWarp; off *= 2) v[jj] = fmaxf(v[jj], __shfl_xor_sync(0xFFFFFFFFu, v[jj], off));
-      if (lane < 4) red[warp * G::heads + hh(jj)] = v[jj];
+      if (lane < 4) red[warp * kHeads64 + hh(jj)] = v[jj];
     }
-    named_barrier<kWgBar64 + kW, 128>();
+    named_barrier<128>(kWgBar64 + wg);
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) {
       const uint32_t h = hh(jj);
-      v[jj] = fmaxf(fmaxf(red[h], red[G::heads + h]), fmaxf(red[2 * G::heads + h], red[3 * G::heads + h]));
+      v[jj] = fmaxf(fmaxf(red[h], red[kHeads64 + h]), fmaxf(red[2 * kHeads64 + h], red[3 * kHeads64 + h]));
     }
   };
-  // O's main atoms rescaled by every head's factor in sm.alpha (both warpgroups' heads: an atom's
-  // columns are all 64), skipped when every factor is 1.
-  auto rescale_main = [&](float(&acc)[G::atoms][32]) {
-    float alpha[16];
-    bool rescale = false;
+  // O and l rescaled by f[jj] (skipped when every factor is 1).
+  auto rescale = [&](const float(&f)[8]) {
+    bool any = false;
 #pragma unroll
-    for (uint32_t hb = 0; hb < 8; ++hb) {
-      const float2 a2 = *reinterpret_cast<const float2*>(sm.alpha + 8 * hb + 2 * j);
-      alpha[2 * hb] = a2.x, alpha[2 * hb + 1] = a2.y;
-      rescale = rescale || a2.x != 1.0f || a2.y != 1.0f;
-    }
-    if (rescale) {
+    for (uint32_t jj = 0; jj < 8; ++jj) any = any || f[jj] != 1.0f, l[jj] *= f[jj];
+    if (!any) return;
 #pragma unroll
-      for (uint32_t a = 0; a < G::atoms; ++a)
+    for (uint32_t a = 0; a < kAtoms16; ++a)
 #pragma unroll
-        for (uint32_t e = 0; e < 32; ++e) acc[a][e] *= alpha[2 * (e / 4) + e % 2];
-    }
-  };
-  // The tail and l (the warpgroup's own heads) rescaled by f[jj].
-  auto rescale_own = [&](const float(&f)[8]) {
-#pragma unroll
-    for (uint32_t e = 0; e < 16; ++e) tail[e] *= f[2 * (e / 4) + e % 2];
-#pragma unroll
-    for (uint32_t jj = 0; jj < 8; ++jj) l[128 * jj] *= f[jj];
+      for (uint32_t e = 0; e < 16; ++e) o[a][e] *= f[2 * (e / 4) + e % 2];
   };
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
-    if constexpr (kW == 0) feed.locate(tile + kTileKeys);
-    float sacc[32];
-    kq_tile_rs64<kW>(sacc, feed.layout, sm.sk + r0 * kDim, sm.sk + (r0 + 8) * kDim, j, q_desc);
-    // The other warpgroup's heads' partial logits to it, four at a time.
-#pragma unroll
-    for (uint32_t b = 0; b < 4; ++b) {
-      const uint32_t e = 16 * (1 - kW) + 4 * b;
-      send[b * 128 + tid % 128] = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
+    const uint32_t b = i % kStages64;
+    if (wg == 0 && i >= 1 && tile + kTileKeys < end) {  // tile i + 1 into the slot of tile i − 1
+      const uint32_t next = (i + 1) % kStages64;
+      mbar_wait(released + next, ((i - 1) / kStages64) % 2);
+      feed.stage(tile + kTileKeys, 0, next);
+      feed.stage(tile + kTileKeys, 1, next);
+      feed.locate(tile + 2 * kTileKeys);
     }
-    named_barrier<kBlockBar64, 256>();  // the partials written, the K half-tile read everywhere
-    if constexpr (kW == 0) feed.stage(tile + kTileKeys, 0);
-    float sv[16], mx[8];
+    feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
+    const uint8_t* const sk = sm.sk + b * kTileKeys * kDim;
+    float sacc[16];
+    kq_tile_rs<16, kSlabBytes>(sacc, feed.layout, sk + r0 * kDim, sk + (r0 + 8) * kDim, j, q_desc);
+    float mx[8];
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) mx[jj] = -INFINITY;
 #pragma unroll
-    for (uint32_t b = 0; b < 4; ++b) {
-      const float4 other = recv[b * 128 + tid % 128];
-      const float got[4] = {other.x, other.y, other.z, other.w};
-#pragma unroll
-      for (uint32_t c = 0; c < 4; ++c) {
-        const uint32_t k = 4 * b + c, jj = 2 * b + c % 2, key = r0 + 8 * (c / 2);
-        const float x = kW == 0 ? sacc[k] + got[c] : got[c] + sacc[16 + k];
-        sv[k] = tile + key < end ? x * sm.q_unscale[G::head_base + hh(jj)] : -INFINITY;
-        mx[jj] = fmaxf(mx[jj], sv[k]);
-      }
+    for (uint32_t e = 0; e < 16; ++e) {
+      const uint32_t key = r0 + 8 * ((e % 4) / 2), jj = 2 * (e / 4) + e % 2;
+      sacc[e] = tile + key < end ? sacc[e] * sm.q_unscale[wg * kHeads64 + hh(jj)] : -INFINITY;
+      mx[jj] = fmaxf(mx[jj], sacc[e]);
     }
     // The vote: does any head's tile maximum pass its reference by more than the slack?
     uint32_t up = 0;
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) {
       up |= mx[jj] > m[jj] + kSlack2 ? 1u << jj : 0u;
-      mx_seen[128 * jj] = fmaxf(mx_seen[128 * jj], mx[jj]);
+      seen[jj] = fmaxf(seen[jj], mx[jj]);
     }
     up = __reduce_or_sync(0xFFFFFFFFu, up);
     if (lane == 0) votes[warp] = up;
-    named_barrier<kWgBar64 + kW, 128>();  // the warpgroup's votes written
+    named_barrier<128>(kWgBar64 + wg);  // the votes written; the last tile's P read by the MMAs
     {
       const uint4 v = *reinterpret_cast<const uint4*>(votes);
       up = v.x | v.y | v.z | v.w;
     }
-    float alpha[8];
-#pragma unroll
-    for (uint32_t jj = 0; jj < 8; ++jj) alpha[jj] = 1.0f;
     if (up != 0) {  // (the warpgroup's threads agree) the heads that passed move to their tile maximum
       wg_max(mx);
+      float alpha[8];
 #pragma unroll
       for (uint32_t jj = 0; jj < 8; ++jj) {
+        alpha[jj] = 1.0f;
         if (mx[jj] > m[jj] + kSlack2) alpha[jj] = fast_exp2(m[jj] - mx[jj]), m[jj] = mx[jj];
       }
-      rescale_own(alpha);
-    }
-    if (keeper) {
-#pragma unroll
-      for (uint32_t jj = 0; jj < 8; ++jj) sm.alpha[G::head_base + hh(jj)] = alpha[jj];
-    }
-    float sum[8] = {};
-#pragma unroll
-    for (uint32_t k = 0; k < 16; ++k) {
-      const uint32_t jj = 2 * (k / 4) + k % 2, key = r0 + 8 * ((k % 4) / 2);
-      const float pe = fast_exp2(sv[k] - m[jj]);
-      sum[jj] += pe;
-      const uint32_t col = pv_column64(key);
-      *reinterpret_cast<__half*>(sm.sp + swizzled(G::head_base + hh(jj), col / 8) + (col % 8) * 2) =
-          __float2half_rn(pe);
+      rescale(alpha);
     }
 #pragma unroll
-    for (uint32_t jj = 0; jj < 8; ++jj) l[128 * jj] += sum[jj];
-    fence_to_async_proxy();  // P, for the tensor cores
+    for (uint32_t e = 0; e < 16; ++e) {
+      const uint32_t key = r0 + 8 * ((e % 4) / 2), jj = 2 * (e / 4) + e % 2;
+      const float pe = fast_exp2(sacc[e] - m[jj]);
+      l[jj] += pe;
+      const uint32_t col = pv_column<16>(key);
+      *reinterpret_cast<__half*>(sp + swizzled(hh(jj), col / 8) + (col % 8) * 2) = __float2half_rn(pe);
+    }
+    fence_to_async_proxy();             // P, for the tensor cores
+    named_barrier<128>(kWgBar64 + wg);  // P written by the warpgroup, the votes read
     feed.wait(1, i);
-    named_barrier<kBlockBar64, 256>();  // P, the rescales and this tile's V everywhere; the votes read
-    rescale_main(o);
-    vp_tile_rs64<kW>(o, tail, sm.sv, end - tile, j, qrow, p_desc);
-    named_barrier<kBlockBar64, 256>();  // the V half-tile, P and the rescales read everywhere
-    if constexpr (kW == 0) feed.stage(tile + kTileKeys, 1);
+    vp_tile_rs<16>(o, feed.layout, sm.sv + b * kTileKeys * kDim, kDim, end - tile, j, qrow, p_desc);
+    mbar_arrive(released + b);  // this thread's reads of the tile's K and V are done
   }
-  // O, the tail and l from the reference maxima to the true ones (a head without keys keeps −inf).
-  float mt[8], f[8];
+  // O and l from the reference maxima to the true ones (a head without keys keeps −inf).
+  float f[8];
+  wg_max(seen);
 #pragma unroll
-  for (uint32_t jj = 0; jj < 8; ++jj) mt[jj] = mx_seen[128 * jj];
-  wg_max(mt);
-#pragma unroll
-  for (uint32_t jj = 0; jj < 8; ++jj) f[jj] = m[jj] == mt[jj] ? 1.0f : fast_exp2(m[jj] - mt[jj]);
-  if (keeper) {
-#pragma unroll
-    for (uint32_t jj = 0; jj < 8; ++jj) sm.alpha[G::head_base + hh(jj)] = f[jj];
-  }
-  rescale_own(f);
-  named_barrier<kBlockBar64, 256>();  // both warpgroups' factors written
-  rescale_main(o);
+  for (uint32_t jj = 0; jj < 8; ++jj) f[jj] = m[jj] == seen[jj] ? 1.0f : fast_exp2(m[jj] - seen[jj]);
+  rescale(f);
+  named_barrier<128>(kWgBar64 + wg);  // the maxima read from `red`
   // The sums over the block's keys: lanes of one lane%4, then the warpgroup's four warps in order.
 #pragma unroll
   for (uint32_t jj = 0; jj < 8; ++jj) {
-    float lj = l[128 * jj];
-    for (uint32_t off = 4; off < kWarp; off *= 2) lj += __shfl_xor_sync(0xFFFFFFFFu, lj, off);
-    if (lane < 4) red[warp * G::heads + hh(jj)] = lj;
+    for (uint32_t off = 4; off < kWarp; off *= 2) l[jj] += __shfl_xor_sync(0xFFFFFFFFu, l[jj], off);
+    if (lane < 4) red[warp * kHeads64 + hh(jj)] = l[jj];
   }
-  named_barrier<kWgBar64 + kW, 128>();
-  if (keeper) {
-#pragma unroll
-    for (uint32_t jj = 0; jj < 8; ++jj) {
-      const uint32_t h = head0 + G::head_base + hh(jj);
-      if (h >= num_q_heads) continue;
-      float* const ml = out.ml((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0);
-      const uint32_t hl = hh(jj);
-      ml[0] = mt[jj] * kLn2;
-      ml[1] = (red[hl] + red[G::heads + hl]) + (red[2 * G::heads + hl] + red[3 * G::heads + hl]);
-    }
-  }
-  // The warpgroup's dims of every head's unnormalised O.
+  named_barrier<128>(kWgBar64 + wg);
+  // The partial: unnormalised O with the true max and the sum, per head; rows r0 and r0 + 8 of
+  // atom a are the adjacent dims of the thread's row group (see vp_tile_rs).
   const bool vector_stores = out.vector_stores();
 #pragma unroll
-  for (uint32_t hx = 0; hx < 16; ++hx) {  // the thread's heads 8·(hx/2) + 2j + hx%2
-    const uint32_t h = head0 + head16_of(hx, lane);
+  for (uint32_t jj = 0; jj < 8; ++jj) {
+    const uint32_t hl = hh(jj), h = head0 + wg * kHeads64 + hl;
     if (h >= num_q_heads) continue;
-    float* const row = out.row((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0) + G::dim_base;
-    const uint32_t e0 = 4 * (hx / 2) + hx % 2;  // row r0's element; r0 + 8's is e0 + 2
-    if (vector_stores) {
+    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * gridDim.x + z;
+    float* const row = out.row(slot, nullptr, 0);
+    const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
+    if (vector_stores) {                        // atoms 2c and 2c + 1: dims 16·qrow + 4c .. + 3, one 16-byte store
 #pragma unroll
-      for (uint32_t b = 0; b < 2; ++b)
-        *reinterpret_cast<float4*>(row + 8 * qrow + 4 * b) =
-            make_float4(o[2 * b][e0], o[2 * b][e0 + 2], o[2 * b + 1][e0], o[2 * b + 1][e0 + 2]);
+      for (uint32_t c = 0; c < 4; ++c)
+        *reinterpret_cast<float4*>(row + 16 * qrow + 4 * c) =
+            make_float4(o[2 * c][e0], o[2 * c][e0 + 2], o[2 * c + 1][e0], o[2 * c + 1][e0 + 2]);
     } else {
 #pragma unroll
-      for (uint32_t a = 0; a < 4; ++a)
-        *reinterpret_cast<float2*>(row + 8 * qrow + 2 * a) = make_float2(o[a][e0], o[a][e0 + 2]);
+      for (uint32_t a = 0; a < 8; ++a)
+        *reinterpret_cast<float2*>(row + 16 * qrow + 2 * a) = make_float2(o[a][e0], o[a][e0 + 2]);
     }
-  }
-#pragma unroll
-  for (uint32_t jj = 0; jj < 8; ++jj) {  // the tail: dims 512 + 2·qrow and + 1 of the warpgroup's heads
-    const uint32_t h = head0 + G::head_base + hh(jj);
-    if (h >= num_q_heads) continue;
-    float* const row = out.row((uint64_t{s} * num_q_heads + h) * gridDim.x + z, nullptr, 0) + G::tail_dim;
-    const uint32_t e0 = 4 * (jj / 2) + jj % 2;
-    *reinterpret_cast<float2*>(row + 2 * qrow) = make_float2(tail[e0], tail[e0 + 2]);
+    *reinterpret_cast<float2*>(row + 512 + 2 * qrow) = make_float2(o[8][e0], o[8][e0 + 2]);
+    if (warp == 0 && lane < 4) {
+      float* const ml = out.ml(slot, nullptr, 0);
+      ml[0] = seen[jj] * kLn2;
+      ml[1] = (red[hl] + red[kHeads64 + hl]) + (red[2 * kHeads64 + hl] + red[3 * kHeads64 + hl]);
+    }
   }
 }
 
 // The split decode of one 64-head block over an FP8 cache (the compute-bound rows): two
-// warpgroups, transposed products with A from registers, one block per SM. Sᵀ = K·Qᵀ puts the
-// tile's 64 keys in M and the 64 heads in N, each warpgroup a part of the contraction (Wg64),
-// whose partial logits they exchange through shared memory so that each holds its 32 heads'
-// sums; Oᵀ = Vᵀ·Pᵀ the output dims in M, split between them. The raw K and V half-tiles are
-// staged by the bulk copy engine (HalfFeed, warpgroup 0's warps) and converted in registers by
-// the threads whose fragments hold them — each byte once — as in wgmma16_fp8_decode.
+// warpgroups of 32 heads each (wgmma64_walk), transposed products with A from registers, one
+// block per SM. The raw K and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup
+// 0's warps) into two slots each and converted in registers by the threads whose fragments hold
+// them, as in wgmma16_fp8_decode — each warpgroup converting every byte for its own heads.
 __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads,
                                    float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem64 sm;
   sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   sm.sp = sm.sq + kRows64 * kDim * 2;
-  sm.sk = sm.sp + kSlabBytes;
-  sm.sv = sm.sk + kTileKeys * kDim;
-  sm.xchg = reinterpret_cast<float*>(sm.sv + kTileKeys * kDim);
-  sm.q_unscale = sm.xchg + 2 * 16 * 128;
-  sm.alpha = sm.q_unscale + kRows64;
-  sm.red = sm.alpha + kRows64;
-  sm.l = sm.red + 2 * 4 * 32;
-  sm.mx_seen = sm.l + 2 * 8 * 128;
-  sm.votes = reinterpret_cast<uint32_t*>(sm.mx_seen + 2 * 8 * 128);
+  sm.sk = sm.sp + kRows64 * kTileKeys * 2;
+  sm.sv = sm.sk + kStages64 * kTileKeys * kDim;
+  sm.q_unscale = reinterpret_cast<float*>(sm.sv + kStages64 * kTileKeys * kDim);
+  sm.red = sm.q_unscale + kRows64;
+  sm.votes = reinterpret_cast<uint32_t*>(sm.red + 2 * 4 * kHeads64);
   sm.bars = reinterpret_cast<uint64_t*>(sm.votes + 2 * 4);
 
   const uint32_t tid = threadIdx.x;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows64, s = blockIdx.z;
   const Chunk chunk = chunk_of(layout.keys, z, keys_per_split);
-  if (tid == 0) mbar_init(sm.bars, 1), mbar_init(sm.bars + 1, 1), fence_mbar_init();
+  if (tid == 0) {
+#pragma unroll
+    for (uint32_t b = 0; b < kStages64; ++b) {
+      mbar_init(sm.bars + 2 * b, 1), mbar_init(sm.bars + 2 * b + 1, 1);
+      mbar_init(sm.bars + 2 * kStages64 + b, 256);
+    }
+    fence_mbar_init();
+  }
   __syncthreads();  // the mbarriers ready before any copy counts off at them
-  HalfFeed feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end};
-  if (tid < 128) {  // warpgroup 0 stages: the first tile's K and V on their way
+  HalfFeed<kStages64> feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end};
+  if (tid < 128) {  // warpgroup 0 stages: the first two tiles on their way
     feed.locate(chunk.begin);
-    feed.stage(chunk.begin, 0);
-    feed.stage(chunk.begin, 1);
+    feed.stage(chunk.begin, 0, 0);
+    feed.stage(chunk.begin, 1, 0);
+    feed.locate(chunk.begin + kTileKeys);
+    feed.stage(chunk.begin + kTileKeys, 0, 1);
+    feed.stage(chunk.begin + kTileKeys, 1, 1);
+    feed.locate(chunk.begin + 2 * kTileKeys);
   }
   load_q_rows_with<kQUnits, 4>(  // eight rows a warp, four loaded together
       q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
@@ -1398,11 +1280,7 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out
   // Each row's unscale (a power of two) times the softmax scale in log2 units, for the walk.
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
-  if (tid < 128) {
-    wgmma64_walk<0>(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
-  } else {
-    wgmma64_walk<1>(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
-  }
+  wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
 }
 
 }  // namespace

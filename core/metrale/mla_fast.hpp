@@ -159,9 +159,9 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// Bytes of dynamic shared memory a wgmma block of `rows_per_block` heads (64 or 16) needs
 /// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads, NVFP4: Q and
 /// the K/V tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the
-/// raw K and V half-tiles and row pointers, 191.25 KiB; FP8 (register operands): Q and Pᵀ as FP16,
-/// the raw K and V half-tiles (36 KiB each), the warpgroups' logit exchange (16 KiB), each
-/// thread's partial sums and largest logits (16 KiB), 186.5 KiB. 16 heads: Q
+/// raw K and V half-tiles and row pointers, 191.25 KiB; FP8 (register operands, a warpgroup per
+/// 32 heads): Q and Pᵀ as FP16, two slots of the raw K and V tiles (36 KiB each), the per-warp
+/// maxima and votes, the slots' mbarriers: 226.3 KiB. 16 heads: Q
 /// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
 /// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged` (FP8):
 /// Q and P, the raw K and V half-tiles (36 and 37 KiB), the maxima and two mbarriers: 94.3 KiB.
