@@ -39,6 +39,12 @@ void Block::fault(std::string_view what, const detail::Allocation* alloc, Device
        alloc->base.addr + static_cast<std::uint64_t>(offset), offset, detail::describe(*alloc));
 }
 
+void Block::fault(std::string_view what) const {
+  std::string who = fmt::format("{} block {}", kernel_, dims(blockIdx));
+  if (thread_ != kNoThread) who += fmt::format(" thread {}", thread_);
+  fail(Errc::device_fault, "{}: {}", who, what);
+}
+
 BlockRule block_is(Dim3 shape) {
   return [shape](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {
     if (block == shape) return std::nullopt;

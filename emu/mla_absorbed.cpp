@@ -228,10 +228,15 @@ void mla_paged_decode_fp8(Block& blk, Global<const Bf16> q, Global<const std::ui
       const std::int64_t entry = (std::int64_t{s} * comp_block_count + j) * 2 + (is_v ? 1 : 0);
       return {comp_pool, entry * static_cast<std::int64_t>(cache_stride)};
     }
-    const std::uint32_t t = keys.start + (j - keys.comp);
-    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+    const std::uint32_t t = keys.start + (j - keys.comp), column = t / block_size;
+    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
     const std::int64_t slot = std::int64_t{phys} * block_size + t % block_size;
-    return {is_v ? v_cache : k_cache, slot * static_cast<std::int64_t>(cache_stride)};
+    const Global<const std::uint8_t> pool = is_v ? v_cache : k_cache;
+    const std::int64_t off = slot * static_cast<std::int64_t>(cache_stride);
+    (pool + off).require_in_bounds(head_off, kv_cache_dim, [&] {
+      return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache");
+    });
+    return {pool, off};
   };
   auto dequant = [&](std::uint32_t j, bool is_v) {
     const auto [pool, off] = row(j, is_v);
@@ -268,11 +273,13 @@ void mla_paged_decode_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::
   const std::uint64_t e0 = std::uint64_t{kv_head} * kv_cache_dim;  // first element of this KV head
 
   auto dequant = [&](std::uint32_t j, bool is_v) {
-    const std::uint32_t t = keys.start + j;
-    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+    const std::uint32_t t = keys.start + j, column = t / block_size;
+    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
     const std::uint64_t slot = t % block_size;
     const Global<const std::uint8_t> blk_base =
         (is_v ? v_cache : k_cache) + std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
+    blk_base.require_in_bounds(0, data_section_bytes + (slot + 1) * row_width / 16,
+                               [&] { return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache"); });
     const auto data = blk_base.read(slot * row_width / 2 + e0 / 2, (e0 + kv_cache_dim + 1) / 2 - e0 / 2);
     const auto scales =
         blk_base.read(data_section_bytes + slot * row_width / 16 + e0 / 16, (e0 + kv_cache_dim + 15) / 16 - e0 / 16);

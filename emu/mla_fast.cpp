@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -204,9 +205,11 @@ struct Fp8Keys {
       k_off = (std::int64_t{s} * comp_block_count + j) * 2 * static_cast<std::int64_t>(cache_stride);
       v_off = k_off + static_cast<std::int64_t>(cache_stride);
     } else {
-      const std::uint32_t t = keys.start + (j - keys.comp);
-      const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+      const std::uint32_t t = keys.start + (j - keys.comp), column = t / block_size;
+      const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
       k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
+      (k_pool + k_off).require_in_bounds(0, kv_cache_dim, [&] { return bad_block_entry(s, column, phys, "k_cache"); });
+      (v_pool + v_off).require_in_bounds(0, kv_cache_dim, [&] { return bad_block_entry(s, column, phys, "v_cache"); });
     }
     const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
     for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
@@ -304,11 +307,14 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
   const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
   const std::uint64_t width = kv_cache_dim;
   auto dequant = [&](std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) {
-    const std::uint32_t t = keys.start + j;
-    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + t / block_size];
+    const std::uint32_t t = keys.start + j, column = t / block_size;
+    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
     const std::int64_t base = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
     const std::uint64_t slot = t % block_size;
-    for (auto [pool, row] : {std::pair{k_cache, &k_row}, std::pair{v_cache, &v_row}}) {
+    for (auto [pool, row, name] : {std::tuple{k_cache, &k_row, "k_cache"}, std::tuple{v_cache, &v_row, "v_cache"}}) {
+      (pool + base).require_in_bounds(0, data_section_bytes + (slot + 1) * width / 16, [&] {
+        return bad_block_entry(s, column, phys, name);
+      });
       const auto data = (pool + base).read(slot * width / 2, width / 2);
       const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);
       for (std::uint64_t e = 0; e < width; ++e) {

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
 
 namespace metrale::emu {
 
@@ -37,6 +40,12 @@ inline KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, st
   const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max(seq_len, 0), cap));
   const std::uint32_t start = sliding_window > 0 && len > sliding_window ? len - sliding_window : 0;
   return {comp, start, comp + (len - start)};
+}
+
+/// How a port names a block-table entry whose block is not in the pool it reads (SPEC §3: the
+/// columns a sequence attends must hold blocks of the cache), for Global::require_in_bounds.
+inline std::string bad_block_entry(std::uint32_t s, std::uint32_t column, std::int32_t entry, const char* pool) {
+  return fmt::format("block_tables[{}][{}] = {} is not a block of {}", s, column, entry, pool);
 }
 
 }  // namespace metrale::emu

@@ -11,8 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "metrale/buffer.hpp"
+#include "metrale/case_gen.hpp"
 #include "metrale/emu/emulator.hpp"
+#include "metrale/kernel_case.hpp"
 #include "metrale/launch.hpp"
 #include "support.hpp"
 
@@ -751,4 +755,34 @@ TEST_CASE("emu: a plan without an operation counts every call", "[emu]") {
   CHECK(b.calls(Op::copy_d2h) == 2);
   CHECK(b.calls(Op::copy_h2d) == 1);
   test::require_error([&] { b.inject_fault({Op::free, 0, false}); }, Errc::invalid_argument, {"nth 0"});
+}
+
+// A block-table entry the sequence uses that is not a block of the cache (SPEC §3): every paged
+// port — the seed kernels, the split entries, the wgmma entries' ports — names the entry and the
+// pool, not a read through k_cache at some offset. Unused columns may hold anything.
+TEST_CASE("emu: the paged ports name a block-table entry outside the cache", "[emu][validation]") {
+  EmulatorBackend emu;
+  struct Launch {
+    const char* what;
+    KvFormat format;
+    std::uint32_t dim;  // q_head_dim = kv_cache_dim
+    std::optional<gen::SplitEntry> entry;
+  };
+  for (const Launch& l : {Launch{"seed", KvFormat::fp8, 8, {}}, Launch{"seed", KvFormat::nvfp4, 32, {}},
+                          Launch{"split", KvFormat::fp8, 64, gen::SplitEntry::split},
+                          Launch{"split", KvFormat::nvfp4, 64, gen::SplitEntry::split},
+                          Launch{"wgmma", KvFormat::fp8, 576, gen::SplitEntry::wgmma},
+                          Launch{"wgmma16_rs", KvFormat::fp8, 576, gen::SplitEntry::wgmma16_rs}}) {
+    for (const std::int32_t bad : {8, -1, 2147483647}) {
+      INFO(l.what << " " << (l.format == KvFormat::fp8 ? "fp8" : "nvfp4") << ", entry " << bad);
+      gen::PagedSpec p;
+      p.format = l.format, p.q_head_dim = p.kv_cache_dim = l.dim, p.num_q_heads = 4, p.block_size = 4;
+      p.num_seqs = 2, p.seq_lens = {10, 7}, p.num_blocks = 8, p.max_blocks_per_seq = 4, p.fill = 2147483647;
+      KernelCase c = l.entry ? gen::split_kernel_case(p, 1, *l.entry) : gen::paged_decode_case(p);
+      run_kernel_case(emu, c);  // the good table, its unused columns INT32_MAX
+      reinterpret_cast<std::int32_t*>(c.inputs.at("block_tables").data.data())[4 + 1] = bad;  // sequence 1, column 1
+      test::require_error([&] { run_kernel_case(emu, c); }, Errc::device_fault,
+                          {fmt::format("block_tables[1][1] = {} is not a block of k_cache (allocation #", bad)});
+    }
+  }
 }

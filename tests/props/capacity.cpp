@@ -315,7 +315,7 @@ struct Download final : CacheCmd {
 };
 
 // A decode whose block table has one used entry beyond the pool (or negative): the emulator must
-// fault at the first block of that sequence, reading k_cache out of bounds.
+// fault at the first block of that sequence, naming the entry and k_cache.
 struct BadTableEntry final : CacheCmd {
   SeqId id = 0;
   std::uint64_t column = 0;
@@ -367,8 +367,8 @@ struct BadTableEntry final : CacheCmd {
     if (message.empty()) RC_FAIL(fmt::format("table entry {} of sequence {} read without a fault", entry, id));
     for (const std::string& needle :
          {std::string(c.format == KvFormat::fp8 ? "mla_paged_decode_fp8" : "mla_paged_decode_nvfp4"),
-          fmt::format("block (0,{},0)", s), std::string("out-of-bounds read"),
-          std::string("through parameter k_cache")})
+          fmt::format("block (0,{},0)", s),
+          fmt::format("block_tables[{}][{}] = {} is not a block of k_cache (allocation #", s, column, entry)})
       if (message.find(needle) == std::string::npos)
         RC_FAIL(fmt::format("the fault does not say \"{}\": {}", needle, message));
     sut.check(m);  // the temporaries are freed and the cache is as it was

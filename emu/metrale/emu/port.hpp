@@ -102,6 +102,9 @@ class Block {
 
   [[noreturn]] void fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr,
                           const char* param, std::int64_t offset, std::uint64_t len) const;
+  /// A fault the port names itself (a bad index, before the access it would make): "<kernel>
+  /// block (x,y,z)[ thread t]: <what>", Errc::device_fault.
+  [[noreturn]] void fault(std::string_view what) const;
   bool check_written() const { return check_written_; }
   void log_write(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
     if (!log_writes_) return;
@@ -195,6 +198,18 @@ class Global {
     requires kWritable
   {
     return Ref(*this, i);
+  }
+
+  /// Faults with what() (the port's name for the value that made this pointer, e.g. a block-table
+  /// entry) and the allocation when elements [first, first+count) are not all in this pointer's
+  /// live allocation — before an access that would fault as a read through the parameter.
+  template <class What>
+  void require_in_bounds(std::uint64_t first, std::uint64_t count, const What& what) const {
+    const std::int64_t off = offset_ + static_cast<std::int64_t>(first * sizeof(T));
+    const bool inside = alloc_ != nullptr && alloc_->live && off >= 0 &&
+                        static_cast<std::uint64_t>(off) + count * sizeof(T) <= alloc_->bytes;
+    if (!inside)
+      blk_->fault(std::string(what()) + " (" + (alloc_ != nullptr ? detail::describe(*alloc_) : "no allocation") + ")");
   }
 
   /// Elements [first, first+count) checked once for reading.
