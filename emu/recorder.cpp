@@ -1,6 +1,8 @@
 #include "recorder.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -48,12 +50,20 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
-  // Numbering continues after the cases already there, so a second run never overwrites the first.
-  for (const auto& e : std::filesystem::directory_iterator(dir_))
-    if (e.path().extension() == ".safetensors") ++count_;
+  // Numbering continues after the highest number already there (NNNN_<entry>), so a second run
+  // never overwrites a case of the first, even one whose earlier neighbours were deleted.
+  std::uint64_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    const std::string stem = e.path().stem().string();
+    const auto digits = stem.find_first_not_of("0123456789");
+    if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 18) continue;
+    count_ = std::max<std::uint64_t>(count_, std::stoull(stem.substr(0, digits)) + 1);
+  }
   first_ = count_;
-  if (count_ > 0)
-    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", dir_.string(), count_,
+  if (files > 0)
+    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", dir_.string(), files,
                  count_);
 }
 

@@ -28,7 +28,8 @@ class CaseRecorder {
   KernelCase before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                     const detail::AddressSpace& memory) const;
   /// After it ran: the changed buffers become `expected.<param>` with the
-  /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors.
+  /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors, numbered on
+  /// from the highest number already in the folder (a later run overwrites no case).
   void after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
              const detail::AddressSpace& memory);
 

@@ -198,5 +198,16 @@ TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kerne
       check_output("output", rec.expected.at("output"), gen_case.expected.at("output"), gen_case.tolerance.at("output"))
           .pass);
   test::check_case(rec);
+  // A second run in the same folder numbers after the highest case there, so it overwrites none,
+  // even where earlier numbers are missing.
+  std::filesystem::rename(dir / "0000_mla_batched_gemv.safetensors", dir / "0007_mla_batched_gemv.safetensors");
+  {
+    emu::EmulatorOptions o;
+    o.record_dir = dir;
+    emu::EmulatorBackend gpu(o);
+    run_kernel_case(gpu, gen::gemv_case(5, 9, 2, 1, 2, 6));
+  }
+  CHECK(read_kernel_case(dir / "0007_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
+  CHECK(read_kernel_case(dir / "0008_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 5);
   std::filesystem::remove_all(dir);
 }
