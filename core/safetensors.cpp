@@ -452,11 +452,25 @@ std::vector<std::byte> SafeTensors::serialize() const {
 
 void SafeTensors::write(const std::filesystem::path& path) const {
   const std::vector<std::byte> bytes = serialize();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(Errc::invalid_argument, "cannot open {} for writing", path.string());
+  // Written beside the target and renamed over it once complete: a failed write (a full disk)
+  // leaves no truncated file, and an existing file stays as it was.
+  std::filesystem::path part = path;
+  part += ".part";
+  std::ofstream out(part, std::ios::binary | std::ios::trunc);
+  if (!out) fail(Errc::invalid_argument, "cannot open {} for writing", part.string());
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   out.close();
-  if (!out) fail(Errc::invalid_argument, "cannot write {} bytes to {}", bytes.size(), path.string());
+  std::error_code ec;
+  if (!out) {
+    std::filesystem::remove(part, ec);
+    fail(Errc::invalid_argument, "cannot write {} bytes to {}", bytes.size(), path.string());
+  }
+  std::filesystem::rename(part, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(part, ignored);
+    fail(Errc::invalid_argument, "cannot write {}: {}", path.string(), ec.message());
+  }
 }
 
 const Tensor& SafeTensors::at(std::string_view name) const {

@@ -46,6 +46,8 @@ std::optional<Tensor> snapshot(std::size_t i, std::span<const KernelArg> args, c
 
 }  // namespace
 
+constexpr std::uint64_t kMaxCases = 10'000'000'000'000'000'000ULL;
+
 CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
@@ -58,8 +60,8 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
     ++files;
     const std::string stem = e.path().stem().string();
     const auto digits = stem.find_first_not_of("0123456789");
-    if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 18) continue;
-    count_ = std::max<std::uint64_t>(count_, std::stoull(stem.substr(0, digits)) + 1);
+    if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 19) continue;
+    count_ = std::max<std::uint64_t>(count_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
   }
   first_ = count_;
   if (files > 0)
@@ -105,8 +107,13 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     }
     c.expected[p.name] = std::move(*now);
   }
-  c.name = fmt::format("{:04}_{}", count_++, c.entry);
+  // Numbers stay below 10^19 (19 digits), which the next run's scan reads back.
+  if (count_ >= kMaxCases)
+    fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", dir_.string(), count_ - 1,
+         kMaxCases - 1);
+  c.name = fmt::format("{:04}_{}", count_, c.entry);
   to_safetensors(c).write(dir_ / (c.name + ".safetensors"));
+  ++count_;  // only once the file is complete
   spdlog::debug("recorder: wrote {}", (dir_ / (c.name + ".safetensors")).string());
 }
 

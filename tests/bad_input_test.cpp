@@ -621,3 +621,35 @@ TEST_CASE("bad input: metrale case run reports path errors and empty folders", "
                                               " holds no .safetensors case files"));
   }
 }
+
+TEST_CASE("bad input: conform --report fails when the report cannot be written", "[bad_input][cli]") {
+  // Before: "PASS", exit 0, and no report (the writes were not checked).
+  TempPath dir("_report");
+  std::filesystem::create_directories(dir.path / "report.json");  // a folder where the file goes
+  TempPath cases("_cases");
+  std::filesystem::create_directories(cases.path);
+  recorded_decode_case().write(cases.path / "one.safetensors");
+  std::string out;
+  CHECK(run_cli("conform --backend emu --no-golden --cases " + cases.path.string() + " --report " + dir.path.string(),
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --report: cannot write " + (dir.path / "report.json").string()));
+}
+
+TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {
+  // Before: numbers past 18 digits were not read back, so a later run numbered from the same
+  // place again and overwrote the earlier run's cases.
+  TempPath dir("_rec");
+  std::filesystem::create_directories(dir.path);
+  const auto last = dir.path / "9999999999999999998_mla_paged_decode_fp8.safetensors";
+  recorded_decode_case().write(last);
+  std::string out;
+  const std::string run = "--record " + dir.path.string() + " case run --backend emu " + last.string();
+  CHECK(run_cli(run, out) == 0);  // number 9999999999999999999, the last
+  CHECK(std::filesystem::exists(dir.path / "9999999999999999999_mla_paged_decode_fp8.safetensors"));
+  out.clear();
+  CHECK(run_cli(run, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("holds case number 9999999999999999999; numbers stop at"));
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path)) ++files;
+  CHECK(files == 2);  // nothing overwritten, no partial file
+}

@@ -175,7 +175,12 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
   const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
   const ordered_json report{{"device", device},   {"cases_run", results.size()}, {"cases_failed", failed},
                             {"seconds", seconds}, {"pass", failed == 0},         {"cases", cases}};
-  std::ofstream(dir / "report.json") << report.dump(2) << '\n';
+  {
+    std::ofstream json(dir / "report.json");
+    json << report.dump(2) << '\n';
+    json.close();
+    if (!json) fail(Errc::invalid_argument, "conform --report: cannot write {}", (dir / "report.json").string());
+  }
 
   // report.md: one row per (group, kernel) with the largest errors seen.
   struct Row {
@@ -210,6 +215,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
       if (!c.pass)
         md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
   }
+  md.close();
+  if (!md) fail(Errc::invalid_argument, "conform --report: cannot write {}", (dir / "report.md").string());
 }
 
 }  // namespace
@@ -241,6 +248,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       if (ec || !fs::is_directory(opts->report))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
              ec ? ec.message() : "a file is in the way");
+      for (const char* name : {"report.json", "report.md"})  // opened to append: an old report stays until the end
+        if (!std::ofstream(fs::path(opts->report) / name, std::ios::app))
+          fail(Errc::invalid_argument, "conform --report: cannot write {}", (fs::path(opts->report) / name).string());
     }
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
