@@ -25,10 +25,15 @@ std::string describe(const Allocation& alloc) {
 // The message starts with the entry name, not "module.entry": KernelLaunch
 // already adds the full name as context, and the entry is enough to find the
 // port when the backend is called directly.
-void Block::fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr, const char* param,
-                  std::int64_t offset, std::uint64_t len) const {
+std::string Block::who() const {
   std::string who = fmt::format("{} block {}", kernel_, dims(blockIdx));
   if (thread_ != kNoThread) who += fmt::format(" thread {}", thread_);
+  return who;
+}
+
+void Block::fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr, const char* param,
+                  std::int64_t offset, std::uint64_t len) const {
+  const std::string who = this->who();
   if (alloc == nullptr) {
     // Without an allocation there is no base to measure from: name the
     // pointer the port holds and the offset of the access from it.
@@ -39,11 +44,7 @@ void Block::fault(std::string_view what, const detail::Allocation* alloc, Device
        alloc->base.addr + static_cast<std::uint64_t>(offset), offset, detail::describe(*alloc));
 }
 
-void Block::fault(std::string_view what) const {
-  std::string who = fmt::format("{} block {}", kernel_, dims(blockIdx));
-  if (thread_ != kNoThread) who += fmt::format(" thread {}", thread_);
-  fail(Errc::device_fault, "{}: {}", who, what);
-}
+void Block::fault(std::string_view what) const { fail(Errc::device_fault, "{}: {}", who(), what); }
 
 BlockRule block_is(Dim3 shape) {
   return [shape](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -150,6 +151,14 @@ ordered_json device_json(GpuBackend& gpu) {
   return d;
 }
 
+// `text` into `path`, or an error naming it (a full disk, a folder in the way).
+void write_report(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) fail(Errc::invalid_argument, "conform --report: cannot write {}", path.string());
+}
+
 void write_reports(const fs::path& dir, const ordered_json& device, const std::vector<CaseResult>& results,
                    double seconds) {
   fs::create_directories(dir);
@@ -175,12 +184,7 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
   const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
   const ordered_json report{{"device", device},   {"cases_run", results.size()}, {"cases_failed", failed},
                             {"seconds", seconds}, {"pass", failed == 0},         {"cases", cases}};
-  {
-    std::ofstream json(dir / "report.json");
-    json << report.dump(2) << '\n';
-    json.close();
-    if (!json) fail(Errc::invalid_argument, "conform --report: cannot write {}", (dir / "report.json").string());
-  }
+  write_report(dir / "report.json", report.dump(2) + '\n');
 
   // report.md: one row per (group, kernel) with the largest errors seen.
   struct Row {
@@ -197,7 +201,7 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
       slot = std::max(slot, c.max_abs);
     }
   }
-  std::ofstream md(dir / "report.md");
+  std::ostringstream md;
   md << "# Conformance report\n\n";
   for (const auto& [k, v] : device.items())
     md << "- " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
@@ -215,8 +219,7 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
       if (!c.pass)
         md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
   }
-  md.close();
-  if (!md) fail(Errc::invalid_argument, "conform --report: cannot write {}", (dir / "report.md").string());
+  write_report(dir / "report.md", md.str());
 }
 
 }  // namespace

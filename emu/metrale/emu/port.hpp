@@ -122,6 +122,7 @@ class Block {
 
  private:
   static constexpr std::uint32_t kNoThread = ~0u;
+  std::string who() const;  // "<kernel> block (x,y,z)[ thread t]", a fault's first words
   std::string_view kernel_;
   const detail::AddressSpace& memory_;
   bool check_written_;
