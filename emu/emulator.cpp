@@ -287,19 +287,36 @@ class WorkerPool {
 };
 
 // The environment variable `name` as a positive 32-bit integer, or `fallback` when it is unset.
-// Errors: `invalid_argument` naming the variable and its value (`unset` says what the default is).
-std::uint32_t positive_env(const char* name, std::uint32_t fallback, std::string_view unset) {
+// Errors: `invalid_argument` naming the variable and its value (`unset` says what the default is),
+// also when the value is above `max`.
+std::uint32_t positive_env(const char* name, std::uint32_t fallback, std::string_view unset,
+                           std::uint32_t max = std::numeric_limits<std::uint32_t>::max()) {
   const char* env = std::getenv(name);
   if (env == nullptr) return fallback;
   std::uint32_t n = 0;
   const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
-  if (ec == std::errc{} && *end == '\0' && n > 0) return n;
-  fail(Errc::invalid_argument, "{}='{}' is not a positive 32-bit integer (unset: {})", name, env, unset);
+  if (ec != std::errc{} || *end != '\0' || n == 0)
+    fail(Errc::invalid_argument, "{}='{}' is not a positive 32-bit integer (unset: {})", name, env, unset);
+  if (n > max)
+    fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
+  return n;
 }
 
+// The emulator's most worker threads: more only cost thread starts (a block's threads run on one).
+constexpr unsigned kMaxThreads = 1024;
+
 unsigned default_threads() {
-  return positive_env("METRALE_EMU_THREADS", std::max(1u, std::thread::hardware_concurrency()),
-                      "one thread per core");
+  return positive_env("METRALE_EMU_THREADS", std::clamp(std::thread::hardware_concurrency(), 1u, kMaxThreads),
+                      "one thread per core", kMaxThreads);
+}
+
+// EmulatorOptions::threads, 0 meaning the default. Errors: `invalid_argument` above kMaxThreads.
+unsigned checked_threads(unsigned threads) {
+  if (threads == 0) return default_threads();
+  if (threads > kMaxThreads)
+    fail(Errc::invalid_argument, "emu: EmulatorOptions::threads = {} is above the largest allowed, {}", threads,
+         kMaxThreads);
+  return threads;
 }
 
 // sm_90's largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize),
@@ -380,7 +397,7 @@ struct EmulatorBackend::Impl {
   };
 
   explicit Impl(EmulatorOptions opts)
-      : options(std::move(opts)), threads(options.threads != 0 ? options.threads : default_threads()), pool(threads) {
+      : options(std::move(opts)), threads(checked_threads(options.threads)), pool(threads) {
     if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
   }
 

@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "metrale/deepseek_mla.hpp"
 #include "metrale/emu/emulator.hpp"
@@ -633,6 +636,40 @@ TEST_CASE("bad input: conform --report fails when the report cannot be written",
   CHECK(run_cli("conform --backend emu --no-golden --cases " + cases.path.string() + " --report " + dir.path.string(),
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("conform --report: cannot write " + (dir.path / "report.json").string()));
+}
+
+TEST_CASE("bad input: an empty path option is refused, not read as the option left out", "[bad_input][cli]") {
+  // Before: `--record ""` ran without recording and `bench --json ""` / `conform --report ""`
+  // wrote nothing, each exiting 0.
+  for (const std::string args : {"--record '' info", "bench --backend emu --only gemv --json ''",
+                                 "conform --backend emu --no-golden --report ''", "case run ''"}) {
+    INFO(args);
+    std::string out;
+    CHECK(run_cli(args, out) > 100);  // a command-line mistake (CLI11's exit codes)
+    CHECK_THAT(out, Catch::Matchers::Contains("an empty path"));
+  }
+}
+
+TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report holds the seed", "[bad_input][cli]") {
+  // Before: 18446744073709551616 ran as 2^64 - 1, and report.json did not say which seed ran.
+  std::string out;
+  CHECK(run_cli("conform --backend emu --no-golden --seed 18446744073709551616", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("'18446744073709551616' is larger than 2^64 - 1"));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --seed -3", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("'-3' is not an unsigned decimal"));
+
+  TempPath dir("_seed_report");
+  TempPath cases("_seed_cases");
+  std::filesystem::create_directories(cases.path);
+  recorded_decode_case().write(cases.path / "one.safetensors");
+  out.clear();
+  REQUIRE(run_cli("conform --backend emu --no-golden --seed 18446744073709551615 --cases " + cases.path.string() +
+                      " --report " + dir.path.string(),
+                  out) == 0);
+  std::ifstream in(dir.path / "report.json");
+  const auto report = nlohmann::json::parse(in);
+  CHECK(report.at("seed").get<std::uint64_t>() == 18446744073709551615ull);
 }
 
 TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {

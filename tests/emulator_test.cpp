@@ -534,6 +534,24 @@ TEST_CASE("emu: a METRALE_EMU_* value that is not a positive integer is an error
     }
 }
 
+TEST_CASE("emu: more than 1024 worker threads is an error naming the value", "[emu]") {
+  // Before: METRALE_EMU_THREADS=1000000 started about 32k threads before the system refused one.
+  ::setenv("METRALE_EMU_THREADS", "1025", 1);
+  const Error from_env = error_of([] { EmulatorBackend gpu(strict(0)); });
+  ::unsetenv("METRALE_EMU_THREADS");
+  CHECK(from_env.code() == Errc::invalid_argument);
+  CHECK_THAT(std::string(from_env.what()),
+             Catch::Matchers::Contains("METRALE_EMU_THREADS='1025' is above the largest allowed, 1024"));
+  const Error from_options = error_of([] { EmulatorBackend gpu(strict(1000000)); });
+  CHECK(from_options.code() == Errc::invalid_argument);
+  CHECK_THAT(std::string(from_options.what()),
+             Catch::Matchers::Contains("EmulatorOptions::threads = 1000000 is above the largest allowed, 1024"));
+  ::setenv("METRALE_EMU_THREADS", "1024", 1);  // the largest allowed still starts
+  EmulatorBackend most(strict(0));
+  ::unsetenv("METRALE_EMU_THREADS");
+  CHECK(most.threads() == 1024);
+}
+
 TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {
   ::setenv("METRALE_EMU_SHARED_BYTES", "101376", 1);  // an sm_121's 99 KiB
   Gpu gb10;

@@ -365,7 +365,7 @@ void add_bench(CLI::App& app) {
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
-  cmd->add_option("--json", opts->json, "also write the rows to this JSON file");
+  cmd->add_option("--json", opts->json, "also write the rows to this JSON file")->check(non_empty_path());
   auto* sweep_flag =
       cmd->add_flag("--sweep", opts->sweep,
                     "the decode sweep against the roofline (needs a GPU): --cache x --batch x --context x --heads");
@@ -387,6 +387,7 @@ void add_bench(CLI::App& app) {
                   "at most 50)")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
+      ->check(non_empty_path())
       ->needs(sweep_flag);
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);

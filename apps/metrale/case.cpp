@@ -23,7 +23,9 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   auto* cmd = app.add_subcommand("case", "kernel case files");
   cmd->require_subcommand(1);
   auto* run = cmd->add_subcommand("run", "run kernel case files on a backend and compare with their expectations");
-  run->add_option("FILE", opts->files, "kernel case files (.safetensors) or folders of them")->required();
+  run->add_option("FILE", opts->files, "kernel case files (.safetensors) or folders of them")
+      ->required()
+      ->check(non_empty_path());
   run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
   run->callback([opts, set_exit] {
     std::vector<std::filesystem::path> files;

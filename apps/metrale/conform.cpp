@@ -159,8 +159,8 @@ void write_report(const fs::path& path, const std::string& text) {
   if (!out) fail(Errc::invalid_argument, "conform --report: cannot write {}", path.string());
 }
 
-void write_reports(const fs::path& dir, const ordered_json& device, const std::vector<CaseResult>& results,
-                   double seconds) {
+void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_t seed,
+                   const std::vector<CaseResult>& results, double seconds) {
   fs::create_directories(dir);
   ordered_json cases = ordered_json::array();
   for (const auto& r : results) {
@@ -182,8 +182,9 @@ void write_reports(const fs::path& dir, const ordered_json& device, const std::v
                      {"checks", checks}});
   }
   const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
-  const ordered_json report{{"device", device},   {"cases_run", results.size()}, {"cases_failed", failed},
-                            {"seconds", seconds}, {"pass", failed == 0},         {"cases", cases}};
+  const ordered_json report{{"device", device},       {"seed", seed},       {"cases_run", results.size()},
+                            {"cases_failed", failed}, {"seconds", seconds}, {"pass", failed == 0},
+                            {"cases", cases}};
   write_report(dir / "report.json", report.dump(2) + '\n');
 
   // report.md: one row per (group, kernel) with the largest errors seen.
@@ -235,13 +236,17 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   auto* cmd = app.add_subcommand("conform", "the conformance set on a backend, against the emulator and the reference");
   cmd->add_option("--backend", opts->backend,
                   "backend under test: emu, cuda or auto (default: METRALE_BACKEND, else auto)");
-  cmd->add_option("--report", opts->report, "write report.json and report.md into DIR")->option_text("DIR");
+  cmd->add_option("--report", opts->report, "write report.json and report.md into DIR")
+      ->option_text("DIR")
+      ->check(non_empty_path());
   cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)")
-      ->option_text("DIR ...");
+      ->option_text("DIR ...")
+      ->check(non_empty_path());
   cmd->add_option("--golden", opts->golden_dirs,
                   "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)")
-      ->option_text("DIR ...");
-  cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->capture_default_str();
+      ->option_text("DIR ...")
+      ->check(non_empty_path());
+  cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->check(uint64_text())->capture_default_str();
   cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)");
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
@@ -318,7 +323,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     if (!missing.empty()) notes.push_back(fmt::format("folders not found: {}", fmt::join(missing, ", ")));
     fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}{}\n", where, results.size(), failed, seconds,
                failed == 0 ? "PASS" : "FAIL", notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
-    if (!opts->report.empty()) write_reports(opts->report, device, results, seconds);
+    if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds);
     set_exit(failed == 0 ? 0 : 1);
   });
 }

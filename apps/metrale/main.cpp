@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   std::string record_dir;
   app.add_option("--record", record_dir, "write every launch as a kernel case file in DIR (emulator only)")
       ->option_text("DIR")
+      ->check(metrale::cli::non_empty_path())
       ->each([](const std::string& dir) { metrale::cli::record_launches_to(dir); });
   int exit_code = 0;
   metrale::cli::add_replay(app, [&](int code) { exit_code = code; });

@@ -71,7 +71,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("replay", "run a golden model case through the decode step and compare");
-  cmd->add_option("FILE", opts->file, "model case (.safetensors)")->required();
+  cmd->add_option("FILE", opts->file, "model case (.safetensors)")->required()->check(non_empty_path());
   cmd->add_option("--model", opts->model,
                   "decode chain: deepseek (paged absorbed MLA) or kimi-k3 (per-head MLA; device KV unless "
                   "K3_CUDA_MLA=0)")

@@ -58,9 +58,9 @@ struct LaunchRecord {
 };
 
 struct EmulatorOptions {
-  /// Worker threads that run blocks; 0 = one per available core
-  /// (`METRALE_EMU_THREADS` overrides the default; a value that is not a positive integer is an
-  /// `invalid_argument` error of the constructor).
+  /// Worker threads that run blocks, at most 1024; 0 = one per available core
+  /// (`METRALE_EMU_THREADS` overrides the default; a value that is not a positive integer, or one
+  /// above 1024 here or there, is an `invalid_argument` error of the constructor).
   unsigned threads = 0;
   /// Report reads of bytes never written (by a copy or a kernel store).
   bool check_uninitialized = true;
