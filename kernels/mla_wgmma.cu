@@ -514,30 +514,33 @@ __device__ void kq_tile_rs(float (&sacc)[kAcc], const Fp8Rows& layout, const uin
 
 // The key of column 2j + c%2 + 8·(c/2) (c = 0-3, j = lane%4: an A fragment's four columns) of
 // k-step kk of Oᵀ = Vᵀ·Pᵀ, and the column of a key (P's columns in that order). With 16 heads in
-// key order (key 16kk + 2j + c%2 + 8·(c/2)); with 32, key 16kk + 4c + j, so that the four lanes
-// of a quad read consecutive V rows — two bank groups apart, not one (V's rows are 576 bytes):
-// 2-way bank conflicts rather than 4.
+// key order (key 16kk + 2j + c%2 + 8·(c/2)); with 32, key 16kk + j + 8·(c%2) + 4·(c/2), so that
+// the four lanes of a quad read consecutive V rows — two bank groups apart, not one (V's rows
+// are 576 bytes): 2-way bank conflicts rather than 4 — and keys k and k + 8 (k%16 < 8: the two
+// rows of Sᵀ a thread holds) take columns 2m and 2m + 1, one 4-byte store of P.
 template <uint32_t kAcc>
 __device__ uint32_t pv_key(uint32_t kk, uint32_t c, uint32_t j) {
-  return kAcc == 8 ? 16 * kk + 2 * j + c % 2 + 8 * (c / 2) : 16 * kk + 4 * c + j;
+  return kAcc == 8 ? 16 * kk + 2 * j + c % 2 + 8 * (c / 2) : 16 * kk + j + 8 * (c % 2) + 4 * (c / 2);
 }
 template <uint32_t kAcc>
 __device__ uint32_t pv_column(uint32_t key) {
-  const uint32_t k = key % 16, c = k / 4;
-  return kAcc == 8 ? key : key - k + 2 * (k % 4) + c % 2 + 8 * (c / 2);
+  const uint32_t k = key % 16;
+  return kAcc == 8 ? key : key - k + 2 * (k % 4) + k / 8 + 8 * (k / 4 % 2);
 }
 
 // Oᵀ += Vᵀ·Pᵀ for one tile, A from registers. Output rows are permuted like Q's columns: the
 // thread of row group qrow = 8·warp + lane/4 holds, in atom a < 8, dims 16·qrow + 2a (its row
 // r0) and + 1 (r0 + 8), and in atom 8 dims 512 + 2·qrow and + 1 — one unit and one pair of each
 // key's V row. K-step kk gives it keys pv_key(kk, c, j), so each A register pairs one dim of two
-// keys: the converted units' FP16 pairs, transposed by byte permutes. Keys from `live_keys` on
-// are zeros (0·NaN would poison O). N = 2·kAcc heads (16 or 32).
+// keys: a byte permute puts the two keys' codes of dims d and d + 1 side by side, and one
+// conversion of each half gives the registers of both dims (two permutes an atom and key pair,
+// not four after converting). Keys from `live_keys` on are zeros (0·NaN would poison O).
+// N = 2·kAcc heads (16 or 32).
 template <uint32_t kAcc = 8>
 __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, const uint8_t* sv, uint32_t pitch,
                            uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
   uint4 raw[4];
-  uint32_t pair[4];  // atom 8's dims of each key, as FP16
+  uint32_t pair[4];  // atom 8's two codes of each key, in the low half
   auto fetch = [&](uint32_t kk) {
 #pragma unroll
     for (uint32_t c = 0; c < 4; ++c) {
@@ -545,7 +548,7 @@ __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, co
       const uint8_t* row = sv + key * pitch;
       const bool live = key < live_keys;
       raw[c] = live ? layout.staged_half(row, qrow) : uint4{};
-      pair[c] = live ? layout.staged_pair(row, 512 + 2 * qrow) : 0u;
+      pair[c] = live ? layout.staged_codes(row, 512 + 2 * qrow) : 0u;
     }
   };
   // The atoms in groups, converted and issued in turn, one commit group each (with 32 heads two:
@@ -558,28 +561,23 @@ __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, co
 #pragma unroll
     for (uint32_t g = 0; g < kGroups; ++g) {
       const uint32_t a0 = g == 0 ? 0 : kGroupEnds[g - 1], a1 = kGroupEnds[g];
-      uint32_t w[4][kAtoms16];  // per key: its unit's FP16 pairs (atoms 0-7), then the pair of atom 8
-#pragma unroll
-      for (uint32_t c = 0; c < 4; ++c) {
-        const uint32_t words[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
-#pragma unroll
-        for (uint32_t a = a0; a < a1; ++a) {
-          if (a == 8) {
-            w[c][a] = pair[c];
-          } else {
-            w[c][a] = a % 2 == 0 ? bits_of(e4m3x2_to_f16x2(words[a / 2])) : e4m3x2_hi_to_f16x2(words[a / 2]);
-          }
-        }
-      }
-      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
       uint32_t f[kAtoms16][4];
 #pragma unroll
       for (uint32_t a = a0; a < a1; ++a) {
-        f[a][0] = __byte_perm(w[0][a], w[1][a], 0x5410), f[a][1] = __byte_perm(w[0][a], w[1][a], 0x7632);
-        f[a][2] = __byte_perm(w[2][a], w[3][a], 0x5410), f[a][3] = __byte_perm(w[2][a], w[3][a], 0x7632);
+#pragma unroll
+        for (uint32_t c = 0; c < 4; c += 2) {  // keys c and c + 1: A registers c (dim d) and c + 1 (d + 1)
+          auto word = [&](uint32_t key) {
+            const uint32_t words[4] = {raw[key].x, raw[key].y, raw[key].z, raw[key].w};
+            return a == 8 ? pair[key] : words[a / 2];
+          };
+          // Bytes (key c: d, key c + 1: d, key c: d + 1, key c + 1: d + 1), d the atom's byte.
+          const uint32_t both = __byte_perm(word(c), word(c + 1), a != 8 && a % 2 == 1 ? 0x7362 : 0x5140);
+          f[a][c] = bits_of(e4m3x2_to_f16x2(both)), f[a][c + 1] = e4m3x2_hi_to_f16x2(both);
+        }
 #pragma unroll
         for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
       }
+      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
       wgmma_fence();
 #pragma unroll
       for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
@@ -1176,12 +1174,12 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
       rescale(alpha);
     }
 #pragma unroll
-    for (uint32_t e = 0; e < 16; ++e) {
-      const uint32_t key = r0 + 8 * ((e % 4) / 2), jj = 2 * (e / 4) + e % 2;
-      const float pe = fast_exp2(sacc[e] - m[jj]);
-      l[jj] += pe;
-      const uint32_t col = pv_column<16>(key);
-      *reinterpret_cast<__half*>(sp + swizzled(hh(jj), col / 8) + (col % 8) * 2) = __float2half_rn(pe);
+    for (uint32_t e = 0; e < 16; ++e) {  // elements e and e + 2: keys r0 and r0 + 8, adjacent columns
+      if (e % 4 >= 2) continue;
+      const uint32_t jj = 2 * (e / 4) + e % 2, col = pv_column<16>(r0);
+      const float p0 = fast_exp2(sacc[e] - m[jj]), p1 = fast_exp2(sacc[e + 2] - m[jj]);
+      l[jj] += p0, l[jj] += p1;
+      *reinterpret_cast<__half2*>(sp + swizzled(hh(jj), col / 8) + (col % 8) * 2) = __floats2half2_rn(p0, p1);
     }
     fence_to_async_proxy();             // P, for the tensor cores
     named_barrier<128>(kWgBar64 + wg);  // P written by the warpgroup, the votes read

@@ -305,9 +305,9 @@ struct Fp8Rows {
   __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
     return *reinterpret_cast<const uint4*>(src + part * 16);
   }
-  // Values d and d + 1 (d even) of a staged row as an FP16 pair.
-  __device__ uint32_t staged_pair(const uint8_t* src, uint32_t d) const {
-    return bits_of(e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(src + d)));
+  // The codes of values d and d + 1 (d even) of a staged row, in the low half.
+  __device__ uint32_t staged_codes(const uint8_t* src, uint32_t d) const {
+    return *reinterpret_cast<const uint16_t*>(src + d);
   }
 };
 
