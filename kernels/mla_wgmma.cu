@@ -533,9 +533,9 @@ __device__ uint32_t pv_column(uint32_t key) {
 // r0) and + 1 (r0 + 8), and in atom 8 dims 512 + 2·qrow and + 1 — one unit and one pair of each
 // key's V row. K-step kk gives it keys pv_key(kk, c, j), so each A register pairs one dim of two
 // keys: a byte permute puts the two keys' codes of dims d and d + 1 side by side, and one
-// conversion of each half gives the registers of both dims (two permutes an atom and key pair,
-// not four after converting). Keys from `live_keys` on are zeros (0·NaN would poison O).
-// N = 2·kAcc heads (16 or 32).
+// conversion of each half gives the registers of both dims (two permutes an atom, one for each
+// pair of keys, not four after converting). Keys from `live_keys` on are zeros (0·NaN would
+// poison O). N = 2·kAcc heads (16 or 32).
 template <uint32_t kAcc = 8>
 __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, const uint8_t* sv, uint32_t pitch,
                            uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
