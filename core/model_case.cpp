@@ -65,11 +65,16 @@ std::vector<float> tensor(const SafeTensors& f, std::string_view name, std::init
   return v;
 }
 
-// The BF16 tensor `name` (the DeepSeek decoder's weights are BF16, as the model's), checked to have `shape`.
+// The BF16 tensor `name` (the DeepSeek decoder's weights are BF16, as the model's), checked to have
+// `shape` and finite values.
 std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::initializer_list<std::size_t> shape) {
   const Tensor& t = shaped(f, name, shape);
   if (t.dtype != Dtype::bf16) fail(Errc::invalid_argument, "tensor {} is {}, expected BF16", name, to_string(t.dtype));
-  return t.values<Bf16>();
+  auto v = t.values<Bf16>();
+  for (std::size_t i = 0; i < v.size(); ++i)  // (a NaN weight is the file's error, not a failed comparison)
+    if (!std::isfinite(v[i].to_float()))
+      fail(Errc::invalid_argument, "tensor {} element {} is {}", name, i, v[i].to_float());
+  return v;
 }
 
 // A case's `position` metadata, when present, is its last token's: tokens − 1.

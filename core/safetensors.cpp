@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "metrale/error.hpp"
+#include "metrale/files.hpp"
 
 namespace metrale {
 
@@ -144,6 +145,10 @@ Json parse_header_json(std::string_view text, std::string_view name) {
       fail(Errc::invalid_argument, "{}: header has key '{}' twice", name, parsed.get<std::string>());
     return true;
   };
+  // (The JSON parser would stop at a NUL and skip a byte-order mark; the format has neither.)
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    fail(Errc::invalid_argument, "{}: header holds a NUL byte at offset {}", name, nul);
+  if (text.starts_with("\xEF\xBB\xBF")) fail(Errc::invalid_argument, "{}: header starts with a byte-order mark", name);
   try {
     return Json::parse(text.begin(), text.end(), check);
   } catch (const Json::exception& e) {
@@ -418,7 +423,11 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path) {
       if (end <= total - 8 - header_len) read_up_to(8 + header_len + end);
     }
   }
-  return parse_prefix(bytes, total, name);
+  try {
+    return parse_prefix(bytes, total, name);
+  } catch (const std::bad_alloc&) {  // the tensors' copies of the bytes
+    fail(Errc::out_of_memory, "{}: cannot hold its {} bytes of tensors in memory", name, bytes.size());
+  }
 }
 
 SafeTensors SafeTensors::parse(std::span<const std::byte> bytes, std::string_view name) {
@@ -450,27 +459,10 @@ std::vector<std::byte> SafeTensors::serialize() const {
   return out;
 }
 
-void SafeTensors::write(const std::filesystem::path& path) const {
-  const std::vector<std::byte> bytes = serialize();
-  // Written beside the target and renamed over it once complete: a failed write (a full disk)
-  // leaves no truncated file, and an existing file stays as it was.
-  std::filesystem::path part = path;
-  part += ".part";
-  std::ofstream out(part, std::ios::binary | std::ios::trunc);
-  if (!out) fail(Errc::invalid_argument, "cannot open {} for writing", part.string());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  std::error_code ec;
-  if (!out) {
-    std::filesystem::remove(part, ec);
-    fail(Errc::invalid_argument, "cannot write {} bytes to {}", bytes.size(), path.string());
-  }
-  std::filesystem::rename(part, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(part, ignored);
-    fail(Errc::invalid_argument, "cannot write {}: {}", path.string(), ec.message());
-  }
+void SafeTensors::write(const std::filesystem::path& path) const { write_file(path, serialize()); }
+
+bool SafeTensors::write_new(const std::filesystem::path& path) const {
+  return StagedFile(path, serialize()).commit_new();
 }
 
 const Tensor& SafeTensors::at(std::string_view name) const {

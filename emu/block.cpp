@@ -70,6 +70,16 @@ void Registry::set_recorded_floor(std::string_view module, std::string_view entr
   fail(Errc::internal, "set_recorded_floor: no kernel {}.{} registered", module, entry);
 }
 
+void Registry::set_cluster_rule(std::string_view module, std::string_view entry, ClusterRule rule) {
+  for (auto& e : entries_) {
+    if (e.module == module && e.entry == entry) {
+      e.cluster_rule = std::move(rule);
+      return;
+    }
+  }
+  fail(Errc::internal, "set_cluster_rule: no kernel {}.{} registered", module, entry);
+}
+
 std::optional<double> Registry::Entry::floor_of(std::string_view name) const {
   for (const auto& [output, floor] : recorded_floor)
     if (output == name) return floor;

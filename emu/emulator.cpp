@@ -573,6 +573,9 @@ void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std:
   if (e.block_rule) {
     if (auto why = e.block_rule(block, args)) fail(Errc::launch_failed, "{}", *why);
   }
+  if (e.cluster_rule) {
+    if (auto why = e.cluster_rule(grid, cluster)) fail(Errc::launch_failed, "{}", *why);
+  }
   if (impl_->recording || impl_->dry_run) impl_->record(e, grid, block, args);
   if (impl_->dry_run) return;
   const auto t0 = std::chrono::steady_clock::now();

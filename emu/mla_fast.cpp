@@ -256,7 +256,9 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
 // [num_splits, 1, 1]); block z writes dims [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the
 // group's heads, as mla_paged_decode_combine computes them, from the cluster's partials, which
 // the kernel's blocks keep in shared memory and read from each other. The emulator runs one
-// block at a time, so this port computes the partials of all the cluster's chunks itself.
+// block at a time, so this port computes the partials of all the cluster's chunks itself. The
+// cluster shape ([num_splits, 1, 1]) is the entry's cluster rule (registered below), which the
+// emulator checks at launch, dry runs included.
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 void mla_paged_decode_wgmma16_rs_combine_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                              Global<const std::uint8_t> v_cache, Global<const float> sinks,
@@ -268,10 +270,6 @@ void mla_paged_decode_wgmma16_rs_combine_fp8(Block& blk, Global<const Bf16> q, G
                                              Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
                                              std::uint32_t keys_per_split, float v_scale) {
   const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * kGroupRows, s = blk.blockIdx.z;
-  const Dim3 c = blk.clusterDim;
-  if (c.x != n || c.y != 1 || c.z != 1 || n > 8)
-    metrale::fail(Errc::launch_failed, "cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x,
-                  c.y, c.z, n);
   const Fp8Keys cache{k_cache,    v_cache,      comp_pool,      block_tables,     seq_lens,     max_blocks_per_seq,
                       block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, s};
   std::vector<Partial> parts;
@@ -428,6 +426,12 @@ void register_mla_fast(Registry& r) {
   // clang-format on
   r.add<&mla_paged_decode_wgmma16_rs_combine_fp8>(w, "mla_paged_decode_wgmma16_rs_combine_fp8", fp8_combined,
                                                   block_is({128, 1, 1}));
+  // One cluster per (sequence, head group): the grid's x, at most the portable 8.
+  r.set_cluster_rule(w, "mla_paged_decode_wgmma16_rs_combine_fp8", [](Dim3 grid, Dim3 c) -> std::optional<std::string> {
+    if (c.x == grid.x && c.y == 1 && c.z == 1 && grid.x <= 8) return std::nullopt;
+    return fmt::format("cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y, c.z,
+                       grid.x);
+  });
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.

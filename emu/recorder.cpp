@@ -61,16 +61,15 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
     const std::string stem = e.path().stem().string();
     const auto digits = stem.find_first_not_of("0123456789");
     if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 19) continue;
-    count_ = std::max<std::uint64_t>(count_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
+    next_ = std::max<std::uint64_t>(next_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
   }
-  first_ = count_;
   if (files > 0)
     spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", dir_.string(), files,
-                 count_);
+                 next_);
 }
 
 CaseRecorder::~CaseRecorder() {
-  if (count_ > first_) spdlog::info("recorder: wrote {} kernel cases to {}", count_ - first_, dir_.string());
+  if (written_ > 0) spdlog::info("recorder: wrote {} kernel cases to {}", written_, dir_.string());
 }
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
@@ -107,13 +106,17 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     }
     c.expected[p.name] = std::move(*now);
   }
-  // Numbers stay below 10^19 (19 digits), which the next run's scan reads back.
-  if (count_ >= kMaxCases)
-    fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", dir_.string(), count_ - 1,
-         kMaxCases - 1);
-  c.name = fmt::format("{:04}_{}", count_, c.entry);
-  to_safetensors(c).write(dir_ / (c.name + ".safetensors"));
-  ++count_;  // only once the file is complete
+  // A number another run (recording into the same folder) took meanwhile is skipped: a case file
+  // is only ever created, never replaced. Numbers stay below 10^19 (19 digits), which the next
+  // run's scan reads back.
+  for (;; ++next_) {
+    if (next_ >= kMaxCases)
+      fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", dir_.string(), next_ - 1,
+           kMaxCases - 1);
+    c.name = fmt::format("{:04}_{}", next_, c.entry);
+    if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
+  }
+  ++next_, ++written_;  // only once the file is complete
   spdlog::debug("recorder: wrote {}", (dir_ / (c.name + ".safetensors")).string());
 }
 

@@ -29,16 +29,18 @@ class CaseRecorder {
                     const detail::AddressSpace& memory) const;
   /// After it ran: the changed buffers become `expected.<param>` with the
   /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors, numbered on
-  /// from the highest number already in the folder (a later run overwrites no case).
+  /// from the highest number already in the folder (a later run overwrites no case), past any
+  /// number another recorder of the folder took meanwhile (no case is ever replaced).
   void after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
              const detail::AddressSpace& memory);
 
-  std::uint64_t written() const { return count_; }
+  /// The cases this recorder wrote.
+  std::uint64_t written() const { return written_; }
 
  private:
   std::filesystem::path dir_;
-  std::uint64_t count_ = 0;
-  std::uint64_t first_ = 0;  // cases already in the folder
+  std::uint64_t next_ = 0;  // the next case's number
+  std::uint64_t written_ = 0;
 };
 
 }  // namespace metrale::emu

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "metrale/cli_checks.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
 #include "metrale/kernel_case.hpp"
@@ -224,8 +225,7 @@ int run(int argc, char** argv, const std::string& family) {
   app.add_option("--cases", o.cases, "case budget")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40))
       ->excludes(secs);
   app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")
-      ->check(CLI::TypeValidator<std::uint64_t>())
-      ->check([](const std::string& v) { return !v.empty() && v[0] == '-' ? "a seed is not negative" : ""; });
+      ->check(metrale::cli::uint64_text());  // (CLI11 alone clamps 2^64 to 2^64 − 1)
   app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")->check(CLI::Range(1, 1000));
   app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")->check(CLI::Range(0, 1000));
   app.add_option("--property", o.property, "only this property")->check([](const std::string& v) {

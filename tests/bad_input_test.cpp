@@ -212,6 +212,13 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"tensor kv_latent element 7 is inf"});
   }
+  SECTION("a NaN in w_uv") {  // before: the replay ran and failed its comparison (exit 1)
+    auto values = f.at("w_uv").values<Bf16>();
+    values[5] = Bf16::from_float(std::numeric_limits<float>::quiet_NaN());
+    f.tensors["w_uv"] = Tensor::from<Bf16>(f.at("w_uv").shape, values);
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor w_uv element 5 is nan"});
+  }
   SECTION("a position that is not the last token's") {
     f.metadata["position"] = "3";
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
@@ -670,6 +677,44 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
   std::ifstream in(dir.path / "report.json");
   const auto report = nlohmann::json::parse(in);
   CHECK(report.at("seed").get<std::uint64_t>() == 18446744073709551615ull);
+}
+
+TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "[bad_input][cli]") {
+  // Before: the file was truncated when bench started, so a refused --only left it empty.
+  TempPath json("_old.json");
+  std::ofstream(json.path) << "{\"precious\": 1}\n";
+  std::string out;
+  CHECK(run_cli("bench --backend emu --only zzz --json " + json.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no row matches --only 'zzz'"));
+  std::ifstream in(json.path);
+  CHECK(nlohmann::json::parse(in).at("precious") == 1);
+}
+
+TEST_CASE("bad input: conform reports an unreadable golden file as a failed case and a name that is not UTF-8",
+          "[bad_input][cli]") {
+  // Before: the unreadable golden file ended the run with an error and no report; a case file whose
+  // name is not UTF-8 made writing report.json throw after the run (exit 2, no report).
+  TempPath cases("_utf8_cases"), golden("_bad_golden"), dir("_utf8_report");
+  std::filesystem::create_directories(cases.path);
+  std::filesystem::create_directories(golden.path);
+  recorded_decode_case().write(cases.path / "x\xff_decode.safetensors");
+  write_bytes(golden.path / "broken.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  std::string out;
+  CHECK(run_cli("conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() +
+                    " --report " + dir.path.string(),
+                out) == 1);
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden broken"));
+  std::ifstream in(dir.path / "report.json");
+  const auto report = nlohmann::json::parse(in);
+  CHECK(report.at("cases_failed") == 1);
+  bool broken = false, renamed = false;
+  for (const auto& c : report.at("cases")) {
+    const auto name = c.at("name").get<std::string>();
+    if (name == "broken") broken = !c.at("pass").get<bool>() && c.at("kernel") == "model case file";
+    if (name == "x\xEF\xBF\xBD_decode.safetensors") renamed = c.at("pass").get<bool>();  // U+FFFD for the 0xFF
+  }
+  CHECK(broken);
+  CHECK(renamed);
 }
 
 TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {

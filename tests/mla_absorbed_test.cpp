@@ -130,7 +130,11 @@ TEST_CASE("a kernel case survives the safetensors round trip and runs the same",
   CHECK(back.entry == c.entry);
   CHECK(back.scalars == c.scalars);
   REQUIRE(back.inputs.size() == c.inputs.size());
-  for (const auto& [name, t] : c.inputs) CHECK(back.inputs.at(name).data == t.data);
+  for (const auto& [name, t] : c.inputs) {
+    INFO(name);
+    const bool same = back.inputs.at(name).data == t.data;  // (not the bytes: -s would print them)
+    CHECK(same);
+  }
   CHECK(back.tolerance.at("o").abs == c.tolerance.at("o").abs);
   test::check_case(back);
 }
@@ -209,5 +213,25 @@ TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kerne
   }
   CHECK(read_kernel_case(dir / "0007_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
   CHECK(read_kernel_case(dir / "0008_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("two recorders of one folder take turns at numbers, replacing no case", "[kernel_case][recorded]") {
+  // Before: both numbered from the same scan and one replaced the other's cases (and they shared
+  // one .part name, so one run's write failed).
+  const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_race_test";
+  std::filesystem::remove_all(dir);
+  emu::EmulatorOptions o;
+  o.record_dir = dir;
+  emu::EmulatorBackend first(o), second(o);  // both scan an empty folder: both start at 0000
+  run_kernel_case(first, gen::gemv_case(19, 33, 3, 1, 2, 5));
+  run_kernel_case(second, gen::gemv_case(5, 9, 2, 1, 2, 6));  // 0000 is taken: 0001
+  run_kernel_case(first, gen::gemv_case(7, 9, 2, 1, 2, 7));   // 0001 is taken: 0002
+  CHECK(read_kernel_case(dir / "0000_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
+  CHECK(read_kernel_case(dir / "0001_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 5);
+  CHECK(read_kernel_case(dir / "0002_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 7);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
+  CHECK(files == 3);  // no staged file left behind
   std::filesystem::remove_all(dir);
 }

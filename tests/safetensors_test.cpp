@@ -11,13 +11,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "metrale/files.hpp"
 #include "metrale/safetensors.hpp"
 #include "support.hpp"
 
@@ -347,6 +351,9 @@ TEST_CASE("safetensors rejects bad json", "[safetensors][malformed]") {
   require_malformed(R"({"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]}})",
                     1, {"'a'", "twice"});
   require_malformed(R"({"m":)" + std::string(10000, '[') + std::string(10000, ']') + "}", 0, {"nests deeper"});
+  // Before: the parser stopped at a NUL (trailing garbage accepted) and skipped a byte-order mark.
+  require_malformed(std::string("{}\0 this is garbage {{{", 24), 0, {"header holds a NUL byte at offset 2"});
+  require_malformed("\xEF\xBB\xBF{}", 0, {"byte-order mark"});
 }
 
 TEST_CASE("safetensors rejects bad tensor entries", "[safetensors][malformed]") {
@@ -432,4 +439,45 @@ TEST_CASE("safetensors parse of a corrupted file throws only metrale::Error", "[
       RC_ASSERT(e.code() == Errc::invalid_argument);
     }
   });
+}
+
+TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[safetensors][files]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("metrale_staged_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto entries = [&] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+    return n;
+  };
+  const auto target = dir / "a.txt";
+  metrale::write_file(target, std::as_bytes(std::span(std::string_view("old"))));
+  CHECK(slurp(target) == "old");
+  {
+    metrale::StagedFile staged(target, std::string_view("new"));
+    CHECK(slurp(target) == "old");  // nothing replaced before the commit
+    CHECK(entries() == 2);
+    CHECK_FALSE(staged.commit_new());  // a file is there: left as it was
+    CHECK(slurp(target) == "old");
+  }
+  CHECK(entries() == 1);  // the uncommitted staged file removed
+  metrale::StagedFile(target, std::string_view("new")).commit();
+  CHECK(slurp(target) == "new");
+  CHECK(metrale::StagedFile(dir / "b.txt", std::string_view("b")).commit_new());
+  CHECK(slurp(dir / "b.txt") == "b");
+  CHECK(entries() == 2);
+  // A folder in the way: the check and the commit name the path; nothing is left behind.
+  std::filesystem::create_directories(dir / "c.txt");
+  require_error([&] { metrale::check_writable(dir / "c.txt"); }, Errc::invalid_argument,
+                {"cannot write " + (dir / "c.txt").string(), "a folder is in the way"});
+  require_error([&] { metrale::StagedFile(dir / "c.txt", std::string_view("c")).commit(); }, Errc::invalid_argument,
+                {"cannot write " + (dir / "c.txt").string()});
+  require_error([&] { metrale::check_writable(dir / "no" / "d.txt"); }, Errc::invalid_argument,
+                {"cannot write " + (dir / "no" / "d.txt").string(), "No such file or directory"});
+  CHECK(entries() == 3);
+  std::filesystem::remove_all(dir);
 }

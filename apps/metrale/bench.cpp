@@ -20,6 +20,8 @@
 #include "backends.hpp"
 #include "commands.hpp"
 #include "metrale/buffer.hpp"
+#include "metrale/error.hpp"
+#include "metrale/files.hpp"
 #include "metrale/formats.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/mla_absorbed.hpp"
@@ -407,10 +409,11 @@ void add_bench(CLI::App& app) {
              e.what());
       }
     }
-    std::ofstream json_out;  // opened first: an unwritable path fails before anything runs
-    if (!opts->json.empty()) {
-      json_out.open(opts->json);
-      if (!json_out) fail(Errc::invalid_argument, "bench --json {}: cannot write the file", opts->json);
+    auto json_error = [&](const Error& e) { fail(Errc::invalid_argument, "bench --json: {}", e.what()); };
+    try {  // an unwritable path fails before anything runs; an existing file stays until the end
+      if (!opts->json.empty()) check_writable(opts->json);
+    } catch (const Error& e) {
+      json_error(e);
     }
     const double copy_bw = bench.copy_bandwidth();
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
@@ -463,9 +466,11 @@ void add_bench(CLI::App& app) {
       if (rows.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
       print_rows(rows, copy_bw, j);
     }
-    if (json_out.is_open()) {
-      json_out << j.dump(2) << '\n';
-      if (!json_out.flush()) fail(Errc::internal, "bench --json {}: the write failed", opts->json);
+    try {
+      if (!opts->json.empty())
+        StagedFile(opts->json, j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n').commit();
+    } catch (const Error& e) {
+      json_error(e);
     }
   });
 }

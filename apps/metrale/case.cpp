@@ -1,6 +1,7 @@
 // metrale case run FILE...: kernel case files (SPEC §5) on a backend, compared with their expectations.
 #include <algorithm>
 #include <filesystem>
+#include <new>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -72,6 +73,10 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
         ++errors;
         fmt::print("{:<52} {:<20} {:>11} {:>9}  error ({}): {}\n", path.filename().string(), "-", "-", "-",
                    to_string(e.code()), e.what());
+      } catch (const std::bad_alloc&) {  // running it (its buffers): the next file may still fit
+        ++errors;
+        fmt::print("{:<52} {:<20} {:>11} {:>9}  error (out_of_memory): the host ran out of memory\n",
+                   path.filename().string(), "-", "-", "-");
       }
     }
     // A PASS says nothing of the files that ran without an expectation: the line counts them.

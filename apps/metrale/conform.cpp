@@ -18,6 +18,8 @@
 #include "commands.hpp"
 #include "metrale/case_gen.hpp"
 #include "metrale/emu/emulator.hpp"
+#include "metrale/error.hpp"
+#include "metrale/files.hpp"
 #include "metrale/kernel_case.hpp"
 #include "metrale/mla_fast.hpp"
 #include "metrale/model_case.hpp"
@@ -122,9 +124,11 @@ void add_metrics(CaseResult& r, const ReplayResult& replay) {
 
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
   std::vector<CaseResult> out;
-  const SafeTensors file = SafeTensors::read(path);
-  if (!file.has("q_nope") || file.metadata.count("heads") == 0) return out;  // not a model case
   const std::string name = path.stem().string();
+  SafeTensors file;
+  CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
+  if (!read.pass()) return {read};  // a file that cannot be read fails as one case; the others still run
+  if (!file.has("q_nope") || file.metadata.count("heads") == 0) return out;  // not a model case
   for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
     for (std::uint32_t bs : {1u, 16u, 64u})
       out.push_back(guarded(
@@ -149,14 +153,6 @@ ordered_json device_json(GpuBackend& gpu) {
   }
 #endif
   return d;
-}
-
-// `text` into `path`, or an error naming it (a full disk, a folder in the way).
-void write_report(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  if (!out) fail(Errc::invalid_argument, "conform --report: cannot write {}", path.string());
 }
 
 void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_t seed,
@@ -185,7 +181,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   const ordered_json report{{"device", device},       {"seed", seed},       {"cases_run", results.size()},
                             {"cases_failed", failed}, {"seconds", seconds}, {"pass", failed == 0},
                             {"cases", cases}};
-  write_report(dir / "report.json", report.dump(2) + '\n');
+  // (A case file's name need not be UTF-8: such bytes are written as U+FFFD.)
+  const std::string json_text = report.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n';
 
   // report.md: one row per (group, kernel) with the largest errors seen.
   struct Row {
@@ -220,7 +217,15 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
       if (!c.pass)
         md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
   }
-  write_report(dir / "report.md", md.str());
+  // Both files staged before either replaces the old one: an error (a full disk, a folder in the
+  // way) leaves the old pair as it was, and names the file.
+  try {
+    StagedFile json(dir / "report.json", json_text), markdown(dir / "report.md", md.str());
+    json.commit();
+    markdown.commit();
+  } catch (const Error& e) {
+    fail(Errc::invalid_argument, "conform --report: {}", e.what());
+  }
 }
 
 }  // namespace
@@ -256,9 +261,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       if (ec || !fs::is_directory(opts->report))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
              ec ? ec.message() : "a file is in the way");
-      for (const char* name : {"report.json", "report.md"})  // opened to append: an old report stays until the end
-        if (!std::ofstream(fs::path(opts->report) / name, std::ios::app))
-          fail(Errc::invalid_argument, "conform --report: cannot write {}", (fs::path(opts->report) / name).string());
+      try {
+        for (const char* name : {"report.json", "report.md"}) check_writable(fs::path(opts->report) / name);
+      } catch (const Error& e) {
+        fail(Errc::invalid_argument, "conform --report: {}", e.what());
+      }
     }
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;
@@ -286,12 +293,16 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       }
     if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
       golden_dirs.emplace_back(env);
-    std::vector<std::string> seen;
+    std::map<std::string, fs::path> seen;  // a case's file name: the file that ran
     if (opts->no_golden) golden_dirs.clear();
     for (const auto& dir : golden_dirs)
       for (const auto& f : safetensors_in(dir, named_golden, missing)) {
-        if (std::find(seen.begin(), seen.end(), f.filename().string()) != seen.end()) continue;
-        seen.push_back(f.filename().string());
+        if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
+          fmt::print(stderr, "note: conform: golden case {} skipped: {} ran under that name\n", f.string(),
+                     it->second.string());
+          continue;
+        }
+        seen.emplace(f.filename().string(), f);
         auto g = golden_cases(*gpu, f);
         results.insert(results.end(), g.begin(), g.end());
       }

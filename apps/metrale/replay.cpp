@@ -58,7 +58,8 @@ void print_json(const ReplayResult& r, const KvDescription& kv) {
     j["metrics"][m.name] = {{"rel_l2", m.rel_l2}, {"max_abs", m.max_abs}, {"tolerance", m.tolerance}, {"pass", m.pass}};
   for (const auto& [stage, ms] : r.stages) j["stages_ms"][stage] = ms;
   j["pass"] = r.pass;
-  std::cout << j.dump(2) << '\n';
+  // (A file name need not be UTF-8: such bytes print as U+FFFD.)
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
 }
 
 }  // namespace

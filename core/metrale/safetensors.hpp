@@ -68,9 +68,13 @@ class SafeTensors {
   static SafeTensors read(const std::filesystem::path& path);
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
-  /// Write, tensors in name order, data 8-byte aligned. Errors: `invalid_argument`
-  /// when the file cannot be written (names the path).
+  /// Write, tensors in name order, data 8-byte aligned, through a file beside `path` renamed over
+  /// it (files.hpp: a failed write leaves `path` as it was). Errors: `invalid_argument` when the
+  /// file cannot be written (names the path).
   void write(const std::filesystem::path& path) const;
+  /// The same, but only if no file is at `path` (of two writers of one path, one wins): false,
+  /// with nothing written, when one is. Errors as `write`.
+  bool write_new(const std::filesystem::path& path) const;
   std::vector<std::byte> serialize() const;
 
   bool has(std::string_view name) const { return tensors.find(std::string(name)) != tensors.end(); }

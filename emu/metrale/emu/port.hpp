@@ -290,6 +290,10 @@ using BlockRule = std::function<std::optional<std::string>(Dim3 block, std::span
 /// The rule "exactly this block shape".
 BlockRule block_is(Dim3 shape);
 
+/// Returns an error message when `cluster` is not a thread-block cluster shape the kernel supports
+/// over `grid`, nothing otherwise. Checked at every launch, dry runs included, before any block runs.
+using ClusterRule = std::function<std::optional<std::string>(Dim3 grid, Dim3 cluster)>;
+
 namespace detail {
 template <class T>
 struct PortArg;
@@ -333,6 +337,7 @@ class Registry {
     std::string module, entry;
     std::vector<ParamDecl> params;
     BlockRule block_rule;
+    ClusterRule cluster_rule;  // none: the kernel takes whatever cluster the backend allows
     Invoker run;
     /// Outputs whose port may differ from the kernel by more than the same arithmetic does,
     /// with the absolute floor of a recorded case's tolerance for them, as a fraction of the
@@ -355,6 +360,9 @@ class Registry {
   /// Set Entry::recorded_floor of `output` of a registered (module, entry). Errors: `internal`
   /// when it is not registered.
   void set_recorded_floor(std::string_view module, std::string_view entry, std::string output, double floor);
+  /// Set Entry::cluster_rule of a registered (module, entry). Errors: `internal` when it is not
+  /// registered.
+  void set_cluster_rule(std::string_view module, std::string_view entry, ClusterRule rule);
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
@@ -362,7 +370,7 @@ class Registry {
   void add_impl(void (*port)(Block&, A...), std::string module, std::string entry, const char* const (&names)[N],
                 BlockRule rule) {
     static_assert(sizeof...(A) == N, "one name per port parameter");
-    Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}, {}};
+    Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}, {}, {}};
     constexpr ArgKind kinds[] = {detail::PortArg<A>::kind...};
     constexpr Dtype dtypes[] = {detail::PortArg<A>::dtype...};
     for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i], dtypes[i]});

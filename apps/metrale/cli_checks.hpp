@@ -1,0 +1,32 @@
+// CLI11 checks the metrale CLI and the fuzz drivers share.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <system_error>
+
+#include <CLI/CLI.hpp>
+
+namespace metrale::cli {
+
+/// The check of an option whose value is a path: an empty one (`--json ""`) is refused with
+/// "empty path" rather than read as the option not given.
+inline CLI::Validator non_empty_path() {
+  return {[](std::string& s) { return s.empty() ? std::string{"an empty path"} : std::string{}; }, ""};
+}
+
+/// The check of an unsigned 64-bit option: decimal digits whose value fits, so that
+/// 18446744073709551616 is refused instead of clamped to 2^64 − 1.
+inline CLI::Validator uint64_text() {
+  return {[](std::string& s) {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
+            if (ec != std::errc{} || end != s.data() + s.size()) return "'" + s + "' is not an unsigned decimal";
+            return std::string{};
+          },
+          "UINT64"};
+}
+
+}  // namespace metrale::cli

@@ -1,0 +1,80 @@
+#include "metrale/files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "metrale/error.hpp"
+
+namespace metrale {
+
+namespace {
+
+std::atomic<unsigned long long> g_next_part{0};
+
+[[noreturn]] void cannot_write(const std::filesystem::path& target, int err) {
+  fail(Errc::invalid_argument, "cannot write {} ({})", target.string(), std::strerror(err));
+}
+
+}  // namespace
+
+StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> bytes) : target_(std::move(target)) {
+  staged_ = target_;
+  staged_ += fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
+  const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
+  if (fd < 0) cannot_write(target_, errno);
+  const auto* p = reinterpret_cast<const char*>(bytes.data());
+  std::size_t left = bytes.size();
+  int err = 0;
+  while (left > 0 && err == 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) p += n, left -= static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;  // (a full disk may only show here)
+  if (err != 0) {
+    ::unlink(staged_.c_str());
+    cannot_write(target_, err);
+  }
+}
+
+StagedFile::StagedFile(std::filesystem::path target, std::string_view text)
+    : StagedFile(std::move(target), std::as_bytes(std::span(text.data(), text.size()))) {}
+
+StagedFile::~StagedFile() {
+  if (!done_) ::unlink(staged_.c_str());
+}
+
+void StagedFile::commit() {
+  if (::rename(staged_.c_str(), target_.c_str()) != 0) cannot_write(target_, errno);
+  done_ = true;
+}
+
+bool StagedFile::commit_new() {
+  if (::link(staged_.c_str(), target_.c_str()) != 0) {
+    if (errno == EEXIST) return false;
+    cannot_write(target_, errno);
+  }
+  ::unlink(staged_.c_str());
+  done_ = true;
+  return true;
+}
+
+void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  StagedFile(path, bytes).commit();
+}
+
+void check_writable(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(Errc::invalid_argument, "cannot write {} (a folder is in the way)", path.string());
+  StagedFile probe(path, std::string_view{});
+}
+
+}  // namespace metrale

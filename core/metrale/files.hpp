@@ -1,0 +1,46 @@
+// Whole-file writes that never leave a truncated file, or half of a new one, where a file was:
+// the bytes go to a file beside the target under a name of their own, which is then renamed or
+// linked into place.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string_view>
+
+namespace metrale {
+
+/// A file written beside `target` (same folder, named `<target>.part-<pid>-<n>`, so that two
+/// processes or threads writing one target never share it) holding `bytes`, then put in place by
+/// `commit` or `commit_new`; the destructor removes it when neither ran. Errors:
+/// `invalid_argument` "cannot write <target> (<reason>)" when it cannot be created or written
+/// (nothing is then left behind).
+class StagedFile {
+ public:
+  StagedFile(std::filesystem::path target, std::span<const std::byte> bytes);
+  StagedFile(std::filesystem::path target, std::string_view text);
+  ~StagedFile();
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+
+  /// Rename it over the target, replacing what is there in one step. Errors as the constructor.
+  void commit();
+  /// Put it in place only if no file is at the target (a hard link, which fails rather than
+  /// replace): false, and the target untouched, when one is. Errors as the constructor (also on a
+  /// file system without hard links).
+  bool commit_new();
+
+ private:
+  std::filesystem::path target_, staged_;
+  bool done_ = false;
+};
+
+/// `StagedFile(path, bytes).commit()`: `path` then holds `bytes`, or, on an error, what it held.
+void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
+
+/// Whether a file could be written at `path`: no folder there, and a staged file created beside
+/// it and removed. Errors: `invalid_argument` "cannot write <path> (<reason>)" when not; nothing
+/// is changed.
+void check_writable(const std::filesystem::path& path);
+
+}  // namespace metrale
