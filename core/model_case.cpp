@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include <fmt/ranges.h>
 
@@ -77,6 +78,15 @@ std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::
   return v;
 }
 
+// The metadata value `key` as a float. Errors: `invalid_argument` naming the key and the file's
+// value when it does not fit one (a cast would make it inf, or be undefined).
+float meta_float(const SafeTensors& f, std::string_view key) {
+  const double v = f.meta_f64(key);
+  if (std::isfinite(v) && std::fabs(v) > std::numeric_limits<float>::max())
+    fail(Errc::invalid_argument, "metadata {} = {} is beyond a float's range", key, f.meta(key));
+  return static_cast<float>(v);
+}
+
 // A case's `position` metadata, when present, is its last token's: tokens − 1.
 void check_position(const SafeTensors& f, std::uint32_t tokens) {
   if (f.metadata.count("position") == 0) return;
@@ -108,8 +118,8 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   const std::string& rope = file.meta("rope");
   if (rope != "pairs(2i,2i+1)" && rope != "none")
     fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
-  const DeepseekMlaConfig cfg{c.heads, c.dims, static_cast<float>(file.meta_f64("softmax_scale")),
-                              static_cast<float>(file.meta_f64("rope_theta")), rope != "none"};
+  const DeepseekMlaConfig cfg{c.heads, c.dims, meta_float(file, "softmax_scale"), meta_float(file, "rope_theta"),
+                              rope != "none"};
   const MlaDims& d = c.dims;
   const std::size_t H = c.heads, T = c.tokens;
   check_position(file, c.tokens);
@@ -224,7 +234,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,
          kernel_scale);
-  const auto theta = static_cast<float>(file.meta_f64("rope_theta"));
+  const auto theta = meta_float(file, "rope_theta");
   check_position(file, T);
   const std::size_t kv = kv_lora, tokens = T;
   const auto q_nope = tensor(file, "q_nope", {H, nope}), q_rope = tensor(file, "q_rope", {H, rp});

@@ -212,6 +212,11 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"tensor kv_latent element 7 is inf"});
   }
+  SECTION("a softmax_scale beyond a float") {  // before: reported as inf (the cast is undefined)
+    f.metadata["softmax_scale"] = "1e300";
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"metadata softmax_scale = 1e300 is beyond a float's range"});
+  }
   SECTION("a NaN in w_uv") {  // before: the replay ran and failed its comparison (exit 1)
     auto values = f.at("w_uv").values<Bf16>();
     values[5] = Bf16::from_float(std::numeric_limits<float>::quiet_NaN());
@@ -655,6 +660,16 @@ TEST_CASE("bad input: an empty path option is refused, not read as the option le
     CHECK(run_cli(args, out) > 100);  // a command-line mistake (CLI11's exit codes)
     CHECK_THAT(out, Catch::Matchers::Contains("an empty path"));
   }
+}
+
+TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are refused", "[bad_input][cli]") {
+  // Before: `--backend ""` ran on METRALE_BACKEND's choice, and --no-golden silently dropped --golden.
+  std::string out;
+  CHECK(run_cli("replay --backend '' x.safetensors", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("--backend"));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --golden /nonexistent", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
 }
 
 TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report holds the seed", "[bad_input][cli]") {

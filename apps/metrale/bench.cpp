@@ -366,7 +366,8 @@ void add_bench(CLI::App& app) {
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
-  cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
+  cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
+      ->check(backend_name());
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file")->check(non_empty_path());
   auto* sweep_flag =
       cmd->add_flag("--sweep", opts->sweep,

@@ -27,7 +27,8 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   run->add_option("FILE", opts->files, "kernel case files (.safetensors) or folders of them")
       ->required()
       ->check(non_empty_path());
-  run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
+  run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
+      ->check(backend_name());
   run->callback([opts, set_exit] {
     std::vector<std::filesystem::path> files;
     for (const auto& f : opts->files) {

@@ -29,4 +29,8 @@ inline CLI::Validator uint64_text() {
           "UINT64"};
 }
 
+/// The check of a --backend option: emu, cuda or auto (`--backend ""` is refused, not read as the
+/// option left out).
+inline CLI::Validator backend_name() { return CLI::IsMember({"emu", "cuda", "auto"}); }
+
 }  // namespace metrale::cli

@@ -240,19 +240,21 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("conform", "the conformance set on a backend, against the emulator and the reference");
   cmd->add_option("--backend", opts->backend,
-                  "backend under test: emu, cuda or auto (default: METRALE_BACKEND, else auto)");
+                  "backend under test: emu, cuda or auto (default: METRALE_BACKEND, else auto)")
+      ->check(backend_name());
   cmd->add_option("--report", opts->report, "write report.json and report.md into DIR")
       ->option_text("DIR")
       ->check(non_empty_path());
   cmd->add_option("--cases", opts->case_dirs, "folders of recorded kernel case files (default cases/kernels)")
       ->option_text("DIR ...")
       ->check(non_empty_path());
-  cmd->add_option("--golden", opts->golden_dirs,
-                  "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)")
-      ->option_text("DIR ...")
-      ->check(non_empty_path());
+  auto* golden = cmd->add_option("--golden", opts->golden_dirs,
+                                 "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)")
+                     ->option_text("DIR ...")
+                     ->check(non_empty_path());
   cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->check(uint64_text())->capture_default_str();
-  cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)");
+  cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)")
+      ->excludes(golden);
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
     if (!opts->report.empty()) {  // before the run: a report that cannot be written fails first
@@ -272,6 +274,27 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<CaseResult> results;
     std::size_t skipped = 0;           // cases the device cannot run
     std::vector<std::string> missing;  // default folders not found
+    // The folders listed first: a named one that is missing or empty fails before the sweep runs.
+    const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
+    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
+    auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
+    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
+      golden_dirs.emplace_back(env);
+    if (opts->no_golden) golden_dirs.clear();
+    std::vector<fs::path> case_files, golden_files;
+    for (const auto& dir : case_dirs)
+      for (auto& f : safetensors_in(dir, named_cases, missing)) case_files.push_back(std::move(f));
+    std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
+    for (const auto& dir : golden_dirs)
+      for (auto& f : safetensors_in(dir, named_golden, missing)) {
+        if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
+          fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n", f.string(),
+                     it->second.string());
+          continue;
+        }
+        seen.emplace(f.filename().string(), f);
+        golden_files.push_back(std::move(f));
+      }
     for (const auto& c : gen::conformance_sweep(opts->seed)) {
       if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
         fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
@@ -280,32 +303,17 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       }
       results.push_back(sweep_case(*gpu, emu, c));
     }
-    const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
-    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
-    auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
-    for (const auto& dir : case_dirs)
-      for (const auto& f : safetensors_in(dir, named_cases, missing)) {
-        if (auto r = file_case(*gpu, f)) {
-          results.push_back(std::move(*r));
-        } else {
-          ++skipped;
-        }
+    for (const auto& f : case_files) {
+      if (auto r = file_case(*gpu, f)) {
+        results.push_back(std::move(*r));
+      } else {
+        ++skipped;
       }
-    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
-      golden_dirs.emplace_back(env);
-    std::map<std::string, fs::path> seen;  // a case's file name: the file that ran
-    if (opts->no_golden) golden_dirs.clear();
-    for (const auto& dir : golden_dirs)
-      for (const auto& f : safetensors_in(dir, named_golden, missing)) {
-        if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
-          fmt::print(stderr, "note: conform: golden case {} skipped: {} ran under that name\n", f.string(),
-                     it->second.string());
-          continue;
-        }
-        seen.emplace(f.filename().string(), f);
-        auto g = golden_cases(*gpu, f);
-        results.insert(results.end(), g.begin(), g.end());
-      }
+    }
+    for (const auto& f : golden_files) {
+      auto g = golden_cases(*gpu, f);
+      results.insert(results.end(), g.begin(), g.end());
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     const auto device = device_json(*gpu);

@@ -78,7 +78,8 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
                   "K3_CUDA_MLA=0)")
       ->check(CLI::IsMember({"deepseek", "kimi-k3"}))
       ->capture_default_str();
-  cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)");
+  cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
+      ->check(backend_name());
   auto* kv_opt = cmd->add_option("--kv-cache", opts->kv_cache, "paged cache format (deepseek)")
                      ->check(CLI::IsMember({"fp8", "nvfp4"}))
                      ->capture_default_str();
