@@ -672,6 +672,16 @@ TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are ref
   CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
 }
 
+TEST_CASE("bad input: an unknown command is named, at the top and under case", "[bad_input][cli]") {
+  // Before: `metrale case bogus` said only "A subcommand is required".
+  for (const std::string args : {"bogus", "case bogus"}) {
+    INFO(args);
+    std::string out;
+    CHECK(run_cli(args, out) > 100);
+    CHECK_THAT(out, Catch::Matchers::Contains("not expected: bogus"));
+  }
+}
+
 TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report holds the seed", "[bad_input][cli]") {
   // Before: 18446744073709551616 ran as 2^64 - 1, and report.json did not say which seed ran.
   std::string out;

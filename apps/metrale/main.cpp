@@ -34,8 +34,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // "metrale bogus": name the unknown command rather than "a subcommand is required".
-    if (app.get_subcommands().empty() && !app.remaining().empty()) return app.exit(CLI::ExtrasError(app.remaining()));
+    // "metrale bogus", "metrale case bogus": name the unknown command rather than "a subcommand is
+    // required".
+    CLI::App* last = &app;
+    while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
+    if (last->get_require_subcommand_min() > 0 && !last->remaining().empty())
+      return app.exit(CLI::ExtrasError(last->remaining()));
     return app.exit(e);
   } catch (const metrale::Error& e) {
     fmt::print(stderr, "error ({}): {}\n", metrale::to_string(e.code()), e.what());
