@@ -60,24 +60,18 @@ const Registry::Entry* Registry::find(std::string_view module, std::string_view 
   return nullptr;
 }
 
+Registry::Entry& Registry::registered(std::string_view module, std::string_view entry, std::string_view setter) {
+  for (auto& e : entries_)
+    if (e.module == module && e.entry == entry) return e;
+  fail(Errc::internal, "{}: no kernel {}.{} registered", setter, module, entry);
+}
+
 void Registry::set_recorded_floor(std::string_view module, std::string_view entry, std::string output, double floor) {
-  for (auto& e : entries_) {
-    if (e.module == module && e.entry == entry) {
-      e.recorded_floor.emplace_back(std::move(output), floor);
-      return;
-    }
-  }
-  fail(Errc::internal, "set_recorded_floor: no kernel {}.{} registered", module, entry);
+  registered(module, entry, "set_recorded_floor").recorded_floor.emplace_back(std::move(output), floor);
 }
 
 void Registry::set_cluster_rule(std::string_view module, std::string_view entry, ClusterRule rule) {
-  for (auto& e : entries_) {
-    if (e.module == module && e.entry == entry) {
-      e.cluster_rule = std::move(rule);
-      return;
-    }
-  }
-  fail(Errc::internal, "set_cluster_rule: no kernel {}.{} registered", module, entry);
+  registered(module, entry, "set_cluster_rule").cluster_rule = std::move(rule);
 }
 
 std::optional<double> Registry::Entry::floor_of(std::string_view name) const {

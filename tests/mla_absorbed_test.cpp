@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 
 #include "metrale/case_gen.hpp"
@@ -230,8 +231,7 @@ TEST_CASE("two recorders of one folder take turns at numbers, replacing no case"
   CHECK(read_kernel_case(dir / "0000_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
   CHECK(read_kernel_case(dir / "0001_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 5);
   CHECK(read_kernel_case(dir / "0002_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 7);
-  std::size_t files = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
-  CHECK(files == 3);  // no staged file left behind
+  // No staged file left behind.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{}) == 3);
   std::filesystem::remove_all(dir);
 }

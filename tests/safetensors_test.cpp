@@ -450,9 +450,7 @@ TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   auto entries = [&] {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
-    return n;
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
   };
   const auto target = dir / "a.txt";
   metrale::write_file(target, std::as_bytes(std::span(std::string_view("old"))));

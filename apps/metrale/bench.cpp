@@ -410,12 +410,8 @@ void add_bench(CLI::App& app) {
              e.what());
       }
     }
-    auto json_error = [&](const Error& e) { fail(Errc::invalid_argument, "bench --json: {}", e.what()); };
-    try {  // an unwritable path fails before anything runs; an existing file stays until the end
-      if (!opts->json.empty()) check_writable(opts->json);
-    } catch (const Error& e) {
-      json_error(e);
-    }
+    // An unwritable path fails before anything runs; an existing file stays until the end.
+    if (!opts->json.empty()) with_context("bench --json", [&] { check_writable(opts->json); });
     const double copy_bw = bench.copy_bandwidth();
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
                bench.on_device() ? "" : " — emulator wall clock, small shapes");
@@ -467,12 +463,10 @@ void add_bench(CLI::App& app) {
       if (rows.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
       print_rows(rows, copy_bw, j);
     }
-    try {
-      if (!opts->json.empty())
+    if (!opts->json.empty())
+      with_context("bench --json", [&] {
         StagedFile(opts->json, j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n').commit();
-    } catch (const Error& e) {
-      json_error(e);
-    }
+      });
   });
 }
 

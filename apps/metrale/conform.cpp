@@ -219,13 +219,11 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   }
   // Both files staged before either replaces the old one: an error (a full disk, a folder in the
   // way) leaves the old pair as it was, and names the file.
-  try {
+  with_context("conform --report", [&] {
     StagedFile json(dir / "report.json", json_text), markdown(dir / "report.md", md.str());
     json.commit();
     markdown.commit();
-  } catch (const Error& e) {
-    fail(Errc::invalid_argument, "conform --report: {}", e.what());
-  }
+  });
 }
 
 }  // namespace
@@ -263,11 +261,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       if (ec || !fs::is_directory(opts->report))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
              ec ? ec.message() : "a file is in the way");
-      try {
+      with_context("conform --report", [&] {
         for (const char* name : {"report.json", "report.md"}) check_writable(fs::path(opts->report) / name);
-      } catch (const Error& e) {
-        fail(Errc::invalid_argument, "conform --report: {}", e.what());
-      }
+      });
     }
     auto gpu = make_backend(opts->backend);
     emu::EmulatorBackend emu;

@@ -366,6 +366,9 @@ class Registry {
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
+  /// The entry (module, entry), for `setter`'s change. Errors: `internal` when it is not registered.
+  Entry& registered(std::string_view module, std::string_view entry, std::string_view setter);
+
   template <std::size_t N, class... A>
   void add_impl(void (*port)(Block&, A...), std::string module, std::string entry, const char* const (&names)[N],
                 BlockRule rule) {
