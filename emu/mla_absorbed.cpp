@@ -182,7 +182,7 @@ void paged_attention(Block& blk, Global<const Bf16> q, Global<Bf16> o, std::uint
   if (has_sink) {
     const float m_final = std::max(m, sink);
     const float alpha = std::exp(m - m_final);
-    l = l * alpha + std::exp(sink - m_final);
+    l = l * alpha + sink_term(sink, m_final);
     for (auto& a : acc)
       for (float& x : a) x *= alpha;
   }

@@ -36,6 +36,11 @@ __device__ inline float segment_sum(float v, uint32_t width) {
   return v;
 }
 
+// A sink's term of the softmax denominator, e^(sink − m) with m = max(logits, sink) (SPEC §3), and
+// 1 where sink = m: so a +inf sink (m = +inf, where the formula's inf − inf is NaN) takes the whole
+// denominator and o = 0, the formula's limit; finite values give e^0 = 1 there anyway.
+__device__ inline float sink_term(float sink, float m) { return sink == m ? 1.0f : expf(sink - m); }
+
 __device__ inline float warp_max(float v) {
   for (uint32_t off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;

@@ -12,6 +12,7 @@
 using metrale::key_set;
 using metrale::KeySet;
 using metrale::kWarp;
+using metrale::sink_term;
 using metrale::warp_max;
 using metrale::warp_sum;
 
@@ -178,7 +179,7 @@ __device__ void paged_attention(const __nv_bfloat16* q, __nv_bfloat16* o, uint32
   if (has_sink) {
     const float m_final = fmaxf(m, sink);
     const float alpha = expf(m - m_final);
-    l = l * alpha + expf(sink - m_final);
+    l = l * alpha + sink_term(sink, m_final);
     for (float& a : acc) a *= alpha;
   }
   // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.

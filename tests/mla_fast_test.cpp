@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -850,5 +851,41 @@ TEST_CASE("a NaN sink gives NaN on both decode paths, never zeros", "[mla_fast][
     const auto out = run_kernel_case(gpu, *c).at("o").to_f32();
     INFO(c->entry);
     CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
+  }
+}
+
+// SPEC §3's sink term e^(sink − m), m = max(logits, sink), is inf − inf for a +inf sink; the
+// kernels take its limit: the sink is the whole denominator and o = 0. A −inf sink adds nothing:
+// o is the bits of the launch without sinks. Seed kernel, split path (its combine) and the cluster
+// entry (its combine in distributed shared memory), on every backend.
+TEST_CASE("an infinite sink: +inf gives zeros, −inf the output without sinks", "[mla_fast][sinks]") {
+  gen::PagedSpec p;
+  p.q_head_dim = 64, p.kv_cache_dim = 64, p.num_q_heads = 3, p.seq_lens = {5}, p.sinks = true, p.num_blocks = 4;
+  gen::PagedSpec wide = fused_spec(20, 10);
+  std::vector<KernelCase> cases{gen::paged_decode_case(p), gen::split_path_case(p), gen::fused_decode_case(wide, 1)};
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const auto& name : test::backends()) {
+    auto gpu = test::make_backend(name);
+    for (const KernelCase& base : cases) {
+      INFO("backend " << name << ", entry " << base.entry);
+      if (entry_unavailable(*gpu, base.module, base.entry)) continue;
+      const auto heads = static_cast<std::size_t>(base.inputs.at("sinks").shape.at(0));
+      auto with_sinks = [&](float value) {
+        KernelCase c = base;
+        c.inputs["sinks"] = Tensor::from<float>({static_cast<std::int64_t>(heads)}, std::vector<float>(heads, value));
+        return run_kernel_case(*gpu, c).at("o").to_f32();
+      };
+      const auto plus = with_sinks(kInf);
+      REQUIRE(!plus.empty());
+      CHECK(std::all_of(plus.begin(), plus.end(), [](float x) { return x == 0.0f; }));
+      KernelCase none = base;
+      none.inputs.erase("sinks");
+      const auto want = run_kernel_case(*gpu, none).at("o").to_f32();
+      const auto minus = with_sinks(-kInf);
+      CHECK(std::equal(minus.begin(), minus.end(), want.begin(), want.end(), [](float a, float b) {
+        return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+      }));
+      CHECK(std::none_of(want.begin(), want.end(), [](float x) { return std::isnan(x); }));
+    }
   }
 }

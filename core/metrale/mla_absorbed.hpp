@@ -121,7 +121,7 @@ struct PagedDecodeFp8Args : PagedDecodeCommon {
   float k_scale = 1.0f, v_scale = 1.0f;  // dequantised = code · scale
   std::uint64_t cache_stride = 0;        // bytes per token row, ≥ num_kv_heads·kv_cache_dim
   std::uint32_t sliding_window = 0;      // 0 = attend to the whole sequence
-  DevicePtr sinks;                       // [num_q_heads] f32, may be null
+  DevicePtr sinks;                       // [num_q_heads] f32, may be null; +inf: o = 0, −inf: no term
   DevicePtr comp_pool;                   // [num_seqs, comp_block_count, 2, cache_stride] e4m3, may be null
   std::uint32_t comp_block_count = 0;
 };
