@@ -1,5 +1,7 @@
 #include "metrale/error.hpp"
 
+#include <fmt/format.h>
+
 namespace metrale {
 
 std::string_view to_string(Errc code) {
@@ -16,10 +18,24 @@ std::string_view to_string(Errc code) {
   return "unknown";
 }
 
-Error::Error(Errc code, std::string message) : code_(code), message_(std::move(message)) { rebuild(); }
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7F) {
+      out += fmt::format("\\x{:02X}", byte);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+Error::Error(Errc code, std::string message) : code_(code), message_(printable(message)) { rebuild(); }
 
 Error& Error::add_context(std::string frame) {
-  context_.insert(context_.begin(), std::move(frame));
+  context_.insert(context_.begin(), printable(frame));
   rebuild();
   return *this;
 }

@@ -576,13 +576,19 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
     fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'", name);
   KernelCase c;
-  c.name = f.metadata.count("case") != 0 ? f.meta("case") : std::move(name);
+  // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
+  c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));
   c.module = f.meta("module");
   c.entry = f.meta("entry");
   const Adapter& a = adapter(c.module, c.entry);
   const bool has_grid = f.metadata.count("grid") != 0;
-  if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
   const bool has_block = f.metadata.count("block") != 0;
+  // A launcher-level path runs the launches its dispatcher picks: a grid or block in its file
+  // would be ignored without a word (run_kernel_case checks a single kernel's only).
+  if (c.entry.ends_with("_path") && (has_grid || has_block))
+    fail(Errc::invalid_argument, "case {}: {} is a path of several launches, shaped by its dispatcher: drop its {}",
+         c.name, c.entry, has_grid ? "grid" : "block");
+  if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
   if (has_block) c.block = parse_dims(f.meta("block"), "block");
   c.shape_recorded = has_grid && has_block;
   for (const auto& [field, kind] : a.fields.scalars) {

@@ -69,7 +69,11 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
 }
 
 CaseRecorder::~CaseRecorder() {
-  if (written_ > 0) spdlog::info("recorder: wrote {} kernel cases to {}", written_, dir_.string());
+  if (written_ > 0) {
+    spdlog::info("recorder: wrote {} kernel cases to {}", written_, dir_.string());
+  } else {
+    spdlog::warn("recorder: no launch ran on this emulator, so {} holds no new case", dir_.string());
+  }
 }
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,

@@ -17,7 +17,7 @@ class CaseRecorder {
  public:
   /// Errors: `invalid_argument` when `dir` cannot be created (names it).
   explicit CaseRecorder(std::filesystem::path dir);
-  /// Says how many cases it wrote, and where.
+  /// Says how many cases it wrote, and where (a warning when none).
   ~CaseRecorder();
   CaseRecorder(const CaseRecorder&) = delete;
   CaseRecorder& operator=(const CaseRecorder&) = delete;

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "metrale/case_gen.hpp"
 #include "metrale/deepseek_mla.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/kernel_case.hpp"
@@ -283,6 +284,40 @@ TEST_CASE("bad input: a kernel case's unknown metadata key is named", "[bad_inpu
   f.metadata["num_split"] = "1";
   require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
                 {"metadata num_split = '1' is not a scalar parameter of"});
+}
+
+// A split path's launches are the dispatcher's: a grid in its file was once ignored without a word.
+TEST_CASE("bad input: a launch shape in a split-path case file is refused", "[bad_input][kernel_case]") {
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 64, p.seq_lens = {5}, p.num_blocks = 4;
+  SafeTensors f = to_safetensors(gen::split_path_case(p));
+  REQUIRE_NOTHROW(kernel_case_from(f, "c"));
+  for (const char* key : {"grid", "block"}) {
+    SafeTensors g = f;
+    g.metadata[key] = "8,1,1";
+    require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                  {"paged_decode_fp8_split_path is a path of several launches", std::string("drop its ") + key});
+  }
+}
+
+// A case name or metadata value with a newline or an escape sequence was printed raw, so a file
+// could fake a PASS line in a report or a log.
+TEST_CASE("bad input: control characters from a case file are escaped in names and messages",
+          "[bad_input][kernel_case]") {
+  CHECK(printable("a\nb\x1b[2Jc\x7f\td") == "a\\x0Ab\\x1B[2Jc\\x7F\\x09d");
+  CHECK(printable("plain ü") == "plain ü");
+  SafeTensors f = recorded_decode_case();
+  f.metadata["case"] = "x\nPASS all";
+  const KernelCase c = kernel_case_from(f, "c");
+  CHECK(c.name == "x\\x0APASS all");
+  f.metadata["num_split\r"] = "1\n";
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                {"metadata num_split\\x0D = '1\\x0A' is not a scalar parameter"});
+  try {
+    (void)kernel_case_from(f, "c");
+  } catch (const Error& e) {
+    CHECK(std::string_view(e.what()).find_first_of("\n\r") == std::string_view::npos);
+  }
 }
 
 TEST_CASE("bad input: a kernel case scalar the recorded grid contradicts is refused", "[bad_input][kernel_case]") {
@@ -671,6 +706,28 @@ TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are ref
   out.clear();
   CHECK(run_cli("conform --backend emu --no-golden --golden /nonexistent", out) > 100);
   CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
+}
+
+// Each was once silent: spdlog skips a level it does not know, `info` makes no emulator to record,
+// and a recording emulator that ran nothing wrote nothing.
+TEST_CASE("bad input: an unknown log level and a --record that records nothing are said", "[bad_input][cli]") {
+  std::string out;
+  CHECK(run_cli("info", out, "SPDLOG_LEVEL=bogus,metrale=nah") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("SPDLOG_LEVEL: unknown level 'bogus' ignored"));
+  CHECK_THAT(out, Catch::Matchers::Contains("unknown level 'nah' ignored"));
+  out.clear();
+  CHECK(run_cli("info", out, "SPDLOG_LEVEL=warn,metrale=off") == 0);
+  CHECK_THAT(out, !Catch::Matchers::Contains("unknown level"));
+  TempPath dir("_record");
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("info launches no kernels, so nothing was recorded"));
+  out.clear();  // a case the emulator cannot run (a GB10's shared memory) is skipped: no launch
+  const std::string wgmma16 =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";
+  CHECK(run_cli("--record " + dir.path.string() + " case run --backend emu " + wgmma16, out,
+                "METRALE_EMU_SHARED_BYTES=101376") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("no launch ran on this emulator, so " + dir.path.string()));
 }
 
 TEST_CASE("bad input: an unknown command is named, at the top and under case", "[bad_input][cli]") {

@@ -23,10 +23,10 @@
 
 namespace metrale::test {
 
-/// `../shared/golden` beside the checkout (CI has it there), or
-/// `METRALE_GOLDEN_DIR`.
+/// `METRALE_GOLDEN_DIR` when set and not empty, else `../shared/golden` beside the checkout (CI
+/// has it there).
 inline std::filesystem::path golden_dir() {
-  if (const char* env = std::getenv("METRALE_GOLDEN_DIR")) return env;
+  if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0') return env;
   return std::filesystem::path(METRALE_SOURCE_DIR) / ".." / "shared" / "golden";
 }
 

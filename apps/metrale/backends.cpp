@@ -13,10 +13,12 @@
 namespace metrale::cli {
 
 namespace {
-std::string g_record_dir;  // --record
+std::string g_record_dir;      // --record
+bool g_recorder_made = false;  // a backend made since, which records
 }  // namespace
 
 void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
+bool recorder_made() { return g_recorder_made; }
 
 std::unique_ptr<GpuBackend> make_backend(std::string choice) {
   if (choice.empty()) {
@@ -29,7 +31,9 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
       fail(Errc::invalid_argument, "--record {} needs the emulator, not backend {}", g_record_dir, choice);
     emu::EmulatorOptions o;
     o.record_dir = g_record_dir;
-    return std::make_unique<emu::EmulatorBackend>(o);
+    auto gpu = std::make_unique<emu::EmulatorBackend>(o);
+    g_recorder_made = true;
+    return gpu;
   }
   if (choice == "emu") return std::make_unique<emu::EmulatorBackend>();
 #ifdef METRALE_WITH_CUDA

@@ -19,6 +19,9 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice);
 /// each launch to DIR as a kernel case file. Asking for CUDA then is an
 /// `invalid_argument` error.
 void record_launches_to(std::string dir);
+/// Whether a backend was made since record_launches_to (a command without one, like `info`,
+/// records nothing: main says so).
+bool recorder_made();
 
 struct BackendStatus {
   std::string name;

@@ -274,7 +274,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
     const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
     auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
-    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && !named_golden)
+    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0' && !named_golden)
       golden_dirs.emplace_back(env);
     if (opts->no_golden) golden_dirs.clear();
     std::vector<fs::path> case_files, golden_files;

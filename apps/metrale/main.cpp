@@ -1,7 +1,10 @@
 // metrale: the command line of the MLA decode kernels framework.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/cfg/env.h>
@@ -17,6 +20,20 @@ int main(int argc, char** argv) {
   // Log lines go to stderr, so that stdout holds only a command's output (--json stays JSON).
   spdlog::set_default_logger(spdlog::stderr_color_mt("metrale"));
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, ...
+  // spdlog skips a level it does not know without a word: say so.
+  if (const char* env = std::getenv("SPDLOG_LEVEL"); env != nullptr) {
+    std::string_view rest = env;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      if (const auto eq = item.find('='); eq != std::string_view::npos) item.remove_prefix(eq + 1);
+      const std::string level(item);
+      if (spdlog::level::from_str(level) == spdlog::level::off && level != "off")
+        spdlog::warn("SPDLOG_LEVEL: unknown level '{}' ignored (trace, debug, info, warn, error, critical or off)",
+                     metrale::printable(level));
+    }
+  }
   CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
   app.set_version_flag("--version", METRALE_VERSION);
   app.require_subcommand(1);
@@ -33,6 +50,9 @@ int main(int argc, char** argv) {
   metrale::cli::add_bench(app);
   try {
     app.parse(argc, argv);
+    if (!record_dir.empty() && !metrale::cli::recorder_made())
+      spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", record_dir,
+                   app.get_subcommands().front()->get_name());
   } catch (const CLI::ParseError& e) {
     // "metrale bogus", "metrale case bogus": name the unknown command rather than "a subcommand is
     // required".

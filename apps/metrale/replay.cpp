@@ -100,8 +100,8 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
     if (!kimi && file.has("gate"))
       spdlog::warn("{} has an output gate: --model deepseek ignores it (--model kimi-k3 applies it)", opts->file);
     auto gpu = make_backend(opts->backend);
-    const std::string name =
-        file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string();
+    const std::string name = printable(  // printed: its control characters escaped
+        file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string());
     ReplayResult r;
     KvDescription kv{opts->model, "", "", 0};
     if (kimi) {

@@ -29,8 +29,14 @@ enum class Errc {
 /// The code's name as written in SPEC §1 ("invalid_argument", ...).
 std::string_view to_string(Errc code);
 
+/// `text` with its control characters (bytes below 0x20, and 0x7F) written as \xNN, so that a
+/// value read from a file (a case name, a metadata value) cannot start or fake a line of output;
+/// every other byte as it is. An Error's message and context frames go through it.
+std::string printable(std::string_view text);
+
 class Error : public std::exception {
  public:
+  /// `message` as printable() writes it.
   Error(Errc code, std::string message);
 
   Errc code() const noexcept { return code_; }
@@ -41,7 +47,7 @@ class Error : public std::exception {
   /// "outer: inner: message".
   const char* what() const noexcept override { return what_.c_str(); }
 
-  /// Prepend one context frame (it becomes the outermost).
+  /// Prepend one context frame (it becomes the outermost), as printable() writes it.
   Error& add_context(std::string frame);
 
  private:
