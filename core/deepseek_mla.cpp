@@ -35,6 +35,15 @@ void expect_size(const char* what, std::size_t got, std::size_t want) {
   if (got != want) fail(Errc::invalid_argument, "deepseek mla: {} has {} values, expected {}", what, got, want);
 }
 
+// The new tokens' latent and rope rows enter the cache, where a NaN would poison every later step
+// of the sequence (and an infinity saturate silently): refused before anything is reserved.
+void expect_finite(const char* what, std::span<const float> values) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != values.end())
+    fail(Errc::invalid_argument, "deepseek mla: {}[{}] is {}; a token stored in the cache must be finite", what,
+         std::distance(values.begin(), bad), *bad);
+}
+
 }  // namespace
 
 DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk,
@@ -87,6 +96,8 @@ SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::s
   expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
   expect_size("k_rope", k_rope.size(), n * d.rope);
   expect_size("positions", positions.size(), n);
+  expect_finite("kv_latent", kv_latent);
+  expect_finite("k_rope", k_rope);
   SlotReservation slots = cache_.reserve(seqs);  // capacity first: fail before any work
   if (n == 0) return slots;
   const std::uint32_t cd = d.cache_dim(), nt = static_cast<std::uint32_t>(n);
@@ -168,6 +179,8 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   expect_size("kv_latent", in.kv_latent.size(), S * d.kv_lora);
   expect_size("k_rope", in.k_rope.size(), S * d.rope);
   expect_size("positions", in.positions.size(), S);
+  expect_finite("kv_latent", in.kv_latent);  // before any launch, as stage_kv would after the q stages
+  expect_finite("k_rope", in.k_rope);
   times_.clear();
   last_mark_ = now_ms();
   if (S == 0) return {};

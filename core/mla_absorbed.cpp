@@ -2,7 +2,10 @@
 #include "metrale/mla_absorbed.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
+#include "metrale/formats.hpp"
 #include "metrale/launch.hpp"
 #include "validate.hpp"
 
@@ -213,6 +216,13 @@ void validate(const PagedDecodeFp8Args& a) {
   validate_paged_decode(v, a);
   v.positive_finite("k_scale", a.k_scale);
   v.positive_finite("v_scale", a.v_scale);
+  // Every path works in FP32: the largest code (448) times a scale, and the softmax scale times
+  // the K scale (the split path's logit scale), must be finite, else the step is inf and NaN.
+  for (const auto& [name, scale] : {std::pair{"k_scale", a.k_scale}, {"v_scale", a.v_scale}})
+    v.check(std::isfinite(kE4m3Max * scale), "{} {} times the largest E4M3 code ({}) is past FP32's range", name, scale,
+            kE4m3Max);
+  v.check(std::isfinite(a.inv_sqrt_d * a.k_scale), "inv_sqrt_d {} times k_scale {} is past FP32's range", a.inv_sqrt_d,
+          a.k_scale);
   v.check(a.cache_stride >= std::uint64_t{a.num_kv_heads} * a.kv_cache_dim,
           "cache_stride {} < row width {} (num_kv_heads {} x kv_cache_dim {})", a.cache_stride,
           std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.num_kv_heads, a.kv_cache_dim);

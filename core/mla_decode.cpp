@@ -60,6 +60,17 @@ void check_token(const MlaConfig& cfg, std::size_t q, std::size_t k, std::size_t
   if (cfg.mla_use_output_gate || g != 0) expect_len("g", g, cfg.heads, "v_head_dim", cfg.v_head_dim);
 }
 
+// The token's K and V rows enter the history, where a NaN or an infinity would poison every later
+// token's output: refused before anything is stored, naming the first such element.
+void check_new_rows(std::span<const float> k, std::span<const float> v) {
+  for (const auto& [name, row] : {std::pair{"k", k}, {"v", v}}) {
+    const auto bad = std::find_if(row.begin(), row.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != row.end())
+      fail(Errc::invalid_argument, "k3 mla: {}[{}] is {}; a row of the history must be finite", name,
+           std::distance(row.begin(), bad), *bad);
+  }
+}
+
 void check_history_len(std::size_t seq_len) {
   if (seq_len >= kU32Max)
     fail(Errc::invalid_argument, "k3 mla: history of {} tokens cannot grow past {}", seq_len, kU32Max);
@@ -163,6 +174,7 @@ std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std:
                                     float theta) {
   // The launchers' checks, all before q and k are rotated in place: an error changes nothing.
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
+  check_new_rows(k, v);
   check_host_history(kv, cfg);
   if (!cfg.mla_use_nope && (!std::isfinite(theta) || theta <= 0.0f))
     fail(Errc::invalid_argument, "k3 mla: theta {} is not a finite positive number", theta);
@@ -329,6 +341,7 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
                                               MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos, float theta,
                                               Stream stream) {
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
+  check_new_rows(k, v);
   check_host_history(kv, cfg);
   return with_context(fmt::format("k3 mla decode (host KV) at position {}", pos), [&] {
     const auto dq = with_context("upload q", [&] { return DeviceBuffer::from_host<float>(gpu, q); });
@@ -366,6 +379,7 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
                                                         MlaDeviceKv& kv, const MlaConfig& cfg, std::uint32_t pos,
                                                         float theta, Stream stream) {
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
+  check_new_rows(k, v);
   kv.validate_cfg(cfg);
   if (&kv.backend() != &gpu) fail(Errc::invalid_argument, "k3 mla: the device KV was allocated on another backend");
   if (kv.seq_len() >= kv.cap()) fail(Errc::capacity_exceeded, "k3 mla: device KV cap {} full", kv.cap());

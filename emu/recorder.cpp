@@ -72,7 +72,8 @@ CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
     spdlog::info("recorder: wrote {} kernel cases to {}", written_, dir_.string());
   } else {
-    spdlog::warn("recorder: no launch ran on this emulator, so {} holds no new case", dir_.string());
+    spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
+                 dir_.string());
   }
 }
 

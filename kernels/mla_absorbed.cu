@@ -178,7 +178,7 @@ __device__ void paged_attention(const __nv_bfloat16* q, __nv_bfloat16* o, uint32
   // The sink joins the denominator only, unscaled and without a value row.
   if (has_sink) {
     const float m_final = fmaxf(m, sink);
-    const float alpha = expf(m - m_final);
+    const float alpha = m == m_final ? 1.0f : expf(m - m_final);  // no keys and a −inf sink: 1, not NaN
     l = l * alpha + sink_term(sink, m_final);
     for (float& a : acc) a *= alpha;
   }

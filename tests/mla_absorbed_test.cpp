@@ -170,6 +170,24 @@ TEST_CASE("check_output passes equal infinities and NaN pairs, nothing else non-
   }
 }
 
+// BF16 ULPs count between finite values only: on the bit line +∞ is one ULP past the largest finite
+// value and NaN payloads lie just past +∞, so a recorded case's 1-ULP fallback once passed them.
+TEST_CASE("check_output's ULP fallback never meets or passes an infinity or a NaN", "[kernel_case]") {
+  auto bf16 = [](std::vector<std::uint16_t> bits) {
+    Tensor t{Dtype::bf16, {static_cast<std::int64_t>(bits.size())}, std::vector<std::byte>(bits.size() * 2)};
+    std::memcpy(t.data.data(), bits.data(), t.data.size());
+    return t;
+  };
+  const Tolerance tol{0, 0, 64};
+  constexpr std::uint16_t kMax = 0x7F7F, kInf = 0x7F80, kNan = 0x7F81, kNanCanonical = 0x7FC0;
+  CHECK(check_output("o", bf16({0x7F7E}), bf16({kMax}), tol).pass);  // finite: one ULP apart
+  for (const auto& [got, want] : std::vector<std::pair<std::uint16_t, std::uint16_t>>{
+           {kInf, kMax}, {kMax, kInf}, {kNan, kInf}, {kNanCanonical, kInf}, {kNan, kMax}}) {
+    INFO("got " << got << " want " << want);
+    CHECK(check_output("o", bf16({got}), bf16({want}), tol).bad == 1);
+  }
+}
+
 // A relative tolerance of ∞ (which parse_tolerance accepts) once failed exact zeros: ∞·0 is NaN.
 TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, fails off zero", "[kernel_case]") {
   auto f32 = [](std::vector<float> v) {

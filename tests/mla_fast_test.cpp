@@ -856,11 +856,13 @@ TEST_CASE("a NaN sink gives NaN on both decode paths, never zeros", "[mla_fast][
 
 // SPEC §3's sink term e^(sink − m), m = max(logits, sink), is inf − inf for a +inf sink; the
 // kernels take its limit: the sink is the whole denominator and o = 0. A −inf sink adds nothing:
-// o is the bits of the launch without sinks. Seed kernel, split path (its combine) and the cluster
-// entry (its combine in distributed shared memory), on every backend.
+// o is the bits of the launch without sinks, and an empty sequence's zeros (the seed kernel's
+// rescale had made them e^(−inf − (−inf)) = NaN). Seed kernel, split path (its combine) and the
+// cluster entry (its combine in distributed shared memory), on every backend.
 TEST_CASE("an infinite sink: +inf gives zeros, −inf the output without sinks", "[mla_fast][sinks]") {
   gen::PagedSpec p;
-  p.q_head_dim = 64, p.kv_cache_dim = 64, p.num_q_heads = 3, p.seq_lens = {5}, p.sinks = true, p.num_blocks = 4;
+  p.q_head_dim = 64, p.kv_cache_dim = 64, p.num_q_heads = 3, p.num_seqs = 2, p.seq_lens = {5, 0}, p.sinks = true;
+  p.num_blocks = 4;
   gen::PagedSpec wide = fused_spec(20, 10);
   std::vector<KernelCase> cases{gen::paged_decode_case(p), gen::split_path_case(p), gen::fused_decode_case(wide, 1)};
   constexpr float kInf = std::numeric_limits<float>::infinity();

@@ -3,12 +3,15 @@
 // kernel case files, and the golden model replays — with report.json and report.md.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -67,8 +70,10 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vecto
     missing.push_back(dir.string());
     return out;
   }
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") out.push_back(e.path());
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".safetensors") out.push_back(it->path());
+  if (ec) fail(Errc::invalid_argument, "conform: cannot list folder {}: {}", dir.string(), ec.message());
   if (out.empty() && named) fail(Errc::not_found, "conform: no .safetensors files in {}", dir.string());
   std::sort(out.begin(), out.end());
   return out;
@@ -196,7 +201,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
     row.failed += r.pass() ? 0 : 1;
     for (const auto& c : r.checks) {
       double& slot = c.against == "emulator" ? row.vs_emu : row.vs_ref;
-      slot = std::max(slot, c.max_abs);
+      slot = std::isnan(slot) || std::isnan(c.max_abs) ? std::numeric_limits<double>::quiet_NaN()
+                                                       : std::max(slot, c.max_abs);  // NaN shown, not hidden
     }
   }
   std::ostringstream md;

@@ -1,4 +1,6 @@
 // metrale: the command line of the MLA decode kernels framework.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -28,7 +30,9 @@ int main(int argc, char** argv) {
       std::string_view item = rest.substr(0, comma);
       rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
       if (const auto eq = item.find('='); eq != std::string_view::npos) item.remove_prefix(eq + 1);
-      const std::string level(item);
+      std::string level(item);  // spdlog takes a level in any case
+      std::transform(level.begin(), level.end(), level.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       if (spdlog::level::from_str(level) == spdlog::level::off && level != "off")
         spdlog::warn("SPDLOG_LEVEL: unknown level '{}' ignored (trace, debug, info, warn, error, critical or off)",
                      metrale::printable(level));

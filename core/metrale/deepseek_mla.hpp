@@ -57,7 +57,8 @@ class DeepseekMlaDecoder {
   /// (rope, assemble, store). Token i belongs to `seqs[i]` at `positions[i]`:
   /// kv_latent [n, kv_lora], k_rope [n, rope] (before rotation). All or
   /// nothing: on any error the cache is unchanged. Errors: `invalid_argument`
-  /// for sizes, `capacity_exceeded`, `not_found`, the backend's.
+  /// for sizes or a NaN or infinite value in kv_latent or k_rope (named by
+  /// index), `capacity_exceeded`, `not_found`, the backend's.
   void append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
                  std::span<const std::uint32_t> positions);
 

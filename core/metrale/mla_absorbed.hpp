@@ -126,7 +126,8 @@ struct PagedDecodeFp8Args : PagedDecodeCommon {
   std::uint32_t comp_block_count = 0;
 };
 /// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): as for
-/// NVFP4, plus k_scale or v_scale not finite or ≤ 0; cache_stride < row width;
+/// NVFP4, plus k_scale or v_scale not finite or ≤ 0, or 448 (the largest E4M3 code) times it, or
+/// inv_sqrt_d × k_scale, past FP32's range; cache_stride < row width;
 /// block_size x cache_stride ≥ 2^32 (row offsets would wrap); with comp_pool,
 /// more than 2^31 − 1 keys or entry offsets past 2^62.
 /// `unsupported`: kv_cache_dim > kMaxKvCacheDim.

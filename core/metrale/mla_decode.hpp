@@ -215,6 +215,7 @@ class MlaDeviceKv {
 /// success only, so a retry after an error is exact. g [heads, v_head_dim]
 /// (may be empty without the gate). Errors: `invalid_argument` for the config
 /// (`validate`), a q/k/v/g length (naming it and the expected heads × dim), a
+/// NaN or infinity in k or v (the new history row; named by index), a
 /// history whose K/V sizes are not seq_len rows of the config's widths, more
 /// than 2^32 − 1 tokens; the backend's, with context "k3 mla decode (host KV) at
 /// position P: <stage>". On any error `kv` is unchanged and no temporary stays
@@ -229,7 +230,8 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
 /// host, attention reads the KV in place, and only out [heads, v_head_dim] f32
 /// is copied back. Shapes as for `launch_k3_mla_decode_token` (q, k are not
 /// modified). Errors: `capacity_exceeded` when kv is full (before any backend
-/// call); `invalid_argument` for the config, a q/k/v/g length, a resident KV
+/// call); `invalid_argument` for the config, a q/k/v/g length, a NaN or
+/// infinity in k or v, a resident KV
 /// whose rows do not fit the config (`validate_cfg`), a KV of another backend;
 /// the backend's, with context "k3 mla decode (device KV) at position P:
 /// <stage>". On any error kv.seq_len() and its rows are unchanged and no

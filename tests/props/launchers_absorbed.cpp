@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "arb.hpp"
 #include "launcher_defs.hpp"
 #include "metrale/launch.hpp"
 #include "metrale/mla_absorbed.hpp"
@@ -387,6 +388,22 @@ Def<PagedDecodeFp8Args> decode_fp8() {
   d.rules = common_rules<A>(kn);
   d.rules.push_back(scale_rule<A>(kn, "k_scale", &A::k_scale));
   d.rules.push_back(scale_rule<A>(kn, "v_scale", &A::v_scale));
+  for (const auto& [name, field] : {std::pair{"k_scale", &A::k_scale}, {"v_scale", &A::v_scale}})
+    d.rules.push_back([kn, name, field](A& a) {
+      a.*field = std::numeric_limits<float>::max() / arb_scale(2.0f, 447.0f);  // (arb_scale's span × 10^6 is finite)
+      return BrokenRule{
+          fmt::format("{} x 448 past FP32", name),
+          Errc::invalid_argument,
+          {kn, fmt::format("{} {} times the largest E4M3 code (448) is past FP32's range", name, a.*field)}};
+    });
+  d.rules.push_back([kn](A& a) {
+    a.k_scale = arb_scale(1e20f, 1e30f);
+    a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() / a.k_scale * arb_scale(2.0f, 1000.0f);
+    return BrokenRule{
+        "inv_sqrt_d x k_scale past FP32",
+        Errc::invalid_argument,
+        {kn, fmt::format("inv_sqrt_d {} times k_scale {} is past FP32's range", a.inv_sqrt_d, a.k_scale)}};
+  });
   d.rules.push_back([kn](A& a) {
     const std::uint64_t width = std::uint64_t{a.num_kv_heads} * a.kv_cache_dim;
     a.cache_stride = u64(0, width - 1);
