@@ -7,6 +7,7 @@
 #include <set>
 
 #include "metrale/error.hpp"
+#include "validate.hpp"
 
 namespace metrale {
 
@@ -33,15 +34,6 @@ std::vector<float> to_f32(std::span<const Bf16> x) {
 
 void expect_size(const char* what, std::size_t got, std::size_t want) {
   if (got != want) fail(Errc::invalid_argument, "deepseek mla: {} has {} values, expected {}", what, got, want);
-}
-
-// The new tokens' latent and rope rows enter the cache, where a NaN would poison every later step
-// of the sequence (and an infinity saturate silently): refused before anything is reserved.
-void expect_finite(const char* what, std::span<const float> values) {
-  const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-  if (bad != values.end())
-    fail(Errc::invalid_argument, "deepseek mla: {}[{}] is {}; a token stored in the cache must be finite", what,
-         std::distance(values.begin(), bad), *bad);
 }
 
 }  // namespace
@@ -89,15 +81,23 @@ void DeepseekMlaDecoder::mark(const char* stage) {
   last_mark_ = t;
 }
 
+void DeepseekMlaDecoder::check_new_tokens(std::size_t n, std::span<const float> kv_latent,
+                                          std::span<const float> k_rope,
+                                          std::span<const std::uint32_t> positions) const {
+  const MlaDims& d = cfg_.dims;
+  expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
+  expect_size("k_rope", k_rope.size(), n * d.rope);
+  expect_size("positions", positions.size(), n);
+  // The rows enter the cache, where a NaN would poison every later step of the sequence (and an
+  // infinity saturate silently): refused before anything is reserved.
+  detail::require_finite("deepseek mla: kv_latent", kv_latent, "a token stored in the cache must be finite");
+  detail::require_finite("deepseek mla: k_rope", k_rope, "a token stored in the cache must be finite");
+}
+
 SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent,
                                              std::span<const float> k_rope, std::span<const std::uint32_t> positions) {
   const MlaDims& d = cfg_.dims;
   const std::size_t n = seqs.size();
-  expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
-  expect_size("k_rope", k_rope.size(), n * d.rope);
-  expect_size("positions", positions.size(), n);
-  expect_finite("kv_latent", kv_latent);
-  expect_finite("k_rope", k_rope);
   SlotReservation slots = cache_.reserve(seqs);  // capacity first: fail before any work
   if (n == 0) return slots;
   const std::uint32_t cd = d.cache_dim(), nt = static_cast<std::uint32_t>(n);
@@ -129,6 +129,7 @@ SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::s
 
 void DeepseekMlaDecoder::append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent,
                                    std::span<const float> k_rope, std::span<const std::uint32_t> positions) {
+  check_new_tokens(seqs.size(), kv_latent, k_rope, positions);
   times_.clear();
   last_mark_ = now_ms();
   SlotReservation slots = stage_kv(seqs, kv_latent, k_rope, positions);
@@ -175,12 +176,7 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
     fail(Errc::invalid_argument, "deepseek mla: a sequence is listed twice in one decode step");
   expect_size("q_nope", in.q_nope.size(), S * H * d.nope);
   expect_size("q_rope", in.q_rope.size(), S * H * d.rope);
-  // stage_kv checks these too, but the q stages below already index positions.
-  expect_size("kv_latent", in.kv_latent.size(), S * d.kv_lora);
-  expect_size("k_rope", in.k_rope.size(), S * d.rope);
-  expect_size("positions", in.positions.size(), S);
-  expect_finite("kv_latent", in.kv_latent);  // before any launch, as stage_kv would after the q stages
-  expect_finite("k_rope", in.k_rope);
+  check_new_tokens(S, in.kv_latent, in.k_rope, in.positions);  // before the q stages, which index positions
   times_.clear();
   last_mark_ = now_ms();
   if (S == 0) return {};

@@ -63,12 +63,8 @@ void check_token(const MlaConfig& cfg, std::size_t q, std::size_t k, std::size_t
 // The token's K and V rows enter the history, where a NaN or an infinity would poison every later
 // token's output: refused before anything is stored, naming the first such element.
 void check_new_rows(std::span<const float> k, std::span<const float> v) {
-  for (const auto& [name, row] : {std::pair{"k", k}, {"v", v}}) {
-    const auto bad = std::find_if(row.begin(), row.end(), [](float x) { return !std::isfinite(x); });
-    if (bad != row.end())
-      fail(Errc::invalid_argument, "k3 mla: {}[{}] is {}; a row of the history must be finite", name,
-           std::distance(row.begin(), bad), *bad);
-  }
+  detail::require_finite("k3 mla: k", k, "a row of the history must be finite");
+  detail::require_finite("k3 mla: v", v, "a row of the history must be finite");
 }
 
 void check_history_len(std::size_t seq_len) {

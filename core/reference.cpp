@@ -22,10 +22,10 @@ VectorXd to_vec(std::span<const float> x) {
   return v;
 }
 
-// A sink's term of the denominator, e^(sink − m) with m ≥ sink the maximum, and 1 where sink = m:
-// a +inf sink (m = +inf) takes the whole denominator, so o = 0, the formula's limit (SPEC §3's
-// e^(sink − m) is NaN there); the kernels' sink_term.
-double sink_term(double sink, double m) { return sink == m ? 1.0 : std::exp(sink - m); }
+// e^(x − m) for x ≤ m the maximum, and 1 where x = m: as a sink's term, a +inf sink (m = +inf)
+// takes the whole denominator, so o = 0, the formula's limit (SPEC §3's e^(sink − m) is NaN
+// there); the kernels' exp_below.
+double exp_below(double x, double m) { return x == m ? 1.0 : std::exp(x - m); }
 
 // Softmax-weighted sum of V's rows by logits (plus an optional sink in the denominator).
 VectorXd attend(const VectorXd& logits, const MatrixXd& v, bool has_sink, double sink) {
@@ -33,7 +33,7 @@ VectorXd attend(const VectorXd& logits, const MatrixXd& v, bool has_sink, double
   double m = logits.maxCoeff();
   if (has_sink) m = std::max(m, sink);
   const VectorXd e = (logits.array() - m).exp().matrix();
-  const double denom = e.sum() + (has_sink ? sink_term(sink, m) : 0.0);
+  const double denom = e.sum() + (has_sink ? exp_below(sink, m) : 0.0);
   return v.transpose() * e / denom;
 }
 
@@ -211,7 +211,7 @@ CombineResult combine_partials(std::span<const float> o_partial, std::span<const
       double big = has_sink ? double{sinks[h]} : -std::numeric_limits<double>::infinity();
       for (std::uint32_t z = 0; z < num_splits; ++z)
         if (ml_partial[2 * (base + z) + 1] > 0) big = std::max(big, double{ml_partial[2 * (base + z)]});
-      double denom = has_sink ? sink_term(sinks[h], big) : 0.0;
+      double denom = has_sink ? exp_below(sinks[h], big) : 0.0;
       for (std::uint32_t z = 0; z < num_splits; ++z)
         if (const double l = ml_partial[2 * (base + z) + 1]; l > 0)
           denom += std::exp(ml_partial[2 * (base + z)] - big) * l;

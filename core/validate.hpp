@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +20,14 @@
 #include "metrale/error.hpp"
 
 namespace metrale::detail {
+
+/// `what`'s first NaN or infinity refused (`invalid_argument`): "<what>[i] is <value>; <why>".
+/// For values a step would store (a KV row), where one poisons every later output.
+inline void require_finite(std::string_view what, std::span<const float> values, std::string_view why) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != values.end())
+    fail(Errc::invalid_argument, "{}[{}] is {}; {}", what, std::distance(values.begin(), bad), *bad, why);
+}
 
 /// CUDA's limits on gridDim.x, and on gridDim.y and gridDim.z.
 inline constexpr std::uint32_t kMaxGridX = 0x7FFF'FFFF;

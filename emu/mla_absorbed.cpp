@@ -181,8 +181,8 @@ void paged_attention(Block& blk, Global<const Bf16> q, Global<Bf16> o, std::uint
   // The sink joins the denominator only, unscaled and without a value row.
   if (has_sink) {
     const float m_final = std::max(m, sink);
-    const float alpha = m == m_final ? 1.0f : std::exp(m - m_final);  // no keys and a −inf sink: 1, not NaN
-    l = l * alpha + sink_term(sink, m_final);
+    const float alpha = exp_below(m, m_final);  // no keys and a −inf sink: 1, not NaN
+    l = l * alpha + exp_below(sink, m_final);
     for (auto& a : acc)
       for (float& x : a) x *= alpha;
   }

@@ -138,7 +138,7 @@ void combine_head(std::span<const float> ml, std::optional<float> sink, float v_
   std::array<std::array<float, kWarp>, 8> part{};
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] != 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
-  float denom = sink ? sink_term(*sink, big) : 0.0f;
+  float denom = sink ? exp_below(*sink, big) : 0.0f;
   for (const auto& warp : part) denom += warp_sum(warp);
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
   std::vector<std::optional<float>> weight(num_splits);      // none: a chunk without keys

@@ -28,9 +28,9 @@ inline float segment_sum(std::array<float, kWarp> v, std::uint32_t width) {
 /// The warp's butterfly sum (offsets 16..1).
 inline float warp_sum(const std::array<float, kWarp>& v) { return segment_sum(v, kWarp); }
 
-/// A sink's term of the softmax denominator (sink_term in kernels/device_common.cuh): e^(sink − m),
-/// 1 where sink = m (a +inf sink takes the whole denominator: o = 0, the formula's limit).
-inline float sink_term(float sink, float m) { return sink == m ? 1.0f : std::exp(sink - m); }
+/// e^(x − m) for x ≤ m, 1 where x = m, infinities included (exp_below in kernels/device_common.cuh:
+/// a +inf sink takes the whole denominator, o = 0; a rescale from −inf to −inf is 1, not NaN).
+inline float exp_below(float x, float m) { return x == m ? 1.0f : std::exp(x - m); }
 
 /// The keys a paged decode attends for one sequence (SPEC §3): `comp` compressed entries first,
 /// then the window [start, L) of the sequence, L = seq_len clamped to [0, max_blocks·block_size],

@@ -36,10 +36,11 @@ __device__ inline float segment_sum(float v, uint32_t width) {
   return v;
 }
 
-// A sink's term of the softmax denominator, e^(sink − m) with m = max(logits, sink) (SPEC §3), and
-// 1 where sink = m: so a +inf sink (m = +inf, where the formula's inf − inf is NaN) takes the whole
-// denominator and o = 0, the formula's limit; finite values give e^0 = 1 there anyway.
-__device__ inline float sink_term(float sink, float m) { return sink == m ? 1.0f : expf(sink - m); }
+// e^(x − m) for x ≤ m a running maximum, and 1 where x = m, infinities included (finite values give
+// e^0 = 1 there anyway): a sink's term of the denominator (SPEC §3: a +inf sink, where the formula's
+// inf − inf is NaN, then takes the whole denominator and o = 0, its limit) and a rescale from −inf
+// to −inf (no keys and a −inf sink: 1, not NaN).
+__device__ inline float exp_below(float x, float m) { return x == m ? 1.0f : expf(x - m); }
 
 __device__ inline float warp_max(float v) {
   for (uint32_t off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));

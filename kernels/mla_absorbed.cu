@@ -9,10 +9,10 @@
 #include "device_common.cuh"
 #include "device_formats.cuh"
 
+using metrale::exp_below;
 using metrale::key_set;
 using metrale::KeySet;
 using metrale::kWarp;
-using metrale::sink_term;
 using metrale::warp_max;
 using metrale::warp_sum;
 
@@ -178,8 +178,8 @@ __device__ void paged_attention(const __nv_bfloat16* q, __nv_bfloat16* o, uint32
   // The sink joins the denominator only, unscaled and without a value row.
   if (has_sink) {
     const float m_final = fmaxf(m, sink);
-    const float alpha = m == m_final ? 1.0f : expf(m - m_final);  // no keys and a −inf sink: 1, not NaN
-    l = l * alpha + sink_term(sink, m_final);
+    const float alpha = exp_below(m, m_final);  // no keys and a −inf sink: 1, not NaN
+    l = l * alpha + exp_below(sink, m_final);
     for (float& a : acc) a *= alpha;
   }
   // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.

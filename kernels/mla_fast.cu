@@ -34,11 +34,11 @@
 #include "split_common.cuh"
 
 using metrale::allow_next_kernel;
+using metrale::exp_below;
 using metrale::key_set;
 using metrale::KeySet;
 using metrale::kWarp;
 using metrale::segment_sum;
-using metrale::sink_term;
 using metrale::wait_for_previous_kernel;
 using metrale::warp_max;
 using metrale::warp_sum;
@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256)
   denom = warp_sum(denom);
   if (tid % kWarp == 0) red_sum[warp] = denom;
   __syncthreads();
-  denom = has_sink ? sink_term(sinks[h], big) : 0.0f;
+  denom = has_sink ? exp_below(sinks[h], big) : 0.0f;
   for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) denom += red_sum[w];
   const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
 

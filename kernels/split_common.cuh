@@ -99,7 +99,7 @@ __device__ float chunk_weights(const float (&m)[kMax], const float (&l)[kMax], u
 #pragma unroll
     for (uint32_t z = 0; z < off; ++z) t[z] = t[z] + t[z + off];
   }
-  const float denom = (sink != nullptr ? sink_term(*sink, big) : 0.0f) + t[0];
+  const float denom = (sink != nullptr ? exp_below(*sink, big) : 0.0f) + t[0];
   return denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
 }
 

@@ -18,26 +18,35 @@
 #include "commands.hpp"
 #include "metrale/error.hpp"
 
+namespace {
+
+// SPDLOG_LEVEL ("debug", "info,metrale=trace", ...): spdlog skips a level it does not know without a
+// word; say so.
+void warn_unknown_log_levels() {
+  const char* env = std::getenv("SPDLOG_LEVEL");
+  if (env == nullptr) return;
+  std::string_view rest = env;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (const auto eq = item.find('='); eq != std::string_view::npos) item.remove_prefix(eq + 1);
+    std::string level(item);  // spdlog takes a level in any case
+    std::transform(level.begin(), level.end(), level.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (spdlog::level::from_str(level) == spdlog::level::off && level != "off")
+      spdlog::warn("SPDLOG_LEVEL: unknown level '{}' ignored (trace, debug, info, warn, error, critical or off)",
+                   metrale::printable(level));
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Log lines go to stderr, so that stdout holds only a command's output (--json stays JSON).
   spdlog::set_default_logger(spdlog::stderr_color_mt("metrale"));
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, ...
-  // spdlog skips a level it does not know without a word: say so.
-  if (const char* env = std::getenv("SPDLOG_LEVEL"); env != nullptr) {
-    std::string_view rest = env;
-    while (!rest.empty()) {
-      const auto comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      if (const auto eq = item.find('='); eq != std::string_view::npos) item.remove_prefix(eq + 1);
-      std::string level(item);  // spdlog takes a level in any case
-      std::transform(level.begin(), level.end(), level.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (spdlog::level::from_str(level) == spdlog::level::off && level != "off")
-        spdlog::warn("SPDLOG_LEVEL: unknown level '{}' ignored (trace, debug, info, warn, error, critical or off)",
-                     metrale::printable(level));
-    }
-  }
+  warn_unknown_log_levels();
   CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
   app.set_version_flag("--version", METRALE_VERSION);
   app.require_subcommand(1);

@@ -85,6 +85,10 @@ class DeepseekMlaDecoder {
   const DeepseekMlaConfig& config() const { return cfg_; }
 
  private:
+  // The new tokens' sizes and values (append_kv's and step's rules), before any backend call.
+  void check_new_tokens(std::size_t n, std::span<const float> kv_latent, std::span<const float> k_rope,
+                        std::span<const std::uint32_t> positions) const;
+  // Rope, assemble and store the new tokens (checked by the caller) into reserved slots.
   SlotReservation stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
                            std::span<const std::uint32_t> positions);
   void attend(DevicePtr q_absorbed, DevicePtr o, std::span<const SeqId> seqs);
