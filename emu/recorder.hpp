@@ -1,6 +1,6 @@
 // The emulator's recorder (SPEC §2): each launch written as a kernel case file
 // (SPEC §5) — its arguments, the bytes its pointer arguments held before it ran
-// and, for those it changed, what they held after as the expectation — so a run
+// and, for its outputs, what they held after as the expectation — so a run
 // without a GPU can be replayed on hardware and compared.
 #pragma once
 
@@ -27,7 +27,8 @@ class CaseRecorder {
   /// declared element type; null or unmapped pointers record nothing.
   KernelCase before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                     const detail::AddressSpace& memory) const;
-  /// After it ran: the changed buffers become `expected.<param>` with the
+  /// After it ran: the outputs (the port's writable pointers, changed or not) and any other
+  /// buffer it changed become `expected.<param>` with the
   /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors, numbered on
   /// from the highest number already in the folder (a later run overwrites no case), past any
   /// number another recorder of the folder took meanwhile (no case is ever replaced).

@@ -4,6 +4,7 @@
 // (or the poison bytes) wherever nothing may be written.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -232,6 +233,32 @@ TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kerne
   }
   CHECK(read_kernel_case(dir / "0007_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
   CHECK(read_kernel_case(dir / "0008_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 5);
+  std::filesystem::remove_all(dir);
+}
+
+// An output the launch left as it was is still an expectation: a GEMV over zero weights writes
+// zeros into a zeroed output, which a replay on hardware must reproduce (before: no expectation,
+// so any bytes there passed).
+TEST_CASE("the recorder expects an output the launch left unchanged", "[kernel_case][recorded]") {
+  const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_unchanged_test";
+  std::filesystem::remove_all(dir);
+  KernelCase c = gen::gemv_case(7, 16, 2, 0, 0, 3);
+  std::fill(c.inputs.at("weight").data.begin(), c.inputs.at("weight").data.end(), std::byte{0});
+  std::fill(c.inputs.at("output").data.begin(), c.inputs.at("output").data.end(), std::byte{0});
+  auto& want = c.expected.at("output").data;  // Σ 0·x = 0 (an all-zero f64 is 0.0)
+  std::fill(want.begin(), want.end(), std::byte{0});
+  {
+    emu::EmulatorOptions o;
+    o.record_dir = dir;
+    emu::EmulatorBackend gpu(o);
+    run_kernel_case(gpu, c);
+  }
+  const KernelCase rec = read_kernel_case(dir / "0000_mla_batched_gemv.safetensors");
+  REQUIRE(rec.expected.count("output") == 1);
+  CHECK(rec.expected.count("input") == 0);  // read-only: an input only
+  const Tensor& out = rec.expected.at("output");
+  CHECK(out.data.size() == 14 * sizeof(Bf16));
+  CHECK(std::all_of(out.data.begin(), out.data.end(), [](std::byte b) { return b == std::byte{0}; }));
   std::filesystem::remove_all(dir);
 }
 

@@ -280,6 +280,7 @@ struct ParamDecl {
   const char* name;  // a string literal
   ArgKind kind;
   Dtype dtype;  // the element type for a pointer, the value's type for a scalar
+  bool writable = false;  // a pointer the port may store through (Global<T>, T not const): an output
   bool operator==(const ParamDecl& o) const { return std::string_view(name) == o.name && kind == o.kind; }
 };
 
@@ -301,30 +302,35 @@ template <>
 struct PortArg<std::uint32_t> {
   static constexpr ArgKind kind = ArgKind::u32;
   static constexpr Dtype dtype = Dtype::u32;
+  static constexpr bool writable = false;
   static std::uint32_t get(const KernelArg& a, Block&, const char*) { return a.as_u32(); }
 };
 template <>
 struct PortArg<std::int32_t> {
   static constexpr ArgKind kind = ArgKind::i32;
   static constexpr Dtype dtype = Dtype::i32;
+  static constexpr bool writable = false;
   static std::int32_t get(const KernelArg& a, Block&, const char*) { return a.as_i32(); }
 };
 template <>
 struct PortArg<float> {
   static constexpr ArgKind kind = ArgKind::f32;
   static constexpr Dtype dtype = Dtype::f32;
+  static constexpr bool writable = false;
   static float get(const KernelArg& a, Block&, const char*) { return a.as_f32(); }
 };
 template <>
 struct PortArg<std::uint64_t> {
   static constexpr ArgKind kind = ArgKind::u64;
   static constexpr Dtype dtype = Dtype::u64;
+  static constexpr bool writable = false;
   static std::uint64_t get(const KernelArg& a, Block&, const char*) { return a.as_u64(); }
 };
 template <class T>
 struct PortArg<Global<T>> {
   static constexpr ArgKind kind = ArgKind::ptr;
   static constexpr Dtype dtype = dtype_of<std::remove_const_t<T>>();
+  static constexpr bool writable = !std::is_const_v<T>;
   static Global<T> get(const KernelArg& a, Block& b, const char* name) { return b.global<T>(a.as_ptr(), name); }
 };
 }  // namespace detail
@@ -376,7 +382,8 @@ class Registry {
     Entry e{std::move(module), std::move(entry), {}, std::move(rule), {}, {}, {}};
     constexpr ArgKind kinds[] = {detail::PortArg<A>::kind...};
     constexpr Dtype dtypes[] = {detail::PortArg<A>::dtype...};
-    for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i], dtypes[i]});
+    constexpr bool writable[] = {detail::PortArg<A>::writable...};
+    for (std::size_t i = 0; i < N; ++i) e.params.push_back({names[i], kinds[i], dtypes[i], writable[i]});
     e.run = [port](Block& blk, std::span<const KernelArg> args, std::span<const ParamDecl> decl) {
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         port(blk, detail::PortArg<A>::get(args[I], blk, decl[I].name)...);
