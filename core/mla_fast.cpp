@@ -27,7 +27,7 @@ constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
 constexpr std::uint64_t kCombineTiles = 2;
-constexpr std::uint32_t kGemvSteps = 4;  // rows in flight per warp step of the wide GEMV
+constexpr std::uint32_t kGemvSteps = 2;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
 std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::uint32_t q_head_dim,
@@ -260,8 +260,8 @@ std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim, std::uin
 }
 
 std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
-  std::uint32_t segment = 1;  // lanes per row: the largest power of two ≤ min(32, k/8)
-  while (segment < 32 && 2 * segment <= k / 8) segment *= 2;
+  std::uint32_t segment = 1;  // lanes per row: the largest power of two ≤ min(32, k/16), at least 1
+  while (segment < 32 && 2 * segment <= k / 16) segment *= 2;
   return 8 * kGemvSteps * (32 / segment);
 }
 

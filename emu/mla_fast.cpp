@@ -353,17 +353,18 @@ void mla_paged_decode_combine(Block& blk, Global<const float> o_partial, Global<
 
 // ---------------------------------------------------------------------------
 // mla_batched_gemv_wide: output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
-// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/8): lane `sub`
-// takes the 8-element chunks sub, sub + S, ... of the row, then a butterfly over the segment.
+// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/16) (at least
+// 1): lane `sub` takes the 8-element chunks sub, sub + S, ... of the row, then a butterfly over
+// the segment.
 // Warp w, step t, segment g: row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g.
 // Grid: [⌈n_out/rows_per_block⌉, num_heads], rows_per_block = 8·kGemvSteps·32/S. Block: 256.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
 void mla_batched_gemv_wide(Block& blk, Global<const Bf16> input, Global<const Bf16> weight, Global<Bf16> output,
                            std::uint32_t n_out, std::uint32_t k, std::uint32_t input_stride,
                            std::uint32_t output_stride) {
-  constexpr std::uint32_t kGemvSteps = 4;
+  constexpr std::uint32_t kGemvSteps = 2;
   std::uint32_t S = 1;
-  while (S < kWarp && 2 * S <= k / 8) S *= 2;
+  while (S < kWarp && 2 * S <= k / 16) S *= 2;
   const std::uint32_t per_step = kWarp / S, h = blk.blockIdx.y;
   const auto x = input.read(std::uint64_t{h} * input_stride, k);
   for (std::uint32_t warp = 0; warp < blk.blockDim.x / kWarp; ++warp) {

@@ -611,22 +611,26 @@ extern "C" __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------
 // mla_batched_gemv_wide: the batched GEMV of mla_absorbed with 16-byte loads and every lane busy:
 // output[h*os + n] = Σ_j weight[(h*n_out + n)*k + j] * input[h*is + j].
-// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/8): lane `sub`
-// of the segment takes the 8-element chunks sub, sub + S, ... of the row, then a butterfly over
-// the segment. Warp w takes kGemvSteps steps of 32/S rows each, their loads in flight together:
-// step t, segment g is row blockIdx.x·rows_per_block + (w·kGemvSteps + t)·32/S + g, with
-// rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp, gemv_wide_rows_per_block).
+// A row is summed by a segment of S lanes, S the largest power of two ≤ min(32, k/16) (at least
+// 1): lane `sub` of the segment takes the 8-element chunks sub, sub + S, ... of the row (two where
+// k allows), then a butterfly over the segment. Warp w takes kGemvSteps steps of 32/S rows each,
+// their loads in flight together: step t, segment g is row blockIdx.x·rows_per_block +
+// (w·kGemvSteps + t)·32/S + g, with rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp,
+// gemv_wide_rows_per_block). Eight blocks an SM (32 registers a thread): at the DeepSeek shapes
+// the 1024 blocks are one wave, and two 16-byte loads a lane go out before the wait, two after
+// (measured on the H200, docs/performance.md: 4 steps of one chunk a lane, 5 blocks an SM, took
+// 1.55 waves and 5.9 µs where this takes 4.7–4.9).
 // Launched early (GpuBackend::launch's early_start), it loads its first weights before waiting
 // for the kernel ahead of it, which therefore must not write `weight` — nor may any kernel that
 // can still run then: those ahead of it that were started early too.
 // Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 8)
     mla_batched_gemv_wide(const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output,
                           uint32_t n_out, uint32_t k, uint32_t input_stride, uint32_t output_stride) {
-  constexpr uint32_t kGemvSteps = 4;
+  constexpr uint32_t kGemvSteps = 2;
   uint32_t S = 1;
-  while (S < kWarp && 2 * S <= k / 8) S *= 2;
+  while (S < kWarp && 2 * S <= k / 16) S *= 2;
   const uint32_t per_step = kWarp / S, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const uint32_t h = blockIdx.y, sub = lane % S;
   const uint32_t row0 = (blockIdx.x * (blockDim.x / kWarp) + warp) * kGemvSteps * per_step + lane / S;

@@ -58,13 +58,15 @@ class Bench {
   /// at least 3 and at most `max_iters`; a single run when it takes over a second. A launch
   /// shorter than 100 µs is timed as a group of back-to-back launches (up to 50) divided by their
   /// count, as a decode step follows the one before it in a stream: the ~5 µs a lone launch pays
-  /// before its kernel starts would otherwise dominate. `set_group` fixes the group's size.
-  double median_us(const std::function<void()>& launch, int max_iters = 30) {
+  /// before its kernel starts would otherwise dominate. A group holds at least `min_group`
+  /// launches (up to 50). `set_group` fixes the group's size.
+  double median_us(const std::function<void()>& launch, int max_iters = 30, int min_group = 1) {
     launch();
     gpu_.synchronize(0);
     const double first = time_one(launch, 1);
     if (first > 1e6) return first;  // a second per run: one run says enough
-    const int group = group_ > 0 ? group_ : std::clamp(static_cast<int>(100.0 / std::max(first, 1.0)), 1, 50);
+    const int by_length = std::max(min_group, static_cast<int>(100.0 / std::max(first, 1.0)));
+    const int group = group_ > 0 ? group_ : std::clamp(by_length, 1, 50);
     const int iters = std::clamp(static_cast<int>(2e5 / std::max(first * group, 1.0)), 3, max_iters);
     std::vector<double> us;
     for (int i = 0; i < iters; ++i) us.push_back(time_one(launch, group) / group);
@@ -234,7 +236,9 @@ std::string to_string(GemvKernel g) {
   return g == GemvKernel::seed ? "seed" : g == GemvKernel::wide ? "wide" : "wide, early start";
 }
 
-// All heads' GEMV in one launch, rotating over enough weight copies to defeat the L2.
+// All heads' GEMV in one launch, rotating over enough weight copies to defeat the L2, timed as
+// groups of 50 back to back: a lone launch takes about 11 µs of a back-to-back one's 5, so the
+// group's first launch would add a microsecond to each of a 100 µs group's nine.
 Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_out, std::uint32_t k, GemvKernel g) {
   const std::size_t w_bytes = std::size_t{H} * n_out * k * 2;
   const std::size_t copies = bench.on_device() ? std::max<std::size_t>(1, (256u << 20) / w_bytes) : 1;
@@ -244,11 +248,14 @@ Row bench_gemv(Bench& bench, GpuBackend& gpu, std::uint32_t H, std::uint32_t n_o
   const auto seed = MlaAbsorbedKernels::resolve(gpu);
   const auto fast = MlaFastKernels::resolve(gpu);
   std::size_t next = 0;
-  const double us = bench.median_us([&] {
-    const BatchedGemvArgs a{x.ptr(), w[next++ % copies].ptr(), y.ptr(), n_out, k, H, k, n_out};
-    if (g == GemvKernel::seed) return mla_batched_gemv(gpu, seed.batched_gemv, a);
-    mla_batched_gemv_wide(gpu, fast.gemv_wide, a, 0, g == GemvKernel::wide_early ? GemvStart::early : GemvStart::after);
-  });
+  const double us = bench.median_us(
+      [&] {
+        const BatchedGemvArgs a{x.ptr(), w[next++ % copies].ptr(), y.ptr(), n_out, k, H, k, n_out};
+        if (g == GemvKernel::seed) return mla_batched_gemv(gpu, seed.batched_gemv, a);
+        mla_batched_gemv_wide(gpu, fast.gemv_wide, a, 0,
+                              g == GemvKernel::wide_early ? GemvStart::early : GemvStart::after);
+      },
+      30, 50);
   const double bytes = static_cast<double>(w_bytes) + 2.0 * H * (k + n_out);
   return {fmt::format("batched_gemv ({})", to_string(g)), fmt::format("H={} n_out={} k={}", H, n_out, k), us, bytes,
           2.0 * H * n_out * k};

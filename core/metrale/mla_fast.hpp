@@ -224,8 +224,8 @@ enum class GemvStart { after, early };
 /// (16-byte loads).
 void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0,
                            GemvStart start = GemvStart::after);
-/// Output rows per block of the wide GEMV: 32·(32/S), a row summed by S lanes, S the largest
-/// power of two ≤ min(32, k/8) (k = 128: 64 rows; k ≥ 256: 32).
+/// Output rows per block of the wide GEMV: 16·(32/S), a row summed by S lanes, S the largest
+/// power of two ≤ min(32, k/16), at least 1 (k = 128: 64 rows; k ≥ 512: 16).
 std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 
 /// Paged decode: the split path (split + combine, its workspace from `ws`) when

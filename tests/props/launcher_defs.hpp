@@ -94,8 +94,10 @@ inline ExpectedLaunch launch_of(const char* module, const char* entry, Dim3 grid
   return {module, entry, grid, block, {}};
 }
 /// Output rows per block of the wide GEMV, from its contract: a row per segment of
-/// S = bit_floor(min(32, k/8)) lanes, 4 steps of 32/S rows per warp, 8 warps.
-inline std::uint32_t wide_gemv_rows(std::uint32_t k) { return 8 * 4 * (32 / std::bit_floor(std::min(32u, k / 8))); }
+/// S = bit_floor(min(32, k/16)) lanes (at least 1), 2 steps of 32/S rows per warp, 8 warps.
+inline std::uint32_t wide_gemv_rows(std::uint32_t k) {
+  return 8 * 2 * (32 / std::max(1u, std::bit_floor(std::min(32u, k / 16))));
+}
 /// The combine's blocks per (sequence, head) on the emulator's 132 SMs: enough for 8·132 blocks,
 /// at most one per 64-dim tile, at least one.
 inline std::uint32_t combine_blocks(std::uint32_t heads, std::uint32_t seqs, std::uint32_t dim) {
