@@ -193,10 +193,13 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   mark("upload");
 
   const auto nq = static_cast<std::uint32_t>(S * H);
+  // The GEMVs start early (their weights streaming in while the kernel ahead finishes): no kernel
+  // of the step writes W_UK or W_UV.
   for (std::size_t s = 0; s < S; ++s)
     batched_gemv(gpu_, k_, fast_,
                  {q_full_d.ptr() + s * H * hd * kBf16, w_uk_t_.ptr(), q_abs.ptr() + s * H * cd * kBf16, d.kv_lora,
-                  d.nope, H, hd, cd});
+                  d.nope, H, hd, cd},
+                 0, GemvStart::early);
   mark("absorb q (gemv W_UK)");
   if (d.rope > 0) {
     mla_q_rope_scatter(gpu_, k_.q_rope_scatter,
@@ -217,7 +220,8 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   for (std::size_t s = 0; s < S; ++s)
     batched_gemv(gpu_, k_, fast_,
                  {o.ptr() + s * H * cd * kBf16, w_uv_.ptr(), attn.ptr() + s * H * d.v_head * kBf16, d.v_head, d.kv_lora,
-                  H, cd, d.v_head});
+                  H, cd, d.v_head},
+                 0, GemvStart::early);
   mark("up-project (gemv W_UV)");
 
   StepOutput out;

@@ -616,16 +616,21 @@ extern "C" __global__ void __launch_bounds__(256)
 // k allows), then a butterfly over the segment. Warp w takes kGemvSteps steps of 32/S rows each,
 // their loads in flight together: step t, segment g is row blockIdx.x·rows_per_block +
 // (w·kGemvSteps + t)·32/S + g, with rows_per_block = 8·kGemvSteps·32/S (core/mla_fast.cpp,
-// gemv_wide_rows_per_block). Eight blocks an SM (32 registers a thread): at the DeepSeek shapes
-// the 1024 blocks are one wave, and two 16-byte loads a lane go out before the wait, two after
-// (measured on the H200, docs/performance.md: 4 steps of one chunk a lane, 5 blocks an SM, took
-// 1.55 waves and 5.9 µs where this takes 4.7–4.9).
+// gemv_wide_rows_per_block). Eight blocks an SM on sm_90 (32 registers a thread): at the DeepSeek
+// shapes the 1024 blocks are one wave, and a lane's first two 16-byte loads go out before the
+// wait, the other two after (on the H200, docs/performance.md: four steps of one chunk a lane at
+// five blocks an SM took 1.55 waves and 5.9 µs started early, this 4.7–4.9 µs).
 // Launched early (GpuBackend::launch's early_start), it loads its first weights before waiting
 // for the kernel ahead of it, which therefore must not write `weight` — nor may any kernel that
 // can still run then: those ahead of it that were started early too.
 // Grid: [⌈n_out/rows_per_block⌉, num_heads]. Block: 256. k and input_stride multiples of 8.
 //   input [num_heads, input_stride] bf16; weight [num_heads, n_out, k] bf16; output [num_heads, output_stride] bf16
-extern "C" __global__ void __launch_bounds__(256, 8)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kGemvBlocksPerSm = 6;  // sm_120 and sm_121 hold 1536 threads an SM
+#else
+constexpr int kGemvBlocksPerSm = 8;
+#endif
+extern "C" __global__ void __launch_bounds__(256, kGemvBlocksPerSm)
     mla_batched_gemv_wide(const __nv_bfloat16* input, const __nv_bfloat16* weight, __nv_bfloat16* output,
                           uint32_t n_out, uint32_t k, uint32_t input_stride, uint32_t output_stride) {
   constexpr uint32_t kGemvSteps = 2;
