@@ -103,7 +103,8 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     const auto in = c.inputs.find(p.name);
     if (p.kind != ArgKind::ptr || in == c.inputs.end()) continue;
     // An output is an expectation even where the launch left its bytes as they were (zeros
-    // into zeros): the hardware must leave them so too. An input it changed is one as well.
+    // into zeros): the hardware must leave them so too. So is a read-only argument whose bytes
+    // changed (one whose region an output's overlaps).
     auto now = snapshot(i, args, e, memory);
     if (!now || (!p.writable && now->data == in->second.data)) continue;
     if (const auto floor = e.floor_of(p.name)) {  // the port may round differently: both comparisons
