@@ -150,12 +150,21 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   // The environment's emulator settings (METRALE_EMU_*), checked before any case runs: a bad
   // value is the run's error, not every property's failure.
   { const emu::EmulatorBackend probe(props::emulator_options()); }
-  // Where a failure goes, checked before any case runs.
+  // Where a failure goes, checked (created) before any case runs; the folders this made are
+  // removed again when the run ends without a failure, so a clean run leaves nothing behind.
   std::error_code ec;
+  std::vector<fs::path> made;  // the folders create_directories will make, innermost first
+  for (fs::path p = fs::absolute(o.out, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(o.out, ec);
   if (ec || !fs::is_directory(o.out))
     fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
          ec ? ec.message() : "a file is in the way");
+  const auto remove_made = [&] {
+    for (const auto& p : made) fs::remove(p, ec);  // only when empty; stops mattering at the first non-empty
+  };
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),
                            properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
@@ -202,9 +211,12 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
                                  msg.str());
         return 2;
       }
-      if ((o.cases != 0 && cases >= o.cases) || (o.cases == 0 && elapsed() >= seconds)) {
+      // Every property runs at least one batch, whatever the budget.
+      const bool all_ran = round > 0 || &p == &properties.back();
+      if (all_ran && ((o.cases != 0 && cases >= o.cases) || (o.cases == 0 && elapsed() >= seconds))) {
         std::cout << fmt::format("fuzz_{}: {} cases in {} batches, {:.1f} s, seeds {}..{}: no failure\n", family,
                                  cases, batches, elapsed(), o.seed, o.seed + round);
+        remove_made();
         return 0;
       }
     }

@@ -19,7 +19,9 @@ namespace metrale::fuzz {
 ///   --out DIR                 where a failing input is written (default fuzz-failures),
 ///                             created and checked before the first case
 ///   --list                    print the family's properties and exit
-/// The budget is checked between batches, so a run ends at most one batch per property late.
+/// The budget is checked between batches once every property has run one, so a run ends at most
+/// one batch late (or a round of one batch per property, when the budget is smaller than that).
+/// A run without a failure removes the --out folders it created.
 /// Exit status: 0 no failure within the budget, 1 a property failed, 2 an error
 /// (rapidcheck gave up, a bad argument, --out not writable).
 int run(int argc, char** argv, const std::string& family);

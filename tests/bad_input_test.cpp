@@ -809,6 +809,7 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
   std::string out;
   CHECK(run_cli("bench --backend emu --only zzz --json " + json.path.string(), out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no row matches --only 'zzz'"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("device-to-device copy"));  // refused before any timing
   std::ifstream in(json.path);
   CHECK(nlohmann::json::parse(in).at("precious") == 1);
 }

@@ -23,17 +23,17 @@
 
 namespace metrale::test {
 
-/// `METRALE_GOLDEN_DIR` when set and not empty, else `../shared/golden` beside the checkout (CI
-/// has it there).
-inline std::filesystem::path golden_dir() {
-  if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0') return env;
-  return std::filesystem::path(METRALE_SOURCE_DIR) / ".." / "shared" / "golden";
-}
-
-/// A golden file: from golden_dir(), else the copy shipped in cases/golden.
+/// A golden file: from `METRALE_GOLDEN_DIR` when it is set and not empty (a test fails when that
+/// folder does not hold it: the run asked for those files), else from `../shared/golden` beside
+/// the checkout (CI has it there), else the copy shipped in cases/golden.
 inline std::filesystem::path golden(const std::string& name) {
-  auto p = golden_dir() / name;
-  if (std::filesystem::exists(p)) return p;
+  if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0') {
+    const auto p = std::filesystem::path(env) / name;
+    if (!std::filesystem::is_regular_file(p)) FAIL("METRALE_GOLDEN_DIR=" << env << " holds no file " << name);
+    return p;
+  }
+  const auto shared = std::filesystem::path(METRALE_SOURCE_DIR) / ".." / "shared" / "golden" / name;
+  if (std::filesystem::exists(shared)) return shared;
   return std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "golden" / name;
 }
 

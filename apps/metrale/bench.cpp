@@ -419,16 +419,10 @@ void add_bench(CLI::App& app) {
     }
     // An unwritable path fails before anything runs; an existing file stays until the end.
     if (!opts->json.empty()) with_context("bench --json", [&] { check_writable(opts->json); });
-    const double copy_bw = bench.copy_bandwidth();
-    fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
-               bench.on_device() ? "" : " — emulator wall clock, small shapes");
-    ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
-    if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
-    if (opts->sweep) {
-      sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
-    } else {
-      // Each row is named before it runs, so --only can pick one (for a profiler, say).
-      std::vector<std::pair<std::string, std::function<Row()>>> plan;
+    // The rows, named before anything runs, so that --only can pick one (for a profiler, say) and
+    // a --only that matches none is refused before the copy is measured.
+    std::vector<std::pair<std::string, std::function<Row()>>> plan;
+    if (!opts->sweep) {
       auto paged = [&](KvFormat f, std::uint32_t B, std::uint32_t L, std::uint32_t H, bool split) {
         plan.emplace_back(
             fmt::format("paged_decode_{} ({}) B={} L={} H={}", to_string(f), split ? "split" : "seed", B, L, H),
@@ -464,10 +458,21 @@ void add_bench(CLI::App& app) {
         for (GemvKernel g : kGemvKernels) gemv(16, 512, 128, g);
         sdpa(8, 256, false), sdpa(8, 256, true);
       }
+      std::erase_if(plan, [&](const auto& row) {
+        return !opts->only.empty() && row.first.find(opts->only) == std::string::npos;
+      });
+      if (plan.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
+    }
+    const double copy_bw = bench.copy_bandwidth();
+    fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
+               bench.on_device() ? "" : " — emulator wall clock, small shapes");
+    ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
+    if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
+    if (opts->sweep) {
+      sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
+    } else {
       std::vector<Row> rows;
-      for (const auto& [label, run] : plan)
-        if (opts->only.empty() || label.find(opts->only) != std::string::npos) rows.push_back(run());
-      if (rows.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
+      for (const auto& row : plan) rows.push_back(row.second());
       print_rows(rows, copy_bw, j);
     }
     if (!opts->json.empty())

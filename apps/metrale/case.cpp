@@ -88,7 +88,8 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
                notes.empty() ? std::string() : fmt::format(" ({})", fmt::join(notes, "; ")),
                failed == 0 && errors == 0
                    ? std::string("PASS")
-                   : fmt::format("{} outputs FAIL, {} files in error", failed, errors));
+                   : fmt::format("FAIL: {} output{} out of tolerance, {} file{} in error", failed,
+                                 failed == 1 ? "" : "s", errors, errors == 1 ? "" : "s"));
     if (errors > 0) {
       set_exit(2);  // an error outranks a comparison out of tolerance
       return;
