@@ -245,7 +245,7 @@ TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed ker
 }
 
 TEST_CASE("a recorded K3 split-path step replays kernel by kernel", "[k3_fast][recorded]") {
-  const auto dir = std::filesystem::temp_directory_path() / "metrale_k3_recorder_test";
+  const auto dir = test::scratch_dir("metrale_k3_recorder_test");
   std::filesystem::remove_all(dir);
   {
     emu::EmulatorOptions o;

@@ -202,7 +202,7 @@ TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, 
 }
 
 TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kernel_case][recorded]") {
-  const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_test";
+  const auto dir = test::scratch_dir("metrale_recorder_test");
   std::filesystem::remove_all(dir);
   {
     emu::EmulatorOptions o;
@@ -240,7 +240,7 @@ TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kerne
 // zeros into a zeroed output, which a replay on hardware must reproduce (before: no expectation,
 // so any bytes there passed).
 TEST_CASE("the recorder expects an output the launch left unchanged", "[kernel_case][recorded]") {
-  const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_unchanged_test";
+  const auto dir = test::scratch_dir("metrale_recorder_unchanged_test");
   std::filesystem::remove_all(dir);
   KernelCase c = gen::gemv_case(7, 16, 2, 0, 0, 3);
   std::fill(c.inputs.at("weight").data.begin(), c.inputs.at("weight").data.end(), std::byte{0});
@@ -265,7 +265,7 @@ TEST_CASE("the recorder expects an output the launch left unchanged", "[kernel_c
 TEST_CASE("two recorders of one folder take turns at numbers, replacing no case", "[kernel_case][recorded]") {
   // Before: both numbered from the same scan and one replaced the other's cases (and they shared
   // one .part name, so one run's write failed).
-  const auto dir = std::filesystem::temp_directory_path() / "metrale_recorder_race_test";
+  const auto dir = test::scratch_dir("metrale_recorder_race_test");
   std::filesystem::remove_all(dir);
   emu::EmulatorOptions o;
   o.record_dir = dir;

@@ -774,7 +774,7 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   p.num_blocks = 30, p.seq_lens = {150, 41};
   p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, the wgmma entry
   if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
-  const auto dir = std::filesystem::temp_directory_path() / "metrale_split_recorder_test";
+  const auto dir = test::scratch_dir("metrale_split_recorder_test");
   std::filesystem::remove_all(dir);
   {
     emu::EmulatorOptions o;

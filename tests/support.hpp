@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
 #include "metrale/kernel_case.hpp"
@@ -35,6 +37,12 @@ inline std::filesystem::path golden(const std::string& name) {
   const auto shared = std::filesystem::path(METRALE_SOURCE_DIR) / ".." / "shared" / "golden" / name;
   if (std::filesystem::exists(shared)) return shared;
   return std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "golden" / name;
+}
+
+/// A folder under the temporary directory for one test, named `name` and this process's id, so that
+/// two checkouts testing at once do not share it.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
 }
 
 /// Run `body`, require it to throw `Error` with `code` and a message that
