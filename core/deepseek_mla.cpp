@@ -56,8 +56,9 @@ DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, s
     fail(Errc::invalid_argument, "deepseek mla: nope {} + rope {} exceeds {}", d.nope, d.rope, kU32Max);
   if (!std::isfinite(cfg_.softmax_scale) || cfg_.softmax_scale <= 0.0f)
     fail(Errc::invalid_argument, "deepseek mla: softmax_scale {} is not a finite positive number", cfg_.softmax_scale);
-  if (cfg_.rotate && d.rope > 0 && (!std::isfinite(cfg_.rope_theta) || cfg_.rope_theta <= 0.0f))
-    fail(Errc::invalid_argument, "deepseek mla: rope_theta {} is not a finite positive number", cfg_.rope_theta);
+  if (cfg_.rotate && d.rope > 0)  // at position 1 here; each step's positions in the rope launches
+    if (const auto why = detail::rope_theta_problem(cfg_.rope_theta, d.rope, 1))
+      fail(Errc::invalid_argument, "deepseek mla: rope_{}", *why);
   expect_size("w_uk", w_uk.size(), std::size_t{cfg_.heads} * d.nope * d.kv_lora);
   expect_size("w_uv", w_uv.size(), std::size_t{cfg_.heads} * d.v_head * d.kv_lora);
   const PagedCacheConfig& cc = cache.config();

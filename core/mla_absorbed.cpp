@@ -184,7 +184,7 @@ void rope_pairs_bf16(GpuBackend& gpu, KernelHandle kernel, const RopePairsArgs& 
   v.non_null({{"x", a.x}});
   v.positive({{"rows", a.rows}, {"rope", a.rope}});
   v.check(a.rope % 2 == 0, "rope {} is odd (pairs (2i, 2i+1))", a.rope);
-  v.positive_finite("theta", a.theta);
+  v.rope_theta(a.theta, a.rope, a.pos);
   const std::uint64_t pairs = std::uint64_t{a.rows} * (a.rope / 2);
   v.at_most("rows x rope / 2", pairs, 0x7FFF'FFFFull * 256);
   KernelLaunch(gpu, kernel)

@@ -172,8 +172,9 @@ std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std:
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
   check_new_rows(k, v);
   check_host_history(kv, cfg);
-  if (!cfg.mla_use_nope && (!std::isfinite(theta) || theta <= 0.0f))
-    fail(Errc::invalid_argument, "k3 mla: theta {} is not a finite positive number", theta);
+  if (!cfg.mla_use_nope)
+    if (const auto why = detail::rope_theta_problem(theta, cfg.qk_rope_head_dim, pos))
+      fail(Errc::invalid_argument, "k3 mla: {}", *why);
   rope_reference(q, cfg, pos, theta);
   rope_reference(k, cfg, pos, theta);
   kv.append(k, v);
@@ -217,7 +218,7 @@ void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArg
   v.non_null({{"q", a.q}, {"k_new", a.k_new}});
   v.positive({{"heads", a.heads}});
   v.at_most("nope + rope", std::uint64_t{a.nope} + a.rope, kU32Max);
-  if (!a.use_nope) v.positive_finite("theta", a.theta);
+  if (!a.use_nope) v.rope_theta(a.theta, a.rope, a.pos);
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.heads, kRopeBlock), 1, 1})
       .block({kRopeBlock, 1, 1})

@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "metrale/error.hpp"
@@ -380,6 +381,14 @@ SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, 
 
 }  // namespace
 
+namespace {
+// Physical memory, in bytes (0 when the host does not say).
+std::uint64_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+}  // namespace
+
 SafeTensors SafeTensors::read(const std::filesystem::path& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -420,7 +429,16 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path) {
       const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
       // An end past the data section is an error parse_prefix reports before it touches any data.
       const std::uint64_t end = referenced_data_end(parse_header_json(text, name));
-      if (end <= total - 8 - header_len) read_up_to(8 + header_len + end);
+      if (end <= total - 8 - header_len) {
+        // The bytes, then the tensors' copies of them: twice the data. Past the host's memory an
+        // allocation may still succeed (overcommit) and the process be killed as it fills it.
+        const std::uint64_t host = host_memory_bytes();
+        if (host != 0 && end > host / 2)
+          fail(Errc::out_of_memory,
+               "{}: its tensors hold {} bytes; reading them takes twice that, more than this host's {} bytes of memory",
+               name, end, host);
+        read_up_to(8 + header_len + end);
+      }
     }
   }
   try {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,6 +30,20 @@ inline void require_finite(std::string_view what, std::span<const float> values,
     fail(Errc::invalid_argument, "{}[{}] is {}; {}", what, std::distance(values.begin(), bad), *bad, why);
 }
 
+/// Why rope over `rope` dims at position `pos` with base `theta` cannot be computed in FP32, or
+/// nothing: theta must be positive and finite, and every angle pos·theta^(−2i/rope) finite — a
+/// theta far below 1 (a denormal, say) makes theta^(−2i/rope) overflow, and 0·inf is NaN.
+inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t rope, std::uint32_t pos) {
+  if (!std::isfinite(theta) || theta <= 0.0f) return fmt::format("theta {} is not a finite positive number", theta);
+  // The largest frequency: 1 (i = 0) when theta ≥ 1, else theta^(−(rope − 2)/rope) (the last pair).
+  const double largest =
+      theta >= 1.0f || rope <= 2 ? 1.0 : std::pow(double{theta}, -static_cast<double>(rope - 2) / rope);
+  if (!(largest * std::max(1.0, static_cast<double>(pos)) <= 0x1p126))  // FP32's largest is below 2^128
+    return fmt::format("theta {} overflows FP32's rotation angles at position {} (frequency up to {:.3g})", theta, pos,
+                       largest);
+  return std::nullopt;
+}
+
 /// CUDA's limits on gridDim.x, and on gridDim.y and gridDim.z.
 inline constexpr std::uint32_t kMaxGridX = 0x7FFF'FFFF;
 inline constexpr std::uint32_t kMaxGridYZ = 65535;
@@ -46,6 +61,10 @@ struct Validator {
   }
   void at_most(const char* name, std::uint64_t value, std::uint64_t limit) const {
     if (value > limit) fail(Errc::invalid_argument, "{}: {} {} exceeds {}", kernel, name, value, limit);
+  }
+  /// rope_theta_problem's rule for the parameter `theta`.
+  void rope_theta(float theta, std::uint32_t rope, std::uint32_t pos) const {
+    if (const auto why = rope_theta_problem(theta, rope, pos)) fail(Errc::invalid_argument, "{}: {}", kernel, *why);
   }
   void positive_finite(const char* name, float value) const {
     if (!std::isfinite(value) || value <= 0.0f)

@@ -46,6 +46,13 @@ void Block::fault(std::string_view what, const detail::Allocation* alloc, Device
 
 void Block::fault(std::string_view what) const { fail(Errc::device_fault, "{}: {}", who(), what); }
 
+void Block::over_budget() const {
+  fail(Errc::capacity_exceeded,
+       "{}: more than {} checked accesses to device memory, the emulator's limit for one block "
+       "(METRALE_EMU_BLOCK_ACCESSES; a block table that repeats a page can ask for any number of keys): stopped",
+       who(), max_accesses_);
+}
+
 BlockRule block_is(Dim3 shape) {
   return [shape](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {
     if (block == shape) return std::nullopt;

@@ -325,6 +325,9 @@ std::uint32_t default_shared_bytes() {
   return positive_env("METRALE_EMU_SHARED_BYTES", 227 * 1024, "sm_90's 232448 bytes");
 }
 
+// EmulatorOptions::max_block_accesses' default, unless METRALE_EMU_BLOCK_ACCESSES says otherwise.
+std::uint32_t default_block_accesses() { return positive_env("METRALE_EMU_BLOCK_ACCESSES", 1u << 28, "268435456"); }
+
 // ---- launch checks --------------------------------------------------------------
 
 // The device's limits, so that a launch that would fail on hardware fails here.
@@ -399,6 +402,7 @@ struct EmulatorBackend::Impl {
   explicit Impl(EmulatorOptions opts)
       : options(std::move(opts)), threads(checked_threads(options.threads)), pool(threads) {
     if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
+    if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
   }
 
   EmulatorOptions options;
@@ -459,7 +463,8 @@ struct EmulatorBackend::Impl {
     std::mutex writes_mutex;
     std::vector<BlockWrite> writes;
     pool.run(grid.count(), [&](std::uint64_t i) {
-      Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races);
+      Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races,
+                options.max_block_accesses);
       blk.clusterDim = cluster;
       e.run(blk, args, e.params);
       if (blk.writes().empty()) return;

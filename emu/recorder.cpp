@@ -64,16 +64,16 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
     next_ = std::max<std::uint64_t>(next_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
   }
   if (files > 0)
-    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", dir_.string(), files,
-                 next_);
+    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", printable(dir_.string()),
+                 files, next_);
 }
 
 CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
-    spdlog::info("recorder: wrote {} kernel cases to {}", written_, dir_.string());
+    spdlog::info("recorder: wrote {} kernel cases to {}", written_, printable(dir_.string()));
   } else {
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
-                 dir_.string());
+                 printable(dir_.string()));
   }
 }
 
@@ -125,7 +125,7 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
   }
   ++next_, ++written_;  // only once the file is complete
-  spdlog::debug("recorder: wrote {}", (dir_ / (c.name + ".safetensors")).string());
+  spdlog::debug("recorder: wrote {}", printable((dir_ / (c.name + ".safetensors")).string()));
 }
 
 }  // namespace metrale::emu

@@ -3,6 +3,8 @@
 // stored changes. One test per fixed finding of the adversarial review.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -120,6 +122,33 @@ TEST_CASE("bad input: a sparse terabyte file behind a small header is refused wi
   const std::uint64_t head = st.serialize().size() - 12;  // the length field and the header
   require_error([&] { (void)SafeTensors::read(tmp.path); }, Errc::invalid_argument,
                 {fmt::format("the data section has {} bytes, its tensors cover 12", (std::uint64_t{1} << 40) - head)});
+}
+
+TEST_CASE("bad input: a safetensors file whose tensors would not fit twice in memory is refused before reading",
+          "[bad_input][safetensors]") {
+  // Before: read() took the bytes and then the tensors' copies; past the host's memory the
+  // allocations succeeded (overcommit) and the process was killed filling them.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  REQUIRE(pages > 0);
+  const std::uint64_t host = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+  const std::uint64_t n = host / 2 + 64;  // one U8 tensor of n bytes
+  std::string header = fmt::format(R"({{"x":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}})", n, n);
+  header.append((8 - header.size() % 8) % 8, ' ');
+  TempPath tmp(".safetensors");
+  {
+    std::ofstream out(tmp.path, std::ios::binary);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
+    out << header;
+  }
+  std::error_code ec;
+  std::filesystem::resize_file(tmp.path, 8 + header.size() + n, ec);  // sparse: no disk, no memory
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); test skipped");
+    return;
+  }
+  require_error([&] { (void)SafeTensors::read(tmp.path); }, Errc::out_of_memory,
+                {fmt::format("its tensors hold {} bytes; reading them takes twice that, more than this host's {} bytes",
+                             n, host)});
 }
 
 TEST_CASE("bad input: safetensors data no tensor covers is refused", "[bad_input][safetensors]") {
@@ -826,8 +855,9 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   std::string out;
   CHECK(run_cli("conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() +
                     " --report " + dir.path.string(),
-                out) == 1);
+                out) == 2);  // a case that could not run is an error (was 1, as for a comparison out of tolerance)
   CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden broken"));
+  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): "));
   std::ifstream in(dir.path / "report.json");
   const auto report = nlohmann::json::parse(in);
   CHECK(report.at("cases_failed") == 1);

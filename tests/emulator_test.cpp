@@ -523,7 +523,7 @@ TEST_CASE("emu: METRALE_EMU_THREADS sets the default number of threads", "[emu]"
 }
 
 TEST_CASE("emu: a METRALE_EMU_* value that is not a positive integer is an error naming it", "[emu]") {
-  for (const char* var : {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES"})
+  for (const char* var : {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_BLOCK_ACCESSES"})
     for (const char* bad : {"0", "-1", "abc", "101,376", "", "99999999999"}) {
       INFO(var << "=" << bad);
       ::setenv(var, bad, 1);
@@ -550,6 +550,29 @@ TEST_CASE("emu: more than 1024 worker threads is an error naming the value", "[e
   EmulatorBackend most(strict(0));
   ::unsetenv("METRALE_EMU_THREADS");
   CHECK(most.threads() == 1024);
+}
+
+TEST_CASE("emu: a block past its checked-access limit stops the launch with capacity_exceeded", "[emu]") {
+  // Before: a 657 KB case file whose block table repeats one page under a seq_len of 2^31 − 1 ran
+  // for hours. Each of this GEMV's blocks reads 8 weight rows and the input, and stores 8 values.
+  const KernelCase c = gen::gemv_case(64, 128, 2, 0, 0, 5);
+  EmulatorOptions o = strict();
+  o.max_block_accesses = 16;
+  EmulatorBackend tight(o);
+  const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
+  CHECK(e.code() == Errc::capacity_exceeded);
+  CHECK_THAT(std::string(e.what()),
+             Catch::Matchers::Contains("mla_batched_gemv block (0,0,0) thread 8: more than 16 checked "
+                                       "accesses to device memory"));
+  CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("METRALE_EMU_BLOCK_ACCESSES"));
+  ::setenv("METRALE_EMU_BLOCK_ACCESSES", "16", 1);
+  EmulatorBackend from_env(strict());
+  ::unsetenv("METRALE_EMU_BLOCK_ACCESSES");
+  CHECK(from_env.options().max_block_accesses == 16u);
+  CHECK(error_of([&] { (void)run_kernel_case(from_env, c); }).code() == Errc::capacity_exceeded);
+  EmulatorBackend roomy(strict());  // the default, 2^28
+  CHECK(roomy.options().max_block_accesses == 1u << 28);
+  test::check_case(c);  // and the same case passes under it
 }
 
 TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {

@@ -395,6 +395,14 @@ TEST_CASE("rope_pairs_bf16: every validation rule", "[validation]") {
       reject(bad, {kn, text});
     }
   }
+  SECTION("theta so small that the rotation angles overflow FP32") {
+    // The last pair's frequency theta^(−6/8) is 4e33 for the smallest denormal: finite at
+    // position 5, past FP32 times 2^32 − 1 (the kernel's angle would be inf, its sine NaN).
+    a.theta = 1e-45f;
+    REQUIRE_NOTHROW(c.launch(a));
+    a.pos = 0xFFFF'FFFFu;
+    reject(bad, {kn, "theta 1e-45 overflows FP32's rotation angles at position 4294967295"});
+  }
   SECTION("rows x rope / 2 past the grid's x limit x 256") {
     // 0xFFFFFFFF rows of 1024 values: 4294967295 * 512 pairs; the grid allows 0x7FFFFFFF * 256.
     a.rows = 0xFFFF'FFFFu;

@@ -52,7 +52,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
-        const std::string label = path.stem().string();
+        const std::string label = printable(path.stem().string());          // a file name cannot fake a row
         if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
           fmt::print("{:<52} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
           ++skipped;
@@ -72,12 +72,12 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
         }
       } catch (const Error& e) {
         ++errors;
-        fmt::print("{:<52} {:<20} {:>11} {:>9}  error ({}): {}\n", path.filename().string(), "-", "-", "-",
+        fmt::print("{:<52} {:<20} {:>11} {:>9}  error ({}): {}\n", printable(path.filename().string()), "-", "-", "-",
                    to_string(e.code()), e.what());
       } catch (const std::bad_alloc&) {  // running it (its buffers): the next file may still fit
         ++errors;
         fmt::print("{:<52} {:<20} {:>11} {:>9}  error (out_of_memory): the host ran out of memory\n",
-                   path.filename().string(), "-", "-", "-");
+                   printable(path.filename().string()), "-", "-", "-");
       }
     }
     // A PASS says nothing of the files that ran without an expectation: the line counts them.

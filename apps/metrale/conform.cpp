@@ -85,8 +85,12 @@ CaseResult guarded(std::string group, std::string kernel, std::string name, F&& 
   CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, ""};
   try {
     body(r);
+  } catch (const Error& e) {
+    r.error = fmt::format("error ({}): {}", to_string(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    r.error = "error (out_of_memory): the host ran out of memory";
   } catch (const std::exception& e) {
-    r.error = e.what();
+    r.error = fmt::format("error (internal): {}", printable(e.what()));
   }
   return r;
 }
@@ -106,7 +110,7 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
 // A recorded case file, or nothing (with a note) when the device cannot run its entry.
 std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path) {
   std::optional<std::string> skip;
-  CaseResult result = guarded("file", "", path.filename().string(), [&](CaseResult& r) {
+  CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const KernelCase c = read_kernel_case(path);
     r.kernel = c.entry;
     if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
@@ -129,7 +133,7 @@ void add_metrics(CaseResult& r, const ReplayResult& replay) {
 
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
   std::vector<CaseResult> out;
-  const std::string name = path.stem().string();
+  const std::string name = printable(path.stem().string());
   SafeTensors file;
   CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
   if (!read.pass()) return {read};  // a file that cannot be read fails as one case; the others still run
@@ -331,7 +335,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& r : results)
       if (!r.pass()) {
         fmt::print("FAIL {} {}\n", r.group, r.name);
-        if (!r.error.empty()) fmt::print("  error: {}\n", r.error);
+        if (!r.error.empty()) fmt::print("  {}\n", r.error);
         for (const auto& c : r.checks)
           if (!c.pass) fmt::print("  {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
       }
@@ -345,7 +349,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}{}\n", where, results.size(), failed, seconds,
                failed == 0 ? "PASS" : "FAIL", notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds);
-    set_exit(failed == 0 ? 0 : 1);
+    // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
+    const bool any_error =
+        std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return !r.error.empty(); });
+    set_exit(any_error ? 2 : failed == 0 ? 0 : 1);
   });
 }
 

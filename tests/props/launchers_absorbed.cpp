@@ -202,6 +202,14 @@ Def<RopePairsArgs> rope() {
              },
              scale_rule<A>(kn, "theta", &A::theta),
              [kn](A& a) {
+               // theta^(−(rope − 2)/rope) past FP32 for a theta this small and rope ≥ 64, at any position.
+               a.rope = 2 * u(32, 1u << 10);
+               a.theta = *rc::gen::element(1e-40f, 1e-42f, 1e-45f);
+               return BrokenRule{"theta's frequencies past FP32",
+                                 Errc::invalid_argument,
+                                 {kn, fmt::format("theta {} overflows FP32's rotation angles", a.theta)}};
+             },
+             [kn](A& a) {
                // More pairs than a grid of 2^31 − 1 blocks of 256 threads covers.
                a.rows = u(1u << 31, kU32Max);
                a.rope = 2 * u(257, 1u << 20);

@@ -76,6 +76,13 @@ struct EmulatorOptions {
   /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) plays an sm_121
   /// (GB10), whose launch shapes the plans then pick.
   std::uint32_t max_shared_bytes_per_block = 0;
+  /// The checked accesses to device memory (Global's loads, stores, reads, writes) one block may
+  /// make before the launch stops with `capacity_exceeded`, so that a small case cannot ask for
+  /// hours of work (a block table whose entries repeat one page, with a seq_len of 2^31 − 1);
+  /// 0 = 2^28, about a thousand times what the largest benchmark shape's block makes
+  /// (`METRALE_EMU_BLOCK_ACCESSES` overrides the default, or is an `invalid_argument` error of the
+  /// constructor when it is not a positive 32-bit integer).
+  std::uint32_t max_block_accesses = 0;
   /// The streaming multiprocessors the backend reports, for the plans that size grids to the
   /// device; 0 = an H200's 132. A few let a small problem take the plans' many-tiles-per-slot
   /// paths.

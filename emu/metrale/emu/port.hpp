@@ -95,10 +95,18 @@ class Block {
   Global<T> global(DevicePtr addr, const char* param);
 
   // ---- used by Global and the executor ------------------------------------
+  /// `max_accesses`: the checked accesses (Global's loads, stores, reads and writes) the block may
+  /// make before it stops with `capacity_exceeded` (EmulatorOptions::max_block_accesses).
   Block(std::string_view kernel, Dim3 block_idx, Dim3 block_dim, Dim3 grid_dim, const detail::AddressSpace& memory,
-        bool check_written, bool log_writes)
-      : blockIdx(block_idx), blockDim(block_dim), gridDim(grid_dim), kernel_(kernel), memory_(memory),
-        check_written_(check_written), log_writes_(log_writes) {}
+        bool check_written, bool log_writes, std::uint64_t max_accesses = ~std::uint64_t{0})
+      : blockIdx(block_idx),
+        blockDim(block_dim),
+        gridDim(grid_dim),
+        kernel_(kernel),
+        memory_(memory),
+        check_written_(check_written),
+        log_writes_(log_writes),
+        max_accesses_(max_accesses) {}
 
   [[noreturn]] void fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr,
                           const char* param, std::int64_t offset, std::uint64_t len) const;
@@ -106,6 +114,10 @@ class Block {
   /// block (x,y,z)[ thread t]: <what>", Errc::device_fault.
   [[noreturn]] void fault(std::string_view what) const;
   bool check_written() const { return check_written_; }
+  /// Count one checked access; past the block's limit, stop (`capacity_exceeded`).
+  void count_access() {
+    if (++accesses_ > max_accesses_) over_budget();
+  }
   void log_write(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
     if (!log_writes_) return;
     if (!writes_.empty()) {
@@ -127,6 +139,8 @@ class Block {
   const detail::AddressSpace& memory_;
   bool check_written_;
   bool log_writes_;
+  std::uint64_t max_accesses_, accesses_ = 0;
+  [[noreturn]] void over_budget() const;
   std::uint32_t thread_ = kNoThread;
   std::vector<detail::WriteRange> writes_;
 };
@@ -237,6 +251,7 @@ class Global {
     const std::int64_t off = offset_ + static_cast<std::int64_t>(first * sizeof(T));
     const std::uint64_t len = count * sizeof(T);
     const char* verb = access == detail::Access::read ? "read" : "write";
+    blk_->count_access();
     if (alloc_ == nullptr) blk_->fault(std::string(verb) + " of unmapped memory", nullptr, addr_, param_, off, len);
     if (!alloc_->live) blk_->fault(std::string(verb) + " after free", alloc_, addr_, param_, off, len);
     if (off < 0 || static_cast<std::uint64_t>(off) + len > alloc_->bytes)
