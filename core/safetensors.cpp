@@ -379,14 +379,12 @@ SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, 
   return out;
 }
 
-}  // namespace
-
-namespace {
 // Physical memory, in bytes (0 when the host does not say).
 std::uint64_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
 }
+
 }  // namespace
 
 SafeTensors SafeTensors::read(const std::filesystem::path& path) {
