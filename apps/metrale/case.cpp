@@ -47,36 +47,36 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
     // Rows are labelled by file (two formats' recordings of one launch share the case's name).
-    fmt::print("{:<52} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
+    fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
     int failed = 0, errors = 0, skipped = 0, unchecked = 0;
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
         const std::string label = printable(path.stem().string());          // a file name cannot fake a row
         if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
-          fmt::print("{:<52} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
+          fmt::print("{:<56} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
           ++skipped;
           continue;
         }
         const auto out = run_kernel_case(*gpu, c);
         if (c.expected.empty()) {
-          fmt::print("{:<52} {:<20} {:>11} {:>9}  {}\n", label, "-", "-", "-", "ran (no expectation)");
+          fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", label, "-", "-", "-", "ran (no expectation)");
           ++unchecked;
         }
         for (const auto& [param, want] : c.expected) {
           const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
           const auto r = check_output(param, out.at(param), want, tol);
-          fmt::print("{:<52} {:<20} {:>11.3e} {:>9}  {}\n", label, param, r.max_abs,
+          fmt::print("{:<56} {:<20} {:>11.3e} {:>9}  {}\n", label, param, r.max_abs,
                      fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
           failed += r.pass ? 0 : 1;
         }
       } catch (const Error& e) {
         ++errors;
-        fmt::print("{:<52} {:<20} {:>11} {:>9}  error ({}): {}\n", printable(path.filename().string()), "-", "-", "-",
+        fmt::print("{:<56} {:<20} {:>11} {:>9}  error ({}): {}\n", printable(path.filename().string()), "-", "-", "-",
                    to_string(e.code()), e.what());
       } catch (const std::bad_alloc&) {  // running it (its buffers): the next file may still fit
         ++errors;
-        fmt::print("{:<52} {:<20} {:>11} {:>9}  error (out_of_memory): the host ran out of memory\n",
+        fmt::print("{:<56} {:<20} {:>11} {:>9}  error (out_of_memory): the host ran out of memory\n",
                    printable(path.filename().string()), "-", "-", "-");
       }
     }
