@@ -49,6 +49,10 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     // Rows are labelled by file (two formats' recordings of one launch share the case's name).
     fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
     int failed = 0, errors = 0, skipped = 0, unchecked = 0;
+    const auto error_row = [&](const std::filesystem::path& path) {  // inside a catch block
+      ++errors;
+      fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", printable(path.filename().string()), "-", "-", "-", error_line());
+    };
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
@@ -70,14 +74,10 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
                      fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
           failed += r.pass ? 0 : 1;
         }
-      } catch (const Error& e) {
-        ++errors;
-        fmt::print("{:<56} {:<20} {:>11} {:>9}  error ({}): {}\n", printable(path.filename().string()), "-", "-", "-",
-                   to_string(e.code()), e.what());
+      } catch (const Error&) {
+        error_row(path);
       } catch (const std::bad_alloc&) {  // running it (its buffers): the next file may still fit
-        ++errors;
-        fmt::print("{:<56} {:<20} {:>11} {:>9}  error (out_of_memory): the host ran out of memory\n",
-                   printable(path.filename().string()), "-", "-", "-");
+        error_row(path);
       }
     }
     // A PASS says nothing of the files that ran without an expectation: the line counts them.

@@ -1,13 +1,33 @@
 // The CLI's subcommands; each registers itself on the app.
 #pragma once
 
+#include <exception>
 #include <functional>
+#include <new>
+#include <string>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "cli_checks.hpp"
+#include "metrale/error.hpp"
 
 namespace metrale::cli {
+
+/// The exception being handled (call it inside a catch block) as the CLI reports an error:
+/// "error (<code>): <message>" — metrale's code; out_of_memory for std::bad_alloc; internal for any
+/// other std::exception (a library's own: filesystem, json, ...), its text as printable() writes it.
+inline std::string error_line() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return fmt::format("error ({}): {}", to_string(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return "error (out_of_memory): the host ran out of memory";
+  } catch (const std::exception& e) {
+    return fmt::format("error (internal): {}", printable(e.what()));
+  }
+}
 
 /// `set_exit(code)` records the process exit status of a subcommand that ran.
 void add_replay(CLI::App& app, std::function<void(int)> set_exit);

@@ -85,12 +85,8 @@ CaseResult guarded(std::string group, std::string kernel, std::string name, F&& 
   CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, ""};
   try {
     body(r);
-  } catch (const Error& e) {
-    r.error = fmt::format("error ({}): {}", to_string(e.code()), e.what());
-  } catch (const std::bad_alloc&) {
-    r.error = "error (out_of_memory): the host ran out of memory";
-  } catch (const std::exception& e) {
-    r.error = fmt::format("error (internal): {}", printable(e.what()));
+  } catch (const std::exception&) {
+    r.error = error_line();
   }
   return r;
 }

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <new>
 #include <string>
 #include <string_view>
 
@@ -74,14 +73,8 @@ int main(int argc, char** argv) {
     if (last->get_require_subcommand_min() > 0 && !last->remaining().empty())
       return app.exit(CLI::ExtrasError(last->remaining()));
     return app.exit(e);
-  } catch (const metrale::Error& e) {
-    fmt::print(stderr, "error ({}): {}\n", metrale::to_string(e.code()), e.what());
-    return 2;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "error (out_of_memory): the host ran out of memory\n");
-    return 2;
-  } catch (const std::exception& e) {  // a library's own (filesystem, json, ...): still an error, never a crash
-    fmt::print(stderr, "error (internal): {}\n", e.what());
+  } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
+    fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return 2;
   }
   return exit_code;
