@@ -326,7 +326,8 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 }
 
 KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split) {
-  constexpr const char* kEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
+  const bool wide = spec.num_q_heads > 32;  // the 64-head blocks (wgmma_rows)
+  const char* const kEntry = wide ? "mla_paged_decode_wgmma_combine_fp8" : "mla_paged_decode_wgmma16_rs_combine_fp8";
   if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
     fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", kEntry,
          to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
@@ -348,7 +349,7 @@ KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   for (const char* n : {"inv_sqrt_d", "k_scale", "num_kv_heads"}) c.scalars.erase(n);
   c.scalars["keys_per_split"] = KernelArg::u32(keys_per_split);
   c.scalars["num_splits"] = KernelArg::u32(static_cast<std::uint32_t>(num_splits));
-  c.scalars["rows_per_block"] = KernelArg::u32(16);
+  c.scalars["rows_per_block"] = KernelArg::u32(wide ? 64 : 16);
   return c;
 }
 
@@ -878,6 +879,11 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8 ? SplitEntry::split16 : SplitEntry::split));
     p.num_q_heads = 70, p.seed = ++s;  // the wgmma entries: two head groups, the second mostly empty
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
+    if (f == KvFormat::fp8) {  // the 64-head entry with the combine in its clusters: 5 chunks, sinks
+      p.sinks = true, p.seed = ++s;
+      out.push_back(fused_decode_case(p, 1));
+      p.sinks = false;
+    }
     p.num_q_heads = 13, p.seed = ++s;  // the wgmma16 entries: one head group, three heads short
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16));
     if (f == KvFormat::fp8) {

@@ -162,6 +162,23 @@ Adapter split_nvfp4_adapter(const char* entry, bool wgmma = false) {
           }};
 }
 
+// The wgmma entries with the combine in their clusters: the split fields but the partials, and
+// the combine's sinks, o and v_scale; `launcher` the 16-head or 64-head entry's.
+Adapter fused_fp8_adapter(const char* entry,
+                          void (*launcher)(GpuBackend&, KernelHandle, const FusedDecodeFp8Args&, Stream)) {
+  return {"mla_wgmma",
+          entry,
+          {concat(kSplitScalars,
+                  {{"cache_stride", U64}, {"sliding_window", U32}, {"comp_block_count", U32}, {"v_scale", F32}}),
+           {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool", "sinks", "o"}},
+          kSplitShape,
+          [launcher](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+            const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"),
+                                       a.ptr("comp_pool"), a.u32("comp_block_count")};
+            launcher(g, k, {s, a.ptr("sinks"), a.ptr("o"), a.f32("v_scale")}, 0);
+          }};
+}
+
 // One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
 const std::vector<Adapter>& adapters() {
   static const std::vector<Adapter> table = {
@@ -328,19 +345,8 @@ const std::vector<Adapter>& adapters() {
       split_fp8_adapter("mla_paged_decode_wgmma16_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma16_nvfp4", true),
       split_fp8_adapter("mla_paged_decode_wgmma16_rs_fp8", true),
-      // The staged 16-head entry with the combine in its clusters: the split fields but the
-      // partials, and the combine's sinks, o and v_scale.
-      {"mla_wgmma",
-       "mla_paged_decode_wgmma16_rs_combine_fp8",
-       {concat(kSplitScalars,
-               {{"cache_stride", U64}, {"sliding_window", U32}, {"comp_block_count", U32}, {"v_scale", F32}}),
-        {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool", "sinks", "o"}},
-       kSplitShape,
-       [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
-         const SplitDecodeFp8Args s{split_common(a), a.u64("cache_stride"), a.u32("sliding_window"), a.ptr("comp_pool"),
-                                    a.u32("comp_block_count")};
-         mla_paged_decode_wgmma16_rs_combine_fp8(g, k, {s, a.ptr("sinks"), a.ptr("o"), a.f32("v_scale")});
-       }},
+      fused_fp8_adapter("mla_paged_decode_wgmma16_rs_combine_fp8", &mla_paged_decode_wgmma16_rs_combine_fp8),
+      fused_fp8_adapter("mla_paged_decode_wgmma_combine_fp8", &mla_paged_decode_wgmma_combine_fp8),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -402,6 +408,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
                               {"ml_partial", FP32}, {"block_tables", I32}, {"seq_lens", I32}};
   Params split_fp8 = split_nvfp4;
   split_fp8.emplace("comp_pool", U8);
+  const Params fused_fp8 = {{"q", BF16},       {"k_cache", U8},   {"v_cache", U8}, {"block_tables", I32},
+                            {"seq_lens", I32}, {"comp_pool", U8}, {"sinks", FP32}, {"o", BF16}};
   static const std::map<std::string_view, Params> table = {
       {"mla_batched_gemv", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"mla_q_rope_scatter", {{"q_full", BF16}, {"q_absorbed_buf", BF16}, {"q_rope_contiguous", BF16}}},
@@ -429,15 +437,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_wgmma16_fp8", split_fp8},
       {"mla_paged_decode_wgmma16_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma16_rs_fp8", split_fp8},
-      {"mla_paged_decode_wgmma16_rs_combine_fp8",
-       {{"q", BF16},
-        {"k_cache", U8},
-        {"v_cache", U8},
-        {"block_tables", I32},
-        {"seq_lens", I32},
-        {"comp_pool", U8},
-        {"sinks", FP32},
-        {"o", BF16}}},
+      {"mla_paged_decode_wgmma16_rs_combine_fp8", fused_fp8},
+      {"mla_paged_decode_wgmma_combine_fp8", fused_fp8},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);

@@ -23,6 +23,7 @@ constexpr std::uint64_t kStagedTiles16 = 6;
 // The staged FP8 16-head entry with the combine in its clusters, and its most splits (the
 // portable cluster size): docs/performance.md.
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
+constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
@@ -185,6 +186,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
@@ -193,9 +195,13 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
     r.wgmma16_rs_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
     r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
-    for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n)
+    r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
+    for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n) {
       r.fused_clusters[n] = gpu.max_active_clusters(r.wgmma16_rs_combine_fp8, {wgmma_threads(kWgmma16Rows, true), 1, 1},
                                                     wgmma_shared_bytes(KvFormat::fp8, kWgmma16Rows, true), n);
+      r.fused_clusters64[n] = gpu.max_active_clusters(r.wgmma_combine_fp8, {wgmma_threads(kWgmmaRows), 1, 1},
+                                                      wgmma_shared_bytes(KvFormat::fp8, kWgmmaRows), n);
+    }
   }
   return r;
 }
@@ -338,13 +344,13 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
     if (cost < best) best = cost, per = tiles_each;
   }
-  // Staged 16-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
+  // Staged 16-head and 64-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
   // launch, taken as kCombineTiles tiles' worth), ⌈clusters / fused_clusters[n]⌉ rounds: where
   // that costs no more, with the n that costs least (ties to fewer).
   if (!fused_clusters.empty() && fused_clusters.size() != kMaxClusterSplits + 1)
     fail(Errc::invalid_argument, "split plan: fused_clusters has {} entries, not {} (index n = 0..{})",
          fused_clusters.size(), kMaxClusterSplits + 1, kMaxClusterSplits);
-  if (p.wgmma && p.staged && p.rows_per_block == kWgmma16Rows && !fused_clusters.empty() &&
+  if (p.wgmma && p.staged && format == KvFormat::fp8 && !fused_clusters.empty() &&
       per <= 0x7FFF'FFC0 / tile_keys) {  // (longer chunks are clamped below: more than 8 of them)
     std::uint64_t fused_best = ~std::uint64_t{0}, fused_per = 0;
     for (std::uint64_t n = 1; n <= std::min<std::uint64_t>(kMaxClusterSplits, tiles); ++n) {
@@ -489,21 +495,24 @@ bool o_overlaps_q(DevicePtr o, DevicePtr q, std::uint64_t rows, std::uint32_t q_
   return o.addr < q.addr + rows * q_head_dim * 2 && q.addr < o.addr + rows * kWgmmaDim * 2;
 }
 
-void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
-                                             Stream stream) {
-  const Validator v{kFusedEntry};
+namespace {
+
+// The cluster entries' launcher: `entry` (the 16-head or 64-head one) of `rows` heads a block.
+void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a, Stream stream,
+                      const char* entry, std::uint32_t rows) {
+  const Validator v{entry};
   SplitDecodeFp8Args s = a.split;
   s.o_partial = s.ml_partial = {};  // not used
   validate_split_fp8(v, s, false);
   validate_wgmma_shape(v, s);
-  v.check(s.rows_per_block == kWgmma16Rows, "rows_per_block {} is not 16 (the entry's blocks)", s.rows_per_block);
+  v.check(s.rows_per_block == rows, "rows_per_block {} is not {} (the entry's blocks)", s.rows_per_block, rows);
   v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
   v.non_null({{"o", a.o}});
   v.check(a.o.addr % 8 == 0, "o {:#x} is not 8-byte aligned", a.o.addr);
   v.check(!o_overlaps_q(a.o, s.q, std::uint64_t{s.num_seqs} * s.num_q_heads, s.q_head_dim),
           "o {:#x} overlaps q {:#x}: a cluster's blocks read q while others write o", a.o.addr, s.q.addr);
   v.positive_finite("v_scale", a.v_scale);
-  validate_entry(v, gpu, kernel, {kFusedEntry});
+  validate_entry(v, gpu, kernel, {entry});
   KernelLaunch l(gpu, kernel);
   split_args(l, s, KvFormat::fp8, true, true, std::pair{a.sinks, a.o})
       .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
@@ -514,6 +523,17 @@ void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kerne
       .arg_u32(s.keys_per_split)
       .arg_f32(a.v_scale)
       .launch(stream);
+}
+
+}  // namespace
+
+void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                             Stream stream) {
+  launch_fused_fp8(gpu, kernel, a, stream, kFusedEntry, kWgmma16Rows);
+}
+void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                        Stream stream) {
+  launch_fused_fp8(gpu, kernel, a, stream, kFusedEntry64, kWgmmaRows);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -572,17 +592,22 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
     return DecodePath::seed;
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
-  // The cluster entry's o: 8-byte aligned, apart from q (which the step may overwrite in place).
-  const bool clusters = fast.wgmma16_rs_combine_fp8.id != 0 && a.o.addr % 8 == 0 &&
+  // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
+  const bool wide = wgmma_rows(a) == kWgmmaRows;
+  const bool clusters = (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 && a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
-  const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
-                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
-                                        clusters ? fast.fused_clusters : std::span<const std::uint32_t>{});
+  const SplitPlan p = plan_split_decode(
+      a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
+      clusters ? (wide ? fast.fused_clusters64 : fast.fused_clusters) : std::span<const std::uint32_t>{});
   const DevicePtr w = p.fused ? DevicePtr{} : ws.get(gpu, p.workspace_bytes);  // fused: no partials, no workspace
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
   if (p.fused) {
-    mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+    if (p.rows_per_block == kWgmmaRows) {
+      mla_paged_decode_wgmma_combine_fp8(gpu, fast.wgmma_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+    } else {
+      mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+    }
     return DecodePath::split;
   }
   if (p.wgmma) {

@@ -252,33 +252,35 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
-// kernel. The num_splits ≤ 8 blocks of a (sequence, head group) are one cluster (shape
-// [num_splits, 1, 1]); block z writes dims [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the
+// kernel (kKind wgmma16; wgmma: mla_paged_decode_wgmma_combine_fp8, the same for
+// mla_paged_decode_wgmma_fp8's 64-head blocks, block 256). The num_splits ≤ 8 blocks of a (sequence, head group) are
+// one cluster (shape [num_splits, 1, 1]); block z writes dims [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the
 // group's heads, as mla_paged_decode_combine computes them, from the cluster's partials, which
 // the kernel's blocks keep in shared memory and read from each other. The emulator runs one
 // block at a time, so this port computes the partials of all the cluster's chunks itself. The
 // cluster shape ([num_splits, 1, 1]) is the entry's cluster rule (registered below), which the
 // emulator checks at launch, dry runs included.
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
-void mla_paged_decode_wgmma16_rs_combine_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
-                                             Global<const std::uint8_t> v_cache, Global<const float> sinks,
-                                             Global<Bf16> o, Global<const std::int32_t> block_tables,
-                                             Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
-                                             std::uint32_t num_q_heads, std::uint32_t q_head_dim,
-                                             std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
-                                             std::uint64_t cache_stride, std::uint32_t sliding_window,
-                                             Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
-                                             std::uint32_t keys_per_split, float v_scale) {
-  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * kGroupRows, s = blk.blockIdx.z;
+template <SplitKind kKind>
+void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                   Global<const std::uint8_t> v_cache, Global<const float> sinks, Global<Bf16> o,
+                                   Global<const std::int32_t> block_tables, Global<const std::int32_t> seq_lens,
+                                   std::uint32_t max_blocks_per_seq, std::uint32_t num_q_heads,
+                                   std::uint32_t q_head_dim, std::uint32_t kv_cache_dim, std::uint32_t block_size,
+                                   float logit_scale, std::uint64_t cache_stride, std::uint32_t sliding_window,
+                                   Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
+                                   std::uint32_t keys_per_split, float v_scale) {
+  const SplitShape shape = shape_of(kKind, blk);
+  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * shape.rows, s = blk.blockIdx.z;
   const Fp8Keys cache{k_cache,    v_cache,      comp_pool,      block_tables,     seq_lens,     max_blocks_per_seq,
                       block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, s};
   std::vector<Partial> parts;
   for (std::uint32_t chunk = 0; chunk < n; ++chunk)
     parts.push_back(split_partial(blk, chunk, q, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
-                                  keys_per_split, shape_of(SplitKind::wgmma16, blk), cache));
+                                  keys_per_split, shape, cache));
   const std::uint32_t width = 4 * ((kv_cache_dim + 4 * n - 1) / (4 * n));
   const std::uint32_t d_begin = std::min(kv_cache_dim, z * width), d_end = std::min(kv_cache_dim, d_begin + width);
-  for (std::uint32_t row = 0; row < kGroupRows; ++row) {
+  for (std::uint32_t row = 0; row < shape.rows; ++row) {
     const std::uint32_t h = head0 + row;
     if (h >= num_q_heads) continue;
     std::vector<float> ml;
@@ -425,14 +427,17 @@ void register_mla_fast(Registry& r) {
       "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "cache_stride", "sliding_window", "comp_pool",
       "comp_block_count", "keys_per_split", "v_scale"};
   // clang-format on
-  r.add<&mla_paged_decode_wgmma16_rs_combine_fp8>(w, "mla_paged_decode_wgmma16_rs_combine_fp8", fp8_combined,
-                                                  block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_combined_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_combine_fp8", fp8_combined,
+                                                 block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_combined_fp8<wgmma>>(w, "mla_paged_decode_wgmma_combine_fp8", fp8_combined,
+                                               block_is({256, 1, 1}));
   // One cluster per (sequence, head group): the grid's x, at most the portable 8.
-  r.set_cluster_rule(w, "mla_paged_decode_wgmma16_rs_combine_fp8", [](Dim3 grid, Dim3 c) -> std::optional<std::string> {
-    if (c.x == grid.x && c.y == 1 && c.z == 1 && grid.x <= 8) return std::nullopt;
-    return fmt::format("cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y, c.z,
-                       grid.x);
-  });
+  for (const char* e : {"mla_paged_decode_wgmma16_rs_combine_fp8", "mla_paged_decode_wgmma_combine_fp8"})
+    r.set_cluster_rule(w, e, [](Dim3 grid, Dim3 c) -> std::optional<std::string> {
+      if (c.x == grid.x && c.y == 1 && c.z == 1 && grid.x <= 8) return std::nullopt;
+      return fmt::format("cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y, c.z,
+                         grid.x);
+    });
   // The kernel's expf and the port's std::exp may differ in the last bit, and a P element then
   // round to FP16 the other way: 2^-11 of its p·|v| in o_partial, taken as 2^-10 of the largest
   // |o_partial| for a recorded case.
@@ -442,6 +447,11 @@ void register_mla_fast(Registry& r) {
   for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_fp8",
                         "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
+  // The same through the combine for the entries that combine in their clusters: their o, 2^-10
+  // of its largest |o| (the 64-head block's lazily rescaled P rounds to FP16 at other magnitudes
+  // than the port's).
+  for (const char* e : {"mla_paged_decode_wgmma16_rs_combine_fp8", "mla_paged_decode_wgmma_combine_fp8"})
+    r.set_recorded_floor(w, e, "o", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",
       {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},

@@ -686,18 +686,21 @@ struct ClusterOut {
 constexpr uint32_t kMaxClusterSplits = 8;  // the portable cluster size
 
 // The combine inside a cluster (ClusterOut): the n = num_splits ≤ 8 blocks of one (sequence,
-// head group) are one cluster, each holding its chunk's partial rows [16 heads][576] and (max,
-// sum) [16][2] in shared memory. Block z finishes dims [z·w, (z + 1)·w), w = 4·⌈576 / 4n⌉, of the
-// group's heads, eight threads a head and four dims a thread, reading every block's rows through
-// distributed shared memory, with the combine's arithmetic (chunk_weights and combine_term, the
-// chunks summed by residue mod 4): the bits of mla_paged_decode_combine.
+// head group) are one cluster, each holding its chunk's partial rows [kHeads][576] and (max, sum)
+// [kHeads][2] in shared memory. Block z finishes dims [z·w, (z + 1)·w), w = 4·⌈576 / 4n⌉, of the
+// group's heads, kThreads / kHeads threads a head (8 of the 16-head block's 128, 4 of the 64-head
+// block's 256) and four dims a thread, reading every block's rows through distributed shared
+// memory, with the combine's arithmetic (chunk_weights and combine_term, the chunks summed by
+// residue mod 4): the bits of mla_paged_decode_combine.
+template <uint32_t kHeads, uint32_t kThreads>
 __device__ void cluster_combine(const ClusterOut& out, const float* rows, const float* mls, uint32_t s, uint32_t head0,
                                 uint32_t num_q_heads, uint32_t z, uint32_t n) {
   namespace cg = cooperative_groups;
+  constexpr uint32_t kParts = kThreads / kHeads;
   const cg::cluster_group cluster = cg::this_cluster();
   metrale::allow_next_kernel();  // every block of the grid is past its keys: the next may start
   cluster.sync();                // every block's partial written, and seen
-  const uint32_t hl = threadIdx.x / 8, part = threadIdx.x % 8, h = head0 + hl;
+  const uint32_t hl = threadIdx.x / kParts, part = threadIdx.x % kParts, h = head0 + hl;
   const uint32_t width = 4 * ((kDim + 4 * n - 1) / (4 * n));
   const uint32_t d_begin = min(kDim, z * width), d_end = min(kDim, d_begin + width);
   if (h < num_q_heads) {
@@ -712,7 +715,7 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
     }
     const float inv = chunk_weights(m, l, n, out.sinks != nullptr ? out.sinks + h : nullptr, out.v_scale, w);
     __nv_bfloat16* const dst = out.o + (uint64_t{s} * num_q_heads + h) * kDim;
-    for (uint32_t d = d_begin + 4 * part; d < d_end; d += 32) {
+    for (uint32_t d = d_begin + 4 * part; d < d_end; d += 4 * kParts) {
       float acc[4][4] = {};  // [residue mod 4][dim]
 #pragma unroll
       for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
@@ -844,7 +847,8 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
       ml[1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
     }
   }
-  if constexpr (Out::cluster) cluster_combine(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, num_splits);
+  if constexpr (Out::cluster)
+    cluster_combine<kRows16, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, num_splits);
 }
 
 // ---- Warp-specialised (both formats)
@@ -1079,8 +1083,11 @@ struct Smem64 {
 // kRescaleSlack: a tile whose logits stay within the slack of their heads' reference maxima —
 // nearly every tile after the first — needs no maximum across the warpgroup's threads, only a
 // vote. Warpgroup 0 also refills the slots: at the start of tile i the one tile i − 1 held (once
-// every thread has released it) with tile i + 1.
-__device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const PartialOut& out, uint32_t num_q_heads,
+// every thread has released it) with tile i + 1. The partial goes where `out` puts it (PartialOut:
+// o_partial and ml_partial; ClusterOut: the block's K and V slots and Q's first bytes, once both
+// warpgroups are done with them, for cluster_combine).
+template <class Out>
+__device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const Out& out, uint32_t num_q_heads,
                              uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
   constexpr float kSlack2 = kRescaleSlack * kLog2e;
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
@@ -1201,15 +1208,18 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
     if (lane < 4) red[warp * kHeads64 + hh(jj)] = l[jj];
   }
   named_barrier<128>(kWgBar64 + wg);
+  if constexpr (Out::cluster) __syncthreads();  // both warpgroups past their last tile: the slots are free
   // The partial: unnormalised O with the true max and the sum, per head; rows r0 and r0 + 8 of
   // atom a are the adjacent dims of the thread's row group (see vp_tile_rs).
+  float* const cluster_rows = reinterpret_cast<float*>(sm.sk);  // [64 heads][576]: the K and V slots
+  float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]: Q's first bytes
   const bool vector_stores = out.vector_stores();
 #pragma unroll
   for (uint32_t jj = 0; jj < 8; ++jj) {
-    const uint32_t hl = hh(jj), h = head0 + wg * kHeads64 + hl;
+    const uint32_t hl = hh(jj), hb = wg * kHeads64 + hl, h = head0 + hb;  // hb: the block's head
     if (h >= num_q_heads) continue;
     const uint64_t slot = (uint64_t{s} * num_q_heads + h) * gridDim.x + z;
-    float* const row = out.row(slot, nullptr, 0);
+    float* const row = out.row(slot, cluster_rows, hb);
     const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
     if (vector_stores) {                        // atoms 2c and 2c + 1: dims 16·qrow + 4c .. + 3, one 16-byte store
 #pragma unroll
@@ -1223,7 +1233,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
     }
     *reinterpret_cast<float2*>(row + 512 + 2 * qrow) = make_float2(o[8][e0], o[8][e0 + 2]);
     if (warp == 0 && lane < 4) {
-      float* const ml = out.ml(slot, nullptr, 0);
+      float* const ml = out.ml(slot, cluster_ml, hb);
       ml[0] = seen[jj] * kLn2;
       ml[1] = (red[hl] + red[kHeads64 + hl]) + (red[2 * kHeads64 + hl] + red[3 * kHeads64 + hl]);
     }
@@ -1234,9 +1244,11 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
 // warpgroups of 32 heads each (wgmma64_walk), transposed products with A from registers, one
 // block per SM. The raw K and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup
 // 0's warps) into two slots each and converted in registers by the threads whose fragments hold
-// them, as in wgmma16_fp8_decode — each warpgroup converting every byte for its own heads.
-__device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads,
-                                   float logit_scale, uint32_t keys_per_split, const Fp8Rows& layout) {
+// them, as in wgmma16_fp8_decode — each warpgroup converting every byte for its own heads. With
+// ClusterOut the blocks of a cluster then combine their partials (cluster_combine).
+template <class Out>
+__device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
+                                   uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem64 sm;
   sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -1279,6 +1291,9 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const PartialOut& out
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
   wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
+  if constexpr (Out::cluster)
+    cluster_combine<kRows64, 256>(out, reinterpret_cast<const float*>(sm.sk), reinterpret_cast<const float*>(sm.sq), s,
+                                  head0, num_q_heads, z, gridDim.x);
 }
 
 }  // namespace
@@ -1300,6 +1315,26 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
   wgmma64_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma_combine_fp8: mla_paged_decode_wgmma_fp8 and the combine in one kernel, as
+// mla_paged_decode_wgmma16_rs_combine_fp8 does it for 16 heads: the num_splits ≤ 8 blocks of each
+// (sequence, head group) are a cluster whose partials stay in shared memory (cluster_combine); o
+// as mla_paged_decode_combine writes it, the same bits. Grid: as mla_paged_decode_wgmma_fp8,
+// cluster [num_splits, 1, 1]. Block: 256.
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, 576] bf16, 8-byte aligned
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_combine_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                       const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
+                                       const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                       uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size,
+                                       float logit_scale, uint64_t cache_stride, uint32_t sliding_window,
+                                       const uint8_t* comp_pool, uint32_t comp_block_count, uint32_t keys_per_split,
+                                       float v_scale) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma64_fp8_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache (wgmma_decode: FP16 tiles in shared

@@ -106,9 +106,9 @@ TEST_CASE("the wgmma entries' partials follow logits that rise along the keys", 
   test::check_case(c);
 }
 
-// The staged FP8 16-head entry that combines inside its clusters: o against the float64
-// reference (and the device's against the emulator's), the heads of one group or of two (the
-// second short), chunks without keys and one to eight chunks per cluster.
+// The FP8 wgmma entries that combine inside their clusters (16-head staged, 64-head): o against
+// the float64 reference (and the device's against the emulator's), the heads of one group or of
+// two (the second short), chunks without keys and one to eight chunks per cluster.
 gen::PagedSpec fused_spec(std::uint32_t heads, std::uint32_t max_blocks) {
   gen::PagedSpec p;
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 3;
@@ -118,19 +118,27 @@ gen::PagedSpec fused_spec(std::uint32_t heads, std::uint32_t max_blocks) {
   return p;
 }
 
-TEST_CASE("the wgmma16 entry that combines in its clusters matches the float64 reference", "[mla_fast][wgmma]") {
-  const auto [heads, max_blocks, tiles] = GENERATE(table<std::uint32_t, std::uint32_t, std::uint32_t>(
-      {{16, 10, 1}, {5, 10, 3}, {20, 10, 1}, {16, 27, 1}}));  // 4, 2, 4 and 8 chunks of a cluster
+TEST_CASE("the wgmma entries that combine in their clusters match the float64 reference", "[mla_fast][wgmma]") {
+  const auto [heads, max_blocks, tiles] = GENERATE(
+      table<std::uint32_t, std::uint32_t, std::uint32_t>({{16, 10, 1},
+                                                          {5, 10, 3},
+                                                          {20, 10, 1},
+                                                          {16, 27, 1},  // 4, 2, 4 and 8 chunks of a cluster
+                                                          {64, 10, 3},
+                                                          {70, 10, 1},
+                                                          {40, 27, 1},
+                                                          {128, 4, 2}}));  // 64-head blocks: 2, 4, 8 and 2 chunks
   gen::PagedSpec p = fused_spec(heads, max_blocks);
   p.sinks = heads != 5;
   test::check_case(gen::fused_decode_case(p, tiles));
 }
 
-// Its o must be the bits of the staged entry's partials through the combine, on every backend.
-TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's bits", "[mla_fast][wgmma]") {
-  const KernelCase c = gen::fused_decode_case(fused_spec(20, 27), 1);
+// Their o must be the bits of the unfused entry's partials through the combine, on every backend.
+TEST_CASE("the wgmma entries that combine in their clusters give the combine's bits", "[mla_fast][wgmma]") {
+  const std::uint32_t heads = GENERATE(20u, 70u), rows = heads > 32 ? 64 : 16;
+  const KernelCase c = gen::fused_decode_case(fused_spec(heads, 27), 1);
   for (const auto& name : test::backends()) {
-    INFO("backend " << name);
+    INFO("backend " << name << ", " << heads << " heads");
     auto gpu = test::make_backend(name);
     const auto fast = MlaFastKernels::resolve(*gpu);
     if (fast.wgmma16_rs_combine_fp8.id == 0) continue;  // not sm_90
@@ -145,7 +153,7 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
                           in.at("block_tables").ptr(),
                           in.at("seq_lens").ptr(),
                           u32("max_blocks_per_seq"),
-                          20,
+                          heads,
                           576,
                           576,
                           16,
@@ -153,7 +161,7 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
                           u32("keys_per_split"),
                           3,
                           u32("num_splits"),
-                          16,
+                          rows,
                           true},
                          c.scalars.at("cache_stride").as_u64(),
                          u32("sliding_window"),
@@ -161,16 +169,21 @@ TEST_CASE("the wgmma16 entry that combines in its clusters gives the combine's b
                          u32("comp_block_count")};
     REQUIRE(s.num_splits == 8);
     const float v_scale = c.scalars.at("v_scale").as_f32();
-    mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8,
-                                            {s, in.at("sinks").ptr(), in.at("o").ptr(), v_scale});
+    const FusedDecodeFp8Args f{s, in.at("sinks").ptr(), in.at("o").ptr(), v_scale};
+    if (rows == 64) {
+      mla_paged_decode_wgmma_combine_fp8(*gpu, fast.wgmma_combine_fp8, f);
+    } else {
+      mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8, f);
+    }
     gpu->synchronize(0);
     const auto fused = in.at("o").to_host<Bf16>();
-    DeviceBuffer partials(*gpu, std::size_t{3} * 20 * 8 * 576 * 4), ml(*gpu, std::size_t{3} * 20 * 8 * 2 * 4);
+    DeviceBuffer partials(*gpu, std::size_t{3} * heads * 8 * 576 * 4), ml(*gpu, std::size_t{3} * heads * 8 * 2 * 4);
     s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
     upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
-    mla_paged_decode_wgmma_fp8(*gpu, fast.wgmma16_rs_fp8, s);
+    mla_paged_decode_wgmma_fp8(*gpu, rows == 64 ? fast.wgmma_fp8 : fast.wgmma16_rs_fp8, s);
     mla_paged_decode_combine(
-        *gpu, fast.combine, {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), 20, 576, 8, v_scale, 3});
+        *gpu, fast.combine,
+        {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), heads, 576, 8, v_scale, 3});
     gpu->synchronize(0);
     const auto two = in.at("o").to_host<Bf16>();
     REQUIRE(fused.size() == two.size());
@@ -215,8 +228,16 @@ TEST_CASE("the dispatcher combines in clusters where the plan's clusters cost no
   CHECK(plan(KvFormat::fp8, h200).num_splits == 7);
   CHECK(plan(KvFormat::fp8, full).num_splits == 8);
   CHECK_FALSE(plan(KvFormat::nvfp4, h200).fused);
+  // The 64-head blocks, one an SM, with clusters sized as the SMs allow: B = 32 × 4K keys in 4
+  // chunks at 64 heads (one round of 128 blocks, as unfused), 2 at 128 (the same); not NVFP4.
+  const std::array<std::uint32_t, 9> one_per_sm{0, 132, 66, 44, 33, 26, 22, 18, 16};
   a.num_q_heads = 64;
-  CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
+  CHECK(plan(KvFormat::fp8, one_per_sm).fused);
+  CHECK(plan(KvFormat::fp8, one_per_sm).num_splits == 4);
+  a.num_q_heads = 128;
+  CHECK(plan(KvFormat::fp8, one_per_sm).fused);
+  CHECK(plan(KvFormat::fp8, one_per_sm).num_splits == 2);
+  CHECK_FALSE(plan(KvFormat::nvfp4, one_per_sm).fused);
   a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles beat 8 chunks of 8
   CHECK_FALSE(plan(KvFormat::fp8, h200).fused);
   a.num_seqs = 128;  // 2 chunks of 32 tiles, in clusters of 2, and no workspace
@@ -806,7 +827,12 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     CHECK(rec.expected.size() >= 1);
     test::check_case(rec);
   }
-  CHECK(entries == std::set<std::string>{split, "mla_paged_decode_combine"});
+  // FP8 at 40 heads: the 64-head blocks combine in their clusters (one kernel, no partials).
+  if (p.format == KvFormat::fp8 && p.num_q_heads == 40) {
+    CHECK(entries == std::set<std::string>{"mla_paged_decode_wgmma_combine_fp8"});
+  } else {
+    CHECK(entries == std::set<std::string>{split, "mla_paged_decode_combine"});
+  }
   std::filesystem::remove_all(dir);
 }
 

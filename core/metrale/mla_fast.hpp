@@ -39,9 +39,11 @@ struct MlaFastKernels {
   KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
   KernelHandle wgmma16_rs_fp8;              // its staged 16-head FP8 blocks (one warpgroup); likewise
   KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
-  /// Clusters of n of that entry's blocks the device runs at once (GpuBackend::max_active_clusters),
-  /// n = 1..8; all 0 without the entry.
-  std::array<std::uint32_t, 9> fused_clusters{};
+  KernelHandle wgmma_combine_fp8;           // the 64-head FP8 blocks with the combine in their clusters; likewise
+  /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters) and of wgmma_combine_fp8's
+  /// (fused_clusters64) the device runs at once (GpuBackend::max_active_clusters), n = 1..8; all 0
+  /// without the entry.
+  std::array<std::uint32_t, 9> fused_clusters{}, fused_clusters64{};
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -58,8 +60,9 @@ struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
   bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
-  /// FP8 16-head staged blocks in n ≤ 8 splits that combine in clusters of n
-  /// (mla_paged_decode_wgmma16_rs_combine_fp8): no workspace, no combine launch.
+  /// FP8 wgmma blocks (16-head staged or 64-head) in n ≤ 8 splits that combine in clusters of n
+  /// (mla_paged_decode_wgmma16_rs_combine_fp8, mla_paged_decode_wgmma_combine_fp8): no
+  /// workspace, no combine launch.
   bool fused = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
@@ -75,8 +78,9 @@ struct SplitPlan {
 /// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
 /// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block. FP8 16-head wgmma blocks are
 /// staged (see SplitPlan) from num_seqs × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
-/// max_shared_bytes. Staged 16-head FP8 blocks are `fused` when `fused_clusters` (index n: the
-/// clusters of n blocks of that entry the device runs at once, MlaFastKernels::fused_clusters;
+/// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when `fused_clusters`
+/// (index n: the clusters of n blocks of the block's cluster entry the device runs at once,
+/// MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of wgmma_rows;
 /// empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best
 /// unfused plan and its combine launch (two tiles' worth); the n that costs least is taken, and
 /// the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9
@@ -186,8 +190,12 @@ std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_
 /// launched early. Errors (`invalid_argument`): those of mla_paged_decode_wgmma_fp8 but for
 /// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null, not 8-byte
 /// aligned or overlapping q (a cluster's blocks read q while others write o; the dispatcher
-/// takes the two kernels for a step in place); v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the decode),
-/// docs/performance.md (the cluster combine).
+/// takes the two kernels for a step in place); v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the
+/// decode), docs/performance.md (the cluster combine).
+///
+/// mla_paged_decode_wgmma_combine_fp8: the same for mla_paged_decode_wgmma_fp8's 64-head blocks
+/// (rows_per_block 64, grid [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, one per SM),
+/// with the same errors but rows_per_block not 64.
 struct FusedDecodeFp8Args {
   SplitDecodeFp8Args split;
   DevicePtr sinks, o;  // sinks may be null
@@ -195,6 +203,8 @@ struct FusedDecodeFp8Args {
 };
 void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                              Stream stream = 0);
+void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                        Stream stream = 0);
 
 struct CombineArgs {
   DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null

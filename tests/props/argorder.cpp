@@ -169,13 +169,16 @@ void paged_dispatchers() {
     }
     const SplitPlan p =
         plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count(),
-                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
+                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
+                          wgmma_rows(a) == 64 ? fast.fused_clusters64 : fast.fused_clusters);
     const bool fused = p.fused && a.o.addr % 8 == 0;  // the combine in the split kernel's clusters
     RC_ASSERT(log.size() == (fused ? 1u : 2u));
     const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "fp8");
     ExpectedLaunch split{module,
-                         fused ? "mla_paged_decode_wgmma16_rs_combine_fp8" : entry,
+                         !fused                   ? entry
+                         : p.rows_per_block == 64 ? "mla_paged_decode_wgmma_combine_fp8"
+                                                  : "mla_paged_decode_wgmma16_rs_combine_fp8",
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
