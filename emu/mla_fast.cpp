@@ -252,14 +252,14 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
-// kernel (kKind wgmma16; wgmma: mla_paged_decode_wgmma_combine_fp8, the same for
-// mla_paged_decode_wgmma_fp8's 64-head blocks, block 256). The num_splits ≤ 8 blocks of a (sequence, head group) are
-// one cluster (shape [num_splits, 1, 1]); block z writes dims [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the
-// group's heads, as mla_paged_decode_combine computes them, from the cluster's partials, which
-// the kernel's blocks keep in shared memory and read from each other. The emulator runs one
-// block at a time, so this port computes the partials of all the cluster's chunks itself. The
-// cluster shape ([num_splits, 1, 1]) is the entry's cluster rule (registered below), which the
-// emulator checks at launch, dry runs included.
+// kernel (kKind wgmma16; with wgmma, mla_paged_decode_wgmma_combine_fp8: the same for the
+// 64-head blocks of mla_paged_decode_wgmma_fp8, block 256). The num_splits ≤ 8 blocks of a
+// (sequence, head group) are one cluster (shape [num_splits, 1, 1]); block z writes dims
+// [z·w, (z + 1)·w), w = 4·⌈kv_cache_dim / 4n⌉, of o for the group's heads, as mla_paged_decode_combine computes them,
+// from the cluster's partials, which the kernel's blocks keep in shared memory and read from each other. The emulator
+// runs one block at a time, so this port computes the partials of all the cluster's chunks itself. The cluster shape
+// ([num_splits, 1, 1]) is the entry's cluster rule (registered below), which the emulator checks at launch, dry runs
+// included.
 //   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, kv_cache_dim] bf16
 template <SplitKind kKind>
 void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,

@@ -2,7 +2,8 @@
 // warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
 // (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and for FP8
 // mla_paged_decode_wgmma16_rs_fp8, the one-warpgroup block of wgmma16_fp8_decode, and
-// mla_paged_decode_wgmma16_rs_combine_fp8, the same in clusters that combine their partials).
+// mla_paged_decode_wgmma16_rs_combine_fp8, the same in clusters that combine their partials;
+// mla_paged_decode_wgmma_combine_fp8 does that for the 64-head FP8 block).
 // Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
 // partials go to mla_fast's combine (the cluster entry's stay in its clusters: cluster_combine).
 //
