@@ -327,9 +327,9 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 
 KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split) {
   const bool wide = spec.num_q_heads > 32;  // the 64-head blocks (wgmma_rows)
-  const char* const kEntry = wide ? "mla_paged_decode_wgmma_combine_fp8" : "mla_paged_decode_wgmma16_rs_combine_fp8";
+  const char* const entry = wide ? "mla_paged_decode_wgmma_combine_fp8" : "mla_paged_decode_wgmma16_rs_combine_fp8";
   if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
-    fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", kEntry,
+    fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", entry,
          to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
   if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
     fail(Errc::invalid_argument, "fused_decode_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
@@ -341,9 +341,9 @@ KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   if (num_splits > 8)
     fail(Errc::invalid_argument, "fused_decode_case: {} chunks of {} keys, more than a cluster's 8", num_splits,
          keys_per_split);
-  c.name = fmt::format("{} keys_per_split={} {}", kEntry, keys_per_split, spec.vars());
+  c.name = fmt::format("{} keys_per_split={} {}", entry, keys_per_split, spec.vars());
   c.module = "mla_wgmma";
-  c.entry = kEntry;
+  c.entry = entry;
   // As the dispatcher: the K scale folded into the logit scale (in FP32), V's the combine's.
   c.scalars["logit_scale"] = KernelArg::f32(spec.inv_sqrt_d * spec.k_scale);
   for (const char* n : {"inv_sqrt_d", "k_scale", "num_kv_heads"}) c.scalars.erase(n);

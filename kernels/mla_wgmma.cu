@@ -1086,7 +1086,7 @@ struct Smem64 {
 // vote. Warpgroup 0 also refills the slots: at the start of tile i the one tile i − 1 held (once
 // every thread has released it) with tile i + 1. The partial goes where `out` puts it (PartialOut:
 // o_partial and ml_partial; ClusterOut: the block's K and V slots and Q's first bytes, once both
-// warpgroups are done with them, for cluster_combine).
+// warpgroups are done with them, and cluster_combine then runs here).
 template <class Out>
 __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const Out& out, uint32_t num_q_heads,
                              uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
@@ -1239,6 +1239,8 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
       ml[1] = (red[hl] + red[kHeads64 + hl]) + (red[2 * kHeads64 + hl] + red[3 * kHeads64 + hl]);
     }
   }
+  if constexpr (Out::cluster)
+    cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
 }
 
 // The split decode of one 64-head block over an FP8 cache (the compute-bound rows): two
@@ -1292,9 +1294,6 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
   wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
-  if constexpr (Out::cluster)
-    cluster_combine<kRows64, 256>(out, reinterpret_cast<const float*>(sm.sk), reinterpret_cast<const float*>(sm.sq), s,
-                                  head0, num_q_heads, z, gridDim.x);
 }
 
 }  // namespace
