@@ -326,7 +326,7 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 }
 
 KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split) {
-  const bool wide = spec.num_q_heads > 32;  // the 64-head blocks (wgmma_rows)
+  const bool wide = spec.num_q_heads > 32;  // the 64-head entry (above 32 heads)
   const char* const entry = wide ? "mla_paged_decode_wgmma_combine_fp8" : "mla_paged_decode_wgmma16_rs_combine_fp8";
   if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
     fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", entry,
@@ -858,7 +858,7 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     PagedSpec p = model;  // 576-wide rows, 16 heads, 300 keys
     p.format = f, p.seed = ++s;
     out.push_back(split_path_case(p));
-    PagedSpec wide = model;  // 128 heads: two groups of 64, a partial last split
+    PagedSpec wide = model;  // 128 heads: a small step, in eight 16-head groups (wgmma_rows) on 132 SMs
     wide.format = f, wide.num_q_heads = 128, wide.num_seqs = 2, wide.seq_lens = {1000, 33},
     wide.max_blocks_per_seq = 70;
     wide.num_blocks = 140, wide.seed = ++s;

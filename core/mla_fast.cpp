@@ -20,6 +20,11 @@ constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64,
 // specialised entry, 264 slots: 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8 (B = 32
 // × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and below.
 constexpr std::uint64_t kStagedTiles16 = 6;
+// DeepSeek rows of more than 32 heads take 16-head blocks when these would walk at most this many
+// 64-key tiles per SM in all (num_seqs × ⌈heads / 16⌉ × tiles): measured on the H200
+// (docs/performance.md, fifteenth session; one-tile splits) 0.32–0.78× the 64-head blocks' time up
+// to 4 tiles an SM (B = 1 to 4K keys, B = 8 × 1K × 64 heads), 0.96–1.12× at 8, 1.11–1.47× at 16.
+constexpr std::uint64_t kSmallTiles16PerSm = 4;
 // The staged FP8 16-head entry with the combine in its clusters, and its most splits (the
 // portable cluster size): docs/performance.md.
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
@@ -243,13 +248,19 @@ std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
   return rows_per_block != kWgmma16Rows ? 256 : staged ? 128 : 384;
 }
 
-std::uint32_t wgmma_rows(const PagedDecodeCommon& a) {
+std::uint32_t wgmma_rows(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
   if (a.q_head_dim != kWgmmaDim || a.kv_cache_dim != kWgmmaDim) return 0;
-  return a.num_q_heads > 2 * kGroupRows ? kWgmmaRows : a.num_q_heads <= kWgmma16Rows ? kWgmma16Rows : 0;
+  if (a.num_q_heads <= kWgmma16Rows) return kWgmma16Rows;
+  if (a.num_q_heads <= 2 * kGroupRows) return 0;
+  const std::uint64_t keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
+  const std::uint64_t work16 = std::uint64_t{a.num_seqs} * ((a.num_q_heads + kWgmma16Rows - 1) / kWgmma16Rows) *
+                               ((keys + kWgmmaTileKeys - 1) / kWgmmaTileKeys);
+  return work16 <= kSmallTiles16PerSm * std::max(1u, multiprocessors) ? kWgmma16Rows : kWgmmaRows;
 }
 
-bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes) {
-  const std::uint32_t rows = wgmma_rows(a);
+bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes,
+                   std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
+  const std::uint32_t rows = wgmma_rows(a, comp_block_count, multiprocessors);
   return rows != 0 && wgmma_shared_bytes(format, rows) <= max_shared_bytes;
 }
 
@@ -289,7 +300,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
          split_shared_bytes(kGroupRows, a.kv_cache_dim, 0), max_shared_bytes);
   SplitPlan p;
-  p.wgmma = wgmma && wgmma_applies(a, format, max_shared_bytes);
+  p.wgmma = wgmma && wgmma_applies(a, format, max_shared_bytes, comp_block_count, multiprocessors);
   std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);
   while (R > 1 && split_shared_bytes(kGroupRows * R, a.kv_cache_dim, 0) > max_shared_bytes) --R;
   p.rows_per_block = kGroupRows * R;
@@ -317,7 +328,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
                   // on three (their producers' registers the staging), one per SM, or for FP8
                   // where each of two block slots per SM has at least kStagedTiles16 tiles to
                   // walk, staged on one warpgroup (wgmma16_rs), two per SM
-    p.rows_per_block = wgmma_rows(a);
+    p.rows_per_block = wgmma_rows(a, comp_block_count, multiprocessors);
     p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
     const std::uint64_t work = std::uint64_t{a.num_seqs} * p.head_groups * ((max_keys + 63) / 64);
     const std::uint64_t slots16 = 2ull * std::max(1u, multiprocessors);
@@ -331,13 +342,16 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
   // pipeline start, partial and share of the combine); ties go to fewer splits. At least four
-  // tiles a split: at one sequence of 4096 keys, 128 one-tile splits took 111 µs on the H200
-  // (the combine's loop over them), 32 four-tile splits 58.
+  // 32-key tiles a split on the mma.sync entries: at one sequence of 4096 keys, 128 one-tile
+  // splits took 111 µs on the H200 (the old combine's loop over them), 32 four-tile splits 58.
+  // The wgmma entries' 64-key tiles go down to one a split: at B = 1 to 32 up to 4K keys (16-head
+  // blocks), 0.54–1.01× the time of four (docs/performance.md, fifteenth session).
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
   const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, blocks_per_sm);
   const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + tile_keys - 1) / tile_keys);
-  const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + 3) / 4, 1, 4 * slots);
+  const std::uint64_t min_tiles = p.wgmma ? 1 : 4;
+  const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + min_tiles - 1) / min_tiles, 1, 4 * slots);
   std::uint64_t per = tiles, best = ~std::uint64_t{0};
   for (std::uint64_t n = 1; n <= max_splits; ++n) {
     const std::uint64_t tiles_each = (tiles + n - 1) / n, splits = (tiles + tiles_each - 1) / tiles_each;
@@ -593,7 +607,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   }
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
-  const bool wide = wgmma_rows(a) == kWgmmaRows;
+  const bool wide = wgmma_rows(a, comp, gpu.multiprocessor_count()) == kWgmmaRows;
   const bool clusters = (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 && a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
   const SplitPlan p = plan_split_decode(

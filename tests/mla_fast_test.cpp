@@ -309,6 +309,27 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   a.kv_cache_dim = 512, a.q_head_dim = 512;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
   a.kv_cache_dim = 576, a.q_head_dim = 576;
+  // A small step above 32 heads takes 16-head blocks: up to 4 · 132 = 528 tiles of theirs in all.
+  // One sequence of 128 heads (8 groups of 16) with 66 tiles of keys is 528; a 67th (one key of the
+  // compressed pool) makes it 64-head blocks.
+  a.num_q_heads = 128, a.num_seqs = 1, a.max_blocks_per_seq = 66;
+  const SplitPlan small = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+  CHECK(small.wgmma);
+  CHECK(small.rows_per_block == 16);
+  CHECK(small.head_groups == 8);
+  CHECK_FALSE(small.staged);
+  CHECK(small.threads == 384);
+  CHECK(plan_split_decode(a, format, 1, 132, 227 * 1024, true).rows_per_block == 64);
+  CHECK(plan_split_decode(a, format, 0, 131, 227 * 1024, true).rows_per_block == 64);  // 524 < 528
+  // Its splits go down to one 64-key tile: 8 groups × 16 splits of 1K keys fill 128 of 132 SMs
+  // in one round (at four tiles a split at least, as before, it was 4 splits).
+  a.max_blocks_per_seq = 16;
+  const SplitPlan one_tile = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+  CHECK(one_tile.rows_per_block == 16);
+  CHECK(one_tile.num_splits == 16);
+  CHECK(one_tile.keys_per_split == 64);
+  a.num_seqs = 32, a.max_blocks_per_seq = 64;
+  a.kv_cache_dim = 576, a.q_head_dim = 576;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
 }
 
@@ -793,28 +814,31 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
   p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12;
   p.num_blocks = 30, p.seq_lens = {150, 41};
-  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, the wgmma entry
+  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, wgmma or wgmma16
   if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
+  // FP8's 40 heads on one SM: a step too large for 16-head blocks (wgmma_rows), which the
+  // emulator's 132 SMs take for 3 tiles a sequence, as NVFP4's do here. (Not NVFP4 on one SM:
+  // its combine's grid, sized to the SMs, would not replay on the 132 of check_case's backends.)
+  const bool wide = p.num_q_heads == 40 && p.format == KvFormat::fp8;
   const auto dir = test::scratch_dir("metrale_split_recorder_test");
   std::filesystem::remove_all(dir);
   {
     emu::EmulatorOptions o;
     o.record_dir = dir;
+    if (wide) o.multiprocessor_count = 1;
     emu::EmulatorBackend gpu(o);
     run_kernel_case(gpu, gen::split_path_case(p));
   }
   const std::string f{to_string(p.format)};
-  const std::string split = (p.num_q_heads == 16   ? "mla_paged_decode_wgmma16_"
-                             : p.num_q_heads == 24 ? "mla_paged_decode_split_"
-                                                   : "mla_paged_decode_wgmma_") +
-                            f;
+  const std::uint32_t rows = wide ? 64 : p.num_q_heads == 24 ? 32 : 16;
+  const std::string split = (rows == 16 ? "mla_paged_decode_wgmma16_" : "mla_paged_decode_split_") + f;
   std::set<std::string> entries;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const KernelCase rec = read_kernel_case(e.path());
     entries.insert(rec.entry);
     if (rec.entry == split) {
       CHECK(rec.scalars.at("num_seqs").as_u32() == 2);
-      CHECK(rec.scalars.at("rows_per_block").as_u32() == (p.num_q_heads == 16 ? 16u : p.num_q_heads == 24 ? 32u : 64u));
+      CHECK(rec.scalars.at("rows_per_block").as_u32() == rows);
       // A GPU's expf may round a P element to FP16 the other way than the port's std::exp: the
       // partial outputs get a floor of 2^-10 of their largest value, here and between backends.
       double peak = 0;
@@ -827,8 +851,8 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     CHECK(rec.expected.size() >= 1);
     test::check_case(rec);
   }
-  // FP8 at 40 heads: the 64-head blocks combine in their clusters (one kernel, no partials).
-  if (p.format == KvFormat::fp8 && p.num_q_heads == 40) {
+  // FP8 at 40 heads on one SM: the 64-head blocks combine in their clusters (one kernel, no partials).
+  if (wide) {
     CHECK(entries == std::set<std::string>{"mla_paged_decode_wgmma_combine_fp8"});
   } else {
     CHECK(entries == std::set<std::string>{split, "mla_paged_decode_combine"});

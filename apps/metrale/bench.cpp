@@ -191,7 +191,7 @@ class PagedProblem {
     PagedDecodeCommon c;
     c.num_q_heads = H, c.q_head_dim = c.kv_cache_dim = kDim;
     return (f_ == KvFormat::fp8 ? fast_.wgmma_fp8 : fast_.wgmma_nvfp4).id != 0 &&
-           wgmma_applies(c, f_, gpu_.max_shared_bytes_per_block());
+           wgmma_applies(c, f_, gpu_.max_shared_bytes_per_block(), 0, gpu_.multiprocessor_count());
   }
 
   [[noreturn]] void no_split() const {

@@ -74,13 +74,13 @@ struct SplitPlan {
 /// blocks may have `max_shared_bytes` of shared memory: with `wgmma` (the device has the
 /// mla_wgmma entries) and wgmma_applies, wgmma_rows-head blocks on them; else the largest head group (up
 /// to 64) that fits, staged when that fits too without costing a block per SM; as many splits
-/// (of at least four tiles: 32 keys, or 64 on wgmma) as give the least work to the busiest of the
+/// (of at least four 32-key tiles, or one 64-key tile on wgmma) as give the least work to the busiest of the
 /// device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of
 /// ⌈tiles / splits⌉ tiles and a tile's worth of fixed cost per block. FP8 16-head wgmma blocks are
-/// staged (see SplitPlan) from num_seqs × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
+/// staged (see SplitPlan) from num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
 /// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when `fused_clusters`
 /// (index n: the clusters of n blocks of the block's cluster entry the device runs at once,
-/// MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of wgmma_rows;
+/// MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of wgmma_rows' blocks;
 /// empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best
 /// unfused plan and its combine launch (two tiles' worth); the n that costs least is taken, and
 /// the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9
@@ -90,16 +90,21 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
                             std::span<const std::uint32_t> fused_clusters = {});
 
-/// The heads per block of the wgmma entries for `a`: DeepSeek's rows (q_head_dim = kv_cache_dim =
-/// 576) with more than 32 query heads take the 64-head entries (mla_paged_decode_wgmma_*), with 16
-/// or fewer the 16-head entries (mla_paged_decode_wgmma16_*); 0 otherwise (17-32 heads stay on the
+/// The heads per block of the wgmma entries for `a` on a device of `multiprocessors` SMs (0 counts
+/// as one): DeepSeek's rows (q_head_dim = kv_cache_dim = 576) with 16 or fewer query heads take
+/// the 16-head entries (mla_paged_decode_wgmma16_*); with more than 32 the 64-head entries
+/// (mla_paged_decode_wgmma_*), except a small step — num_seqs × ⌈num_q_heads / 16⌉ × ⌈keys / 64⌉
+/// at most 4 × multiprocessors, keys the table's capacity (max_blocks_per_seq · block_size) plus
+/// `comp_block_count` — which the 16-head entries finish sooner (their blocks reach their first
+/// tile sooner; measured on the H200, docs/performance.md). 0 otherwise (17-32 heads stay on the
 /// 32-head mma.sync blocks: a 64-row block would mostly multiply zeros, two 16-head blocks read
 /// the cache twice).
-std::uint32_t wgmma_rows(const PagedDecodeCommon& a);
+std::uint32_t wgmma_rows(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors);
 
-/// Whether the wgmma entries serve `a`: wgmma_rows is not 0 and that block's
-/// wgmma_shared_bytes (for `format`) is within `max_shared_bytes`.
-bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes);
+/// Whether the wgmma entries serve `a`: wgmma_rows (of `comp_block_count` and `multiprocessors`)
+/// is not 0 and that block's wgmma_shared_bytes (for `format`) is within `max_shared_bytes`.
+bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes,
+                   std::uint32_t comp_block_count, std::uint32_t multiprocessors);
 
 /// Why the split path cannot take these arguments (one KV head; q_head_dim a multiple of 32;
 /// kv_cache_dim a multiple of 64, at most 576; 16-byte aligned rows), or nothing when it can.

@@ -6,6 +6,7 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,7 @@ namespace {
 
 using defs::coin;
 using defs::u;
+using defs::u64;
 
 std::string dims(Dim3 d) { return fmt::format("({},{},{})", d.x, d.y, d.z); }
 
@@ -157,9 +159,21 @@ void paged_dispatchers() {
     a.sinks = coin() ? s.next() : DevicePtr{};
     a.comp_pool = coin() ? s.next() : DevicePtr{};
     a.comp_block_count = u(0, 64);
+    // The cluster entries need o 8-byte aligned and apart from q (the step may write o over q):
+    // o a quarter of the time 2 bytes off its sentinel, half the time a number of 16-byte units into q.
+    const std::uint64_t rows = std::uint64_t{a.num_seqs} * a.num_q_heads;
+    if (const std::uint32_t pick = u(0, 3); pick == 0)
+      a.o = a.o + 2;
+    else if (pick < 3)
+      a.o = a.q + 16 * u64(0, std::max<std::uint64_t>(1, rows * a.q_head_dim / 8) - 1);
+    // Byte ranges [o, o + rows·kv_cache_dim·2) and [q, q + rows·q_head_dim·2), bf16 both.
+    const bool o_meets_q =
+        a.o.addr < a.q.addr + rows * a.q_head_dim * 2 && a.q.addr < a.o.addr + rows * a.kv_cache_dim * 2;
+    const bool clusters_allowed = a.o.addr % 8 == 0 && !o_meets_q;
     const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
-    note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {}", a.num_q_heads,
-                           a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count));
+    note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {} q {:#x} o {:#x}",
+                           a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count, a.q.addr,
+                           a.o.addr));
     const auto& log = rig.gpu.launch_log();
     RC_ASSERT((path == DecodePath::seed) == seed_only);
     if (path == DecodePath::seed) {
@@ -167,11 +181,13 @@ void paged_dispatchers() {
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_fp8"));
       return;
     }
-    const SplitPlan p =
-        plan_split_decode(a, KvFormat::fp8, a.comp_pool ? a.comp_block_count : 0, rig.gpu.multiprocessor_count(),
-                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
-                          wgmma_rows(a) == 64 ? fast.fused_clusters64 : fast.fused_clusters);
-    const bool fused = p.fused && a.o.addr % 8 == 0;  // the combine in the split kernel's clusters
+    const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0, sms = rig.gpu.multiprocessor_count();
+    const std::span<const std::uint32_t> clusters = !clusters_allowed                ? std::span<const std::uint32_t>{}
+                                                    : wgmma_rows(a, comp, sms) == 64 ? fast.fused_clusters64
+                                                                                     : fast.fused_clusters;
+    const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, sms, rig.gpu.max_shared_bytes_per_block(),
+                                          fast.wgmma_fp8.id != 0, clusters);
+    const bool fused = p.fused;  // the combine in the split kernel's clusters
     RC_ASSERT(log.size() == (fused ? 1u : 2u));
     const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "fp8");
