@@ -344,13 +344,16 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   // pipeline start, partial and share of the combine); ties go to fewer splits. At least four
   // 32-key tiles a split on the mma.sync entries: at one sequence of 4096 keys, 128 one-tile
   // splits took 111 µs on the H200 (the old combine's loop over them), 32 four-tile splits 58.
-  // The wgmma entries' 64-key tiles go down to one a split: at B = 1 to 32 up to 4K keys (16-head
-  // blocks), 0.54–1.01× the time of four (docs/performance.md, fifteenth session).
+  // The 16-head wgmma blocks' 64-key tiles go down to one a split — at B = 1 to 32 up to 4K keys
+  // 0.54–1.01× the time of four — and NVFP4's 64-head blocks' too (B = 8 × 1K × 128 heads 0.85×,
+  // B = 1 × 16K × 64 0.85×); not FP8's 64-head blocks, whose fixed cost is larger (B = 1 × 16K ×
+  // 64: 128 two-tile splits 1.13× the time of 64 of four). Measured on the H200, docs/performance.md.
+  const bool one_tile = p.wgmma && (p.rows_per_block == kWgmma16Rows || format == KvFormat::nvfp4);
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
   const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, blocks_per_sm);
   const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + tile_keys - 1) / tile_keys);
-  const std::uint64_t min_tiles = p.wgmma ? 1 : 4;
+  const std::uint64_t min_tiles = one_tile ? 1 : 4;
   const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + min_tiles - 1) / min_tiles, 1, 4 * slots);
   std::uint64_t per = tiles, best = ~std::uint64_t{0};
   for (std::uint64_t n = 1; n <= max_splits; ++n) {

@@ -328,6 +328,13 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK(one_tile.rows_per_block == 16);
   CHECK(one_tile.num_splits == 16);
   CHECK(one_tile.keys_per_split == 64);
+  // FP8's 64-head blocks keep four tiles a split at least, NVFP4's go down to one: one sequence
+  // of 16K keys at 64 heads (1024 tiles of 16-head blocks) in 64 splits of 256 keys, or 128 of 128.
+  a.num_q_heads = 64, a.max_blocks_per_seq = 256;
+  const SplitPlan wide = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+  CHECK(wide.rows_per_block == 64);
+  CHECK(wide.num_splits == (format == KvFormat::fp8 ? 64u : 128u));
+  CHECK(wide.keys_per_split == (format == KvFormat::fp8 ? 256u : 128u));
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
   a.kv_cache_dim = 576, a.q_head_dim = 576;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
