@@ -821,12 +821,12 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
   p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.num_seqs = 2, p.max_blocks_per_seq = 12;
   p.num_blocks = 30, p.seq_lens = {150, 41};
-  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, wgmma or wgmma16
+  p.num_q_heads = GENERATE(16u, 24u, 40u);  // the wgmma16 entry, the split entry, the wgmma entry
   if (p.format == KvFormat::fp8) p.sinks = true, p.k_scale = 0.013f, p.v_scale = 0.021f;
-  // FP8's 40 heads on one SM: a step too large for 16-head blocks (wgmma_rows), which the
-  // emulator's 132 SMs take for 3 tiles a sequence, as NVFP4's do here. (Not NVFP4 on one SM:
-  // its combine's grid, sized to the SMs, would not replay on the 132 of check_case's backends.)
-  const bool wide = p.num_q_heads == 40 && p.format == KvFormat::fp8;
+  // 40 heads recorded on one SM: a step too large for 16-head blocks (wgmma_rows), which the
+  // emulator's 132 SMs take for 3 tiles a sequence. The combine's grid, sized to the SMs (one dim
+  // block here), replays with check_case's backends' own.
+  const bool wide = p.num_q_heads == 40;
   const auto dir = test::scratch_dir("metrale_split_recorder_test");
   std::filesystem::remove_all(dir);
   {
@@ -838,7 +838,10 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
   }
   const std::string f{to_string(p.format)};
   const std::uint32_t rows = wide ? 64 : p.num_q_heads == 24 ? 32 : 16;
-  const std::string split = (rows == 16 ? "mla_paged_decode_wgmma16_" : "mla_paged_decode_split_") + f;
+  const std::string split = (rows == 16   ? "mla_paged_decode_wgmma16_"
+                             : rows == 32 ? "mla_paged_decode_split_"
+                                          : "mla_paged_decode_wgmma_") +
+                            f;
   std::set<std::string> entries;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const KernelCase rec = read_kernel_case(e.path());
@@ -859,7 +862,7 @@ TEST_CASE("a recorded split-path step replays kernel by kernel", "[mla_fast][rec
     test::check_case(rec);
   }
   // FP8 at 40 heads on one SM: the 64-head blocks combine in their clusters (one kernel, no partials).
-  if (wide) {
+  if (wide && p.format == KvFormat::fp8) {
     CHECK(entries == std::set<std::string>{"mla_paged_decode_wgmma_combine_fp8"});
   } else {
     CHECK(entries == std::set<std::string>{split, "mla_paged_decode_combine"});
