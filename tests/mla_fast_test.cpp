@@ -336,7 +336,6 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK(wide.num_splits == (format == KvFormat::fp8 ? 64u : 128u));
   CHECK(wide.keys_per_split == (format == KvFormat::fp8 ? 256u : 128u));
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
-  a.kv_cache_dim = 576, a.q_head_dim = 576;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
 }
 

@@ -72,18 +72,21 @@ struct SplitPlan {
 /// Plan a split decode of format `format` for `a` (its table capacity bounds the keys:
 /// max_blocks_per_seq · block_size + comp_block_count) on a device of `multiprocessors` SMs whose
 /// blocks may have `max_shared_bytes` of shared memory: with `wgmma` (the device has the
-/// mla_wgmma entries) and wgmma_applies, wgmma_rows-head blocks on them; else the largest head group (up
-/// to 64) that fits, staged when that fits too without costing a block per SM; as many splits
-/// (of at least four tiles: 32 keys, or 64 on wgmma; one on the 16-head and the NVFP4 wgmma blocks) as give the least
-/// work to the busiest of the device's block slots (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles
-/// / splits⌉ tiles and a tile's worth of fixed cost per block. FP8 16-head wgmma blocks are staged (see SplitPlan) from
-/// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in max_shared_bytes. Staged 16-head and
-/// 64-head FP8 wgmma blocks are `fused` when `fused_clusters` (index n: the clusters of n blocks of the block's cluster
-/// entry the device runs at once, MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of
-/// wgmma_rows' blocks; empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best unfused
-/// plan and its combine launch (two tiles' worth); the n that costs least is taken, and the plan has no workspace.
-/// Errors: `invalid_argument` for a fused_clusters of other than 9 entries (or none). Errors: `unsupported` when not
-/// even a 16-head group fits in `max_shared_bytes`.
+/// mla_wgmma entries) and wgmma_applies, wgmma_rows-head blocks on them; else the largest head
+/// group (up to 64) that fits, staged when that fits too without costing a block per SM; as many
+/// splits (of at least four tiles: 32 keys, or 64 on wgmma; one on the 16-head and the NVFP4
+/// wgmma blocks) as give the least work to the busiest of the device's block slots
+/// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
+/// tile's worth of fixed cost per block. FP8 16-head wgmma blocks are staged (see SplitPlan) from
+/// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
+/// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when
+/// `fused_clusters` (index n: the clusters of n blocks of the block's cluster entry the device
+/// runs at once, MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of
+/// wgmma_rows' blocks; empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more
+/// than the best unfused plan and its combine launch (two tiles' worth); the n that costs least
+/// is taken, and the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of
+/// other than 9 entries (or none); `unsupported` when not even a 16-head group fits in
+/// `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
                             std::span<const std::uint32_t> fused_clusters = {});
