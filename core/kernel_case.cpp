@@ -614,11 +614,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
            field);
     const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_entry_rows(a.entry);
     const auto implied = [&] {
-      return from_block         ? rows
-             : g->second == 'c' ? c.grid.x * kK3ChunkWarps
-             : g->second == 'x' ? c.grid.x
-             : g->second == 'y' ? c.grid.y
-                                : c.grid.z;
+      return from_block ? rows : g->second == 'c' ? c.grid.x * kK3ChunkWarps : dim_of(c.grid, g->second);
     };
     if (f.metadata.count(field) != 0) {
       // Given both ways, they must agree: the launcher takes the scalar and would run another
