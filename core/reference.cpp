@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "metrale/error.hpp"
 #include "metrale/formats.hpp"
@@ -149,8 +150,9 @@ std::vector<double> paged_attention(const PagedAttentionProblem& p) {
   std::vector<double> o(std::size_t{p.num_seqs} * p.num_q_heads * p.kv_cache_dim);
   const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
   for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+    MatrixXd k, v;  // the keys of KV head h / group, gathered once for its query heads
     for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
-      const auto [k, v] = gather_keys(p, s, h / group, p.k_scale, p.v_scale);
+      if (h % group == 0) std::tie(k, v) = gather_keys(p, s, h / group, p.k_scale, p.v_scale);
       const VectorXd logits = k.leftCols(p.q_head_dim) * query(p, s, h) * p.inv_sqrt_d;
       const bool has_sink = !p.sinks.empty();
       const VectorXd out = attend(logits, v, has_sink, has_sink ? p.sinks[h] : 0.0);
@@ -169,8 +171,9 @@ SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale,
   r.ml.assign(slots * 2, 0.0);
   const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
   for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+    MatrixXd k, v;  // the raw values the kernel multiplies, of KV head h / group
     for (std::uint32_t h = 0; h < p.num_q_heads; ++h) {
-      const auto [k, v] = gather_keys(p, s, h / group, 1.0, 1.0);  // the raw values the kernel multiplies
+      if (h % group == 0) std::tie(k, v) = gather_keys(p, s, h / group, 1.0, 1.0);
       const VectorXd q = query(p, s, h);
       const VectorXd logits = k.leftCols(p.q_head_dim) * q * logit_scale;
       const VectorXd qk_abs = k.leftCols(p.q_head_dim).cwiseAbs() * q.cwiseAbs();

@@ -823,12 +823,45 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
   std::filesystem::create_directories(cases.path);
   recorded_decode_case().write(cases.path / "one.safetensors");
   out.clear();
-  REQUIRE(run_cli("conform --backend emu --no-golden --seed 18446744073709551615 --cases " + cases.path.string() +
-                      " --report " + dir.path.string(),
+  REQUIRE(run_cli("conform --backend emu --no-golden --seed 18446744073709551615 --only one.safetensors --cases " +
+                      cases.path.string() + " --report " + dir.path.string(),
                   out) == 0);
   std::ifstream in(dir.path / "report.json");
   const auto report = nlohmann::json::parse(in);
   CHECK(report.at("seed").get<std::uint64_t>() == 18446744073709551615ull);
+}
+
+TEST_CASE("conform --only runs the cases whose kernel or name holds the text, and refuses one that matches none",
+          "[bad_input][cli]") {
+  TempPath cases("_only_cases"), dir("_only_report");
+  std::filesystem::create_directories(cases.path);
+  recorded_decode_case().write(cases.path / "zq_one.safetensors");
+  recorded_decode_case().write(cases.path / "other.safetensors");
+  std::string out;
+  REQUIRE(run_cli("conform --backend emu --no-golden --only zq_ --cases " + cases.path.string() + " --report " +
+                      dir.path.string(),
+                  out) == 0);
+  std::ifstream in(dir.path / "report.json");
+  const auto report = nlohmann::json::parse(in);
+  REQUIRE(report.at("cases").size() == 1);
+  CHECK(report.at("cases")[0].at("name") == "zq_one.safetensors");
+
+  // By kernel: the generated cases of the combine, and nothing else (the recorded files are
+  // another entry).
+  REQUIRE(run_cli("conform --backend emu --no-golden --only decode_combine --cases " + cases.path.string() +
+                      " --report " + dir.path.string(),
+                  out) == 0);
+  std::ifstream in2(dir.path / "report.json");
+  const auto report2 = nlohmann::json::parse(in2);
+  CHECK(!report2.at("cases").empty());
+  for (const auto& c : report2.at("cases")) {
+    CHECK(c.at("group") == "sweep");
+    CHECK(c.at("kernel") == "mla_paged_decode_combine");
+  }
+
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --only zzz_nothing --cases " + cases.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'zzz_nothing'"));
 }
 
 TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "[bad_input][cli]") {
@@ -850,13 +883,13 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   TempPath cases("_utf8_cases"), golden("_bad_golden"), dir("_utf8_report");
   std::filesystem::create_directories(cases.path);
   std::filesystem::create_directories(golden.path);
-  recorded_decode_case().write(cases.path / "x\xff_decode.safetensors");
-  write_bytes(golden.path / "broken.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  recorded_decode_case().write(cases.path / "x\xff_zq.safetensors");
+  write_bytes(golden.path / "zq_broken.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
   std::string out;
-  CHECK(run_cli("conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() +
-                    " --report " + dir.path.string(),
+  CHECK(run_cli("conform --backend emu --only zq --cases " + cases.path.string() + " --golden " +
+                    golden.path.string() + " --report " + dir.path.string(),
                 out) == 2);  // a case that could not run is an error (was 1, as for a comparison out of tolerance)
-  CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden broken"));
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden zq_broken"));
   CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): "));
   std::ifstream in(dir.path / "report.json");
   const auto report = nlohmann::json::parse(in);
@@ -864,8 +897,8 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   bool broken = false, renamed = false;
   for (const auto& c : report.at("cases")) {
     const auto name = c.at("name").get<std::string>();
-    if (name == "broken") broken = !c.at("pass").get<bool>() && c.at("kernel") == "model case file";
-    if (name == "x\xEF\xBF\xBD_decode.safetensors") renamed = c.at("pass").get<bool>();  // U+FFFD for the 0xFF
+    if (name == "zq_broken") broken = !c.at("pass").get<bool>() && c.at("kernel") == "model case file";
+    if (name == "x\xEF\xBF\xBD_zq.safetensors") renamed = c.at("pass").get<bool>();  // U+FFFD for the 0xFF
   }
   CHECK(broken);
   CHECK(renamed);

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -103,12 +104,17 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
   });
 }
 
-// A recorded case file, or nothing (with a note) when the device cannot run its entry.
-std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path) {
+// A recorded case file, or nothing: when `wanted(entry, file name)` does not pick it (a file that
+// cannot be read is picked by its name alone), and, with a note and `skipped` counted, when the
+// device cannot run its entry.
+template <class Wanted>
+std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::size_t& skipped) {
   std::optional<std::string> skip;
+  bool unwanted = false;
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const KernelCase c = read_kernel_case(path);
     r.kernel = c.entry;
+    if ((unwanted = !wanted(c.entry, r.name))) return;
     if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
     const auto out = run_kernel_case(gpu, c);
     for (const auto& [param, want] : c.expected) {
@@ -116,8 +122,10 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path) {
       r.checks.push_back(to_check(check_output(param, out.at(param), want, tol), "file"));
     }
   });
+  if (unwanted || (!result.pass() && !wanted(result.kernel, result.name))) return std::nullopt;
   if (!skip) return result;
   fmt::print(stderr, "note: conform: {} skipped ({})\n", path.filename().string(), *skip);
+  ++skipped;
   return std::nullopt;
 }
 
@@ -127,23 +135,33 @@ void add_metrics(CaseResult& r, const ReplayResult& replay) {
     r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
 }
 
-std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path) {
+// The replays of one golden file that `wanted(kernel, name)` picks (a file that cannot be read is
+// one failed case, picked by its kernel "model case file" or its name).
+template <class Wanted>
+std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted) {
   std::vector<CaseResult> out;
   const std::string name = printable(path.stem().string());
   SafeTensors file;
   CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
-  if (!read.pass()) return {read};  // a file that cannot be read fails as one case; the others still run
+  if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
+    if (wanted(read.kernel, read.name)) out.push_back(std::move(read));
+    return out;
+  }
   if (!file.has("q_nope") || file.metadata.count("heads") == 0) return out;  // not a model case
   for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-    for (std::uint32_t bs : {1u, 16u, 64u})
-      out.push_back(guarded(
-          "golden", "deepseek decode step", fmt::format("{} {} block {}", name, to_string(f), bs), [&](CaseResult& r) {
-            for (const auto& m : replay_deepseek_case(gpu, file, name, {f, bs}).metrics)
-              r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
-          }));
-  for (bool device_path : {true, false})
-    out.push_back(guarded("golden", "kimi k3 decode", fmt::format("{} {} KV", name, device_path ? "device" : "host"),
-                          [&](CaseResult& r) { add_metrics(r, replay_kimi_case(gpu, file, name, device_path)); }));
+    for (std::uint32_t bs : {1u, 16u, 64u}) {
+      const std::string kernel = "deepseek decode step", replay = fmt::format("{} {} block {}", name, to_string(f), bs);
+      if (wanted(kernel, replay))
+        out.push_back(guarded("golden", kernel, replay, [&](CaseResult& r) {
+          add_metrics(r, replay_deepseek_case(gpu, file, name, {f, bs}));
+        }));
+    }
+  for (bool device_path : {true, false}) {
+    const std::string kernel = "kimi k3 decode", replay = fmt::format("{} {} KV", name, device_path ? "device" : "host");
+    if (wanted(kernel, replay))
+      out.push_back(guarded("golden", kernel, replay,
+                            [&](CaseResult& r) { add_metrics(r, replay_kimi_case(gpu, file, name, device_path)); }));
+  }
   return out;
 }
 
@@ -238,6 +256,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
     std::string backend, report;
     std::vector<std::string> case_dirs, golden_dirs;
+    std::string only;
     std::uint64_t seed = 1;
     bool no_golden = false;
   };
@@ -259,6 +278,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->check(uint64_text())->capture_default_str();
   cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)")
       ->excludes(golden);
+  cmd->add_option("--only", opts->only,
+                  "run only the cases whose kernel or name contains this text (sweep, recorded files and golden "
+                  "replays alike; e.g. an entry such as wgmma16, or a case file's name)")
+      ->option_text("TEXT");
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
     if (!opts->report.empty()) {  // before the run: a report that cannot be written fails first
@@ -297,7 +320,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         seen.emplace(f.filename().string(), f);
         golden_files.push_back(std::move(f));
       }
+    const auto wanted = [&only = opts->only](std::string_view kernel, std::string_view name) {
+      return only.empty() || kernel.find(only) != std::string_view::npos || name.find(only) != std::string_view::npos;
+    };
     for (const auto& c : gen::conformance_sweep(opts->seed)) {
+      if (!wanted(c.entry, c.name)) continue;
       if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
         fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
         ++skipped;
@@ -305,17 +332,14 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       }
       results.push_back(sweep_case(*gpu, emu, c));
     }
-    for (const auto& f : case_files) {
-      if (auto r = file_case(*gpu, f)) {
-        results.push_back(std::move(*r));
-      } else {
-        ++skipped;
-      }
-    }
+    for (const auto& f : case_files)
+      if (auto r = file_case(*gpu, f, wanted, skipped)) results.push_back(std::move(*r));
     for (const auto& f : golden_files) {
-      auto g = golden_cases(*gpu, f);
+      auto g = golden_cases(*gpu, f, wanted);
       results.insert(results.end(), g.begin(), g.end());
     }
+    if (results.empty() && skipped == 0 && !opts->only.empty())
+      fail(Errc::not_found, "conform: no case matches --only '{}'", opts->only);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     const auto device = device_json(*gpu);
