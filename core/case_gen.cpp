@@ -276,7 +276,6 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
   const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
   const bool rs = which == SplitEntry::wgmma16_rs;
-  if (rs && !fp8) fail(Errc::invalid_argument, "split_kernel_case: the staged 16-head wgmma entry is FP8's only");
   const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16 || rs;
   const bool wgmma = which == SplitEntry::wgmma || wgmma16;
   if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
@@ -886,9 +885,9 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     }
     p.num_q_heads = 13, p.seed = ++s;  // the wgmma16 entries: one head group, three heads short
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16));
+    p.seed = ++s, out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16_rs));
     if (f == KvFormat::fp8) {
-      p.seed = ++s, out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma16_rs));
-      p.sinks = true, p.seed = ++s;  // the same entry with the combine in its clusters: 4 chunks
+      p.sinks = true, p.seed = ++s;  // the staged entry with the combine in its clusters: 4 chunks
       out.push_back(fused_decode_case(p, 1));
       p.sinks = false;
     }

@@ -192,6 +192,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
@@ -199,6 +200,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_fp8");
     r.wgmma16_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_nvfp4");
     r.wgmma16_rs_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_fp8");
+    r.wgmma16_rs_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_nvfp4");
     r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
     r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
     for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n) {
@@ -218,7 +220,8 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, 
     return 1024                                 // alignment of the swizzled tiles
            + kWgmma16Rows * kWgmmaDim * 2       // Q (FP16)
            + kWgmma16Rows * kWgmmaTileKeys * 2  // P (FP16)
-           + 2 * kWgmmaTileKeys * kWgmmaDim     // the raw FP8 K and V half-tiles (rows unpadded)
+           + 2 * kWgmmaTileKeys *               // the raw K and V half-tiles (rows unpadded; NVFP4:
+                 (format == KvFormat::fp8 ? kWgmmaDim : kWgmmaDim / 2 + kWgmmaDim / 16)  // data, scales)
            + kWgmma16Rows * 4                   // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4               // the per-warp maxima and sums
            + 2 * 8;                             // the two slots' mbarriers
@@ -325,15 +328,15 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   std::uint32_t tile_keys = kTileKeys, blocks_per_sm = per_sm(p.shared_bytes);
   const std::uint64_t max_keys = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp_block_count;
   if (p.wgmma) {  // 64-key tiles; 64 heads on two warpgroups, staged, one block per SM; 16 heads
-                  // on three (their producers' registers the staging), one per SM, or for FP8
-                  // where each of two block slots per SM has at least kStagedTiles16 tiles to
-                  // walk, staged on one warpgroup (wgmma16_rs), two per SM
+                  // on three (their producers' registers the staging), one per SM, or where each
+                  // of two block slots per SM has at least kStagedTiles16 tiles to walk, staged
+                  // on one warpgroup (wgmma16_rs), two per SM
     p.rows_per_block = wgmma_rows(a, comp_block_count, multiprocessors);
     p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
     const std::uint64_t work = std::uint64_t{a.num_seqs} * p.head_groups * ((max_keys + 63) / 64);
     const std::uint64_t slots16 = 2ull * std::max(1u, multiprocessors);
     p.staged = p.rows_per_block == kWgmmaRows ||
-               (format == KvFormat::fp8 && work >= kStagedTiles16 * slots16 &&
+               (work >= kStagedTiles16 * slots16 &&
                 2 * (wgmma_shared_bytes(format, kWgmma16Rows, true) + 1024) <= max_shared_bytes + 1024);
     p.threads = wgmma_threads(p.rows_per_block, p.staged);
     p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block, p.staged);
@@ -462,8 +465,9 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const std::string_view name = split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4",
-                                                    "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4");
+  const std::string_view name =
+      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4", "mla_paged_decode_wgmma_nvfp4",
+                          "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   const Validator v{name};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
@@ -480,12 +484,13 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", nullptr);
+    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4",
+                   "mla_paged_decode_wgmma16_rs_nvfp4");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::nvfp4, wgmma)
+  split_args(l, a, KvFormat::nvfp4, wgmma, name == "mla_paged_decode_wgmma16_rs_nvfp4")  // the handle's entry
       .arg_u64(a.block_stride_bytes)
       .arg_u64(a.data_section_bytes)
       .arg_u32(a.keys_per_split)
@@ -654,8 +659,11 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
   if (p.wgmma) {
-    mla_paged_decode_wgmma_nvfp4(gpu, p.rows_per_block == kWgmmaRows ? fast.wgmma_nvfp4 : fast.wgmma16_nvfp4, s,
-                                 stream);
+    mla_paged_decode_wgmma_nvfp4(gpu,
+                                 p.rows_per_block == kWgmmaRows ? fast.wgmma_nvfp4
+                                 : p.staged                     ? fast.wgmma16_rs_nvfp4
+                                                                : fast.wgmma16_nvfp4,
+                                 s, stream);
   } else {
     mla_paged_decode_split_nvfp4(gpu, p.rows_per_block == kGroupRows ? fast.split16_nvfp4 : fast.split_nvfp4, s,
                                  stream);

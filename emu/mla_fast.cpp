@@ -294,7 +294,8 @@ void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<cons
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
-// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kKind as for FP8.
+// Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kKind as for FP8
+// (mla_paged_decode_wgmma16_rs_nvfp4 as mla_paged_decode_wgmma16_rs_fp8).
 template <SplitKind kKind>
 void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                   Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,
@@ -421,6 +422,7 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_fp8", fp8, block_is({128, 1, 1}));
+  r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_nvfp4", nvfp4, block_is({128, 1, 1}));
   // clang-format off
   static constexpr const char* fp8_combined[] = {
       "q", "k_cache", "v_cache", "sinks", "o", "block_tables", "seq_lens", "max_blocks_per_seq", "num_q_heads",
@@ -445,7 +447,8 @@ void register_mla_fast(Registry& r) {
                         "mla_paged_decode_split16_nvfp4"})
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
   for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_fp8",
-                        "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8"})
+                        "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8",
+                        "mla_paged_decode_wgmma16_rs_nvfp4"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   // The same through the combine for the entries that combine in their clusters: their o, 2^-10
   // of its largest |o| (the 64-head block's lazily rescaled P rounds to FP16 at other magnitudes

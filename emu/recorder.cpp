@@ -70,7 +70,7 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
 
 CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
-    spdlog::info("recorder: wrote {} kernel cases to {}", written_, printable(dir_.string()));
+    spdlog::info("recorder: wrote {} kernel case{} to {}", written_, written_ == 1 ? "" : "s", printable(dir_.string()));
   } else {
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
                  printable(dir_.string()));

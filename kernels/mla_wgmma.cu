@@ -1,7 +1,7 @@
 // Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
 // warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
-// (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and for FP8
-// mla_paged_decode_wgmma16_rs_fp8, the one-warpgroup block of wgmma16_fp8_decode, and
+// (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and
+// mla_paged_decode_wgmma16_rs_{fp8,nvfp4}, the one-warpgroup block of wgmma16_rs_decode, and
 // mla_paged_decode_wgmma16_rs_combine_fp8, the same in clusters that combine their partials;
 // mla_paged_decode_wgmma_combine_fp8 does that for the 64-head FP8 block).
 // Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device_common.cuh"
 #include "split_common.cuh"
@@ -395,8 +396,8 @@ __device__ void wgmma_wait() {
 
 // The 16-head blocks: heads are the N of every wgmma, keys and output dims its M. Two designs:
 // warp-specialised (wgmma16_producers_decode: producer warpgroups convert to FP16 tiles in shared
-// memory for a consumer warpgroup; its tile chain is short, so it serves small grids) and, for
-// FP8, one warpgroup converting the cache bytes into its own A fragments (wgmma16_fp8_decode: no
+// memory for a consumer warpgroup; its tile chain is short, so it serves small grids) and one
+// warpgroup converting the cache bytes into its own A fragments (wgmma16_rs_decode: no
 // FP16 round trip and two blocks per SM, faster where a block slot has many tiles to walk).
 constexpr uint32_t kRows16 = 16;
 constexpr uint32_t kSlab16Bytes = kRows16 * 128;  // 16 rows of a 64-column slab (Q, P)
@@ -480,23 +481,44 @@ __device__ void store_q_permuted(uint8_t* sq, uint32_t row, uint32_t part, const
   for (uint32_t m = 0; m < 4; ++m) *reinterpret_cast<uint32_t*>(sq + at(chunk0 + m) + byte) = w[m];
 }
 
-// Sᵀ = K·Qᵀ for one tile, A from registers: the thread holds keys `key0` and `key1` (rows r0 and
-// r0 + 8 of its warp's 16, staged raw) and converts their units 4i + j (exactly, to FP16) for the
+// The two keys of a staged K half-tile a thread of the register-operand blocks holds (rows r0 and
+// r0 + 8 of its warp's 16): unit `part` (16 values) of row r, raw, and its conversion to eight
+// FP16 pairs (exact), values 2i and 2i + 1 in word i. FP8: rows of 576 codes; NVFP4: rows of 288
+// data bytes and their 36 scales (the unit's own).
+struct Fp8KeyPair {
+  const uint8_t* row[2];
+  using Raw = uint4;
+  __device__ Raw unit(uint32_t r, uint32_t part) const { return *reinterpret_cast<const uint4*>(row[r] + part * 16); }
+  __device__ static void convert(const Raw& raw, uint32_t (&w)[8]) { fp8x16_to_f16<true>(raw, w); }
+};
+struct Nvfp4KeyPair {
+  const uint8_t* data[2];
+  const uint8_t* scales[2];
+  struct Raw {
+    uint2 data;
+    uint8_t scale;
+  };
+  __device__ Raw unit(uint32_t r, uint32_t part) const {
+    return {*reinterpret_cast<const uint2*>(data[r] + part * 8), scales[r][part]};
+  }
+  __device__ static void convert(const Raw& raw, uint32_t (&w)[8]) { nvfp4x16_to_f16(raw.data, raw.scale, w); }
+};
+
+// Sᵀ = K·Qᵀ for one tile, A from registers: the thread holds the two keys of `keys` (Fp8KeyPair
+// or Nvfp4KeyPair) and converts their units 4i + j (exactly, to FP16) for the
 // four k-steps of slab i, the next slab converted while they run: one commit group a slab with 16
 // heads, two with 32 (fewer A registers in flight). N = 2·kAcc heads, Q's 64-column slabs kQSlab
 // bytes apart.
-template <uint32_t kAcc = 8, uint32_t kQSlab = kSlab16Bytes>
-__device__ void kq_tile_rs(float (&sacc)[kAcc], const Fp8Rows& layout, const uint8_t* key0, const uint8_t* key1,
-                           uint32_t j, uint64_t q) {
+template <uint32_t kAcc = 8, uint32_t kQSlab = kSlab16Bytes, class Keys>
+__device__ void kq_tile_rs(float (&sacc)[kAcc], const Keys& keys, uint32_t j, uint64_t q) {
   constexpr uint32_t kStepsPerGroup = kAcc == 8 ? 4 : 2;  // a commit group's k-steps
-  uint4 r0 = layout.staged_half(key0, j), r1 = layout.staged_half(key1, j);
+  typename Keys::Raw r0 = keys.unit(0, j), r1 = keys.unit(1, j);
 #pragma unroll
   for (uint32_t i = 0; i < kKUnits16; ++i) {
     uint32_t w0[8], w1[8];
-    fp8x16_to_f16<true>(r0, w0);
-    fp8x16_to_f16<true>(r1, w1);
-    if (i + 1 < kKUnits16)
-      r0 = layout.staged_half(key0, 4 * (i + 1) + j), r1 = layout.staged_half(key1, 4 * (i + 1) + j);
+    Keys::convert(r0, w0);
+    Keys::convert(r1, w1);
+    if (i + 1 < kKUnits16) r0 = keys.unit(0, 4 * (i + 1) + j), r1 = keys.unit(1, 4 * (i + 1) + j);
 #pragma unroll
     for (uint32_t e = 0; e < 8; ++e) pin(w0[e]), pin(w1[e]);
     wgmma_fence();
@@ -589,6 +611,76 @@ __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, co
   wgmma_wait<0>();
 }
 
+// The E4M3 codes, each the value of an E2M1 code times 2^-6 (as in nvfp4x16_to_f16: s·ee·m becomes
+// s·00ee·m00), of the low and of the high nibbles of the four bytes of `x`, byte for byte.
+__device__ uint32_t e2m1_lo_as_e4m3(uint32_t x) { return ((x & 0x08080808u) << 4) | ((x & 0x07070707u) << 2); }
+__device__ uint32_t e2m1_hi_as_e4m3(uint32_t x) { return (x & 0x80808080u) | ((x >> 2) & 0x1C1C1C1Cu); }
+// Two E4M3 scale codes (of keys c and c + 1, the low and high byte) times 64, as an FP16 pair.
+__device__ __half2 scale_pair(uint32_t lo, uint32_t hi) {
+  return __hmul2(e4m3x2_to_f16x2(lo | hi << 8), __float2half2_rn(64.0f));
+}
+__device__ uint32_t scaled(uint32_t codes, __half2 scale) {
+  return bits_of(__hmul2(*reinterpret_cast<const __half2*>(&codes), scale));
+}
+
+// Oᵀ += Vᵀ·Pᵀ for one tile of a 16-head block over an NVFP4 cache, A from registers, in
+// vp_tile_rs's layout: in atom a < 8 the thread's dims 16·qrow + 2a and + 1 are the two codes of
+// byte a of unit qrow of each key's V row (`sv`: 288 data bytes a row; `svs`: 36 scales), and in
+// atom 8 dims 512 + 2·qrow and + 1 those of byte 256 + qrow, of unit 32 + qrow/8. A byte permute
+// pairs keys c and c + 1 (bytes c: a, c + 1: a, c: a + 1, c + 1: a + 1), each nibble becomes the
+// E4M3 code of its value times 2^-6, one conversion of each half gives a register of two keys,
+// and one FP16 multiply by the two keys' scales times 64 restores them: exact, the values of
+// e2m1_decode · e4m3_decode, as the port's. Keys from `live_keys` on are zeros.
+__device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][8], const uint8_t* sv, const uint8_t* svs, uint32_t live_keys,
+                                 uint32_t j, uint32_t qrow, uint64_t p) {
+  constexpr uint32_t kData = kDim / 2, kScales = kDim / 16;  // a staged row's bytes
+  uint2 raw[4];                                                // unit qrow of keys c = 0-3
+  uint32_t unit_scale[4], byte8[4], scale8[4];                 // its scale; atom 8's byte and scale
+  auto fetch = [&](uint32_t kk) {
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t key = pv_key<8>(kk, c, j);
+      const bool live = key < live_keys;
+      const uint8_t *data = sv + key * kData, *scales = svs + key * kScales;
+      raw[c] = live ? *reinterpret_cast<const uint2*>(data + 8 * qrow) : uint2{};
+      unit_scale[c] = live ? scales[qrow] : 0u;
+      byte8[c] = live ? data[256 + qrow] : 0u;
+      scale8[c] = live ? scales[32 + qrow / 8] : 0u;
+    }
+  };
+  fetch(0);
+#pragma unroll
+  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+    uint32_t f[kAtoms16][4];
+#pragma unroll
+    for (uint32_t c = 0; c < 4; c += 2) {  // keys c and c + 1: A registers c (dim d) and c + 1 (d + 1)
+      const __half2 s = scale_pair(unit_scale[c], unit_scale[c + 1]), s8 = scale_pair(scale8[c], scale8[c + 1]);
+#pragma unroll
+      for (uint32_t a = 0; a < 8; a += 2) {  // atoms a and a + 1: bytes a and a + 1 of the unit
+        const uint32_t x = a < 4 ? raw[c].x : raw[c].y, y = a < 4 ? raw[c + 1].x : raw[c + 1].y;
+        const uint32_t both = __byte_perm(x, y, a % 4 == 0 ? 0x5140 : 0x7362);
+        const uint32_t lo = e2m1_lo_as_e4m3(both), hi = e2m1_hi_as_e4m3(both);
+        f[a][c] = scaled(bits_of(e4m3x2_to_f16x2(lo)), s), f[a][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(hi)), s);
+        f[a + 1][c] = scaled(e4m3x2_hi_to_f16x2(lo), s), f[a + 1][c + 1] = scaled(e4m3x2_hi_to_f16x2(hi), s);
+      }
+      const uint32_t both8 = byte8[c] | byte8[c + 1] << 8;
+      f[8][c] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_lo_as_e4m3(both8))), s8);
+      f[8][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_hi_as_e4m3(both8))), s8);
+    }
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a)
+#pragma unroll
+      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
+    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t a = 0; a < kAtoms16; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+}
+
 // mbarriers and the bulk copy engine (sm_90): a barrier of `count` arrivals whose phase also waits
 // for the bytes announced by expect_tx to land; a copy of `bytes` (a multiple of 16, both ends
 // 16-byte aligned) from global to shared memory that counts them off at barrier `bar`.
@@ -614,23 +706,36 @@ __device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* 
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// One arrival at barrier `bar` once every cp.async this thread issued before has landed (the
+// barrier's count includes it: noinc).
+__device__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 
-// The raw half-tiles of a 16-head FP8 block: half h (0 K, 1 V) of a tile's keys staged into slot
-// h (64 rows of dim bytes, unpadded) whole by the bulk copy engine — thread t stages half t / 64
-// of key t % 64 — and thread 0 or 64 announces the half's bytes at the slot's mbarrier. Each
+// The raw half-tiles of a 16-head block: half h (0 K, 1 V) of a tile's keys staged into slot
+// h (64 rows, unpadded: FP8 rows of dim codes, NVFP4 rows of dim/2 data bytes) whole by the bulk
+// copy engine — thread t stages half t / 64 of key t % 64 — and thread 0 or 64 announces the
+// half's bytes at the slot's mbarrier. NVFP4 rows' scales (dim/16 bytes, 4-byte aligned: no
+// bulk copy) go to `scale_slot[h]` by cp.async, 4 bytes at a time, each of the half's 64 threads
+// then arriving at the mbarrier once its copies land (an NVFP4 slot's barrier counts 1 + 64
+// arrivals). Each
 // thread's rows are looked up a call ahead; keys past the chunk's end are not copied (their slot
 // rows keep older bytes). Unpadded rows cost V's reads bank conflicts (vp_tile_rs: a quarter warp
 // reads 32 bytes of each of four keys two apart, 288 words apart: 4-way); padding them to 592
 // bytes, which avoids that, took a copy per V row, and measured 12% slower (docs/performance.md).
-// With kStages > 1 each half has that many slots, kTileKeys rows apart, slot b's mbarriers at
+// With kStages > 1 (FP8) each half has that many slots, kTileKeys rows apart, slot b's mbarriers at
 // bars + 2b (the block's i-th tile in slot i % kStages).
-template <uint32_t kStages = 1>
+template <uint32_t kStages = 1, class Rows = Fp8Rows>
 struct HalfFeed {
-  const Fp8Rows& layout;
+  static constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
+  static_assert(kStages == 1 || !kNvfp4, "one slot a half for NVFP4 (rows keeps its scale rows)");
+  __device__ static constexpr uint32_t arrivals() { return kNvfp4 ? 1 + kTileKeys : 1; }  // a slot's mbarrier count
+  const Rows& layout;
   uint8_t* slot[2];
   uint64_t* bars;
   uint32_t end;
   const uint8_t* rows[4] = {};
+  uint8_t* scale_slot[2] = {};  // NVFP4
 
   __device__ void locate(uint32_t tile) {
     const uint32_t k = threadIdx.x % kTileKeys;
@@ -638,25 +743,34 @@ struct HalfFeed {
     if constexpr (kStages > 1) rows[0] = threadIdx.x / kTileKeys % 2 == 0 ? rows[0] : rows[2];  // its half's only
   }
   // Start half h of the tile located last (whose slot every thread is done reading). Keys whose
-  // rows follow each other in the cache (a page's rows at a pitch of the row width) go as one
+  // rows follow each other in the cache (a page's rows at a pitch of the row's bytes) go as one
   // copy, issued by the run's first key; runs end at a warp's last key. (A copy per row had
   // spent 16% of the warps' time in the loop that issues the copies lane by lane.)
   __device__ void stage(uint32_t tile, uint32_t h, uint32_t b = 0) {
-    const uint32_t k = threadIdx.x % kTileKeys, lane = threadIdx.x % kWarp, dim = layout.dim;
+    const uint32_t k = threadIdx.x % kTileKeys, lane = threadIdx.x % kWarp;
+    const uint32_t pitch = kNvfp4 ? layout.dim / 2 : layout.dim;
     if (threadIdx.x / kTileKeys != h) return;  // whole warps
     uint64_t* const bar = bars + 2 * b + h;
-    if (k == 0 && tile < end) mbar_expect_tx(bar, min(kTileKeys, end - tile) * dim);
+    if (k == 0 && tile < end) mbar_expect_tx(bar, min(kTileKeys, end - tile) * pitch);
     const bool live = tile + k < end;  // the live keys are a prefix
     const uint8_t* src = rows[kStages > 1 ? 0 : 2 * h];
     const auto before =
         reinterpret_cast<const uint8_t*>(__shfl_up_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(src), 1));
-    const bool starts_run = live && (lane == 0 || src != before + dim);
+    const bool starts_run = live && (lane == 0 || src != before + pitch);
     const uint32_t starts = __ballot_sync(0xFFFFFFFFu, starts_run), lives = __ballot_sync(0xFFFFFFFFu, live);
     if (starts_run) {
       const uint32_t later = starts >> lane >> 1;  // the run ends at the next start or the last live key
       const uint32_t n = later != 0 ? __ffs(later) : __popc(lives) - lane;
       fence_to_async_proxy();  // the slot's earlier reads before the engine's writes
-      bulk_copy(slot[h] + (b * kTileKeys + k) * dim, src, n * dim, bar);
+      bulk_copy(slot[h] + (b * kTileKeys + k) * pitch, src, n * pitch, bar);
+    }
+    if constexpr (kNvfp4) {
+      if (tile < end) {
+        const uint32_t bytes = layout.dim / 16;
+        if (live)
+          for (uint32_t w = 0; w < bytes / 4; ++w) cp_async4(scale_slot[h] + k * bytes + 4 * w, rows[2 * h + 1] + 4 * w);
+        cp_async_arrive(bar);
+      }
     }
   }
   // Wait until half h of the block's i-th tile has landed (the mbarrier's completion makes the
@@ -664,7 +778,7 @@ struct HalfFeed {
   __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + 2 * (i % kStages) + h, (i / kStages) % 2); }
 };
 
-// Where wgmma16_fp8_decode's block leaves its partial (unnormalised O, running max and sum of
+// Where wgmma16_rs_decode's block leaves its partial (unnormalised O, running max and sum of
 // each of its heads): for mla_paged_decode_combine in o_partial and ml_partial (PartialOut), or
 // in its own shared memory for the combine of its cluster (ClusterOut, cluster_combine).
 struct PartialOut {
@@ -737,7 +851,7 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
   cluster.sync();  // every block's rows stay until the cluster has read them
 }
 
-// The split decode of one 16-head block over an FP8 cache (the memory-bound rows: a 64-row wgmma
+// The split decode of one 16-head block (the memory-bound rows: a 64-row wgmma
 // of heads would be three quarters zeros): one warpgroup, transposed products with A from
 // registers, two blocks per SM. Sᵀ = K·Qᵀ puts the tile's 64 keys in M and the 16 heads in N;
 // Oᵀ = Vᵀ·Pᵀ the output dims in M. The raw K and V half-tiles are staged by the bulk copy engine
@@ -745,21 +859,28 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
 // converted in registers — no FP16 copy in shared memory. A tile's V streams in under its Q·Kᵀ
 // and softmax, the next tile's K under its softmax and P·V. In the accumulator layout a thread
 // holds keys (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads
-// 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile.
-template <class Out>
-__device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
-                                   uint32_t keys_per_split, const Fp8Rows& layout) {
+// 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile. `Rows`: Fp8Rows, or
+// Nvfp4Rows (its rows' scales staged beside them; PartialOut only).
+template <class Out, class Rows>
+__device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
+                                  uint32_t keys_per_split, const Rows& layout) {
+  constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
+  static_assert(!(kNvfp4 && Out::cluster), "the NVFP4 slots do not hold a cluster's partial rows");
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
+  constexpr uint32_t pitch = kNvfp4 ? dim / 2 : dim;  // of the staged rows, K's and V's (NVFP4: their data)
+  constexpr uint32_t scale_pitch = kNvfp4 ? dim / 16 : 0;  // NVFP4: of their scales
   const KeySet& keys = layout.keys;
-  const uint32_t pitch = dim;  // of the staged rows, K's and V's
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The carve-up (wgmma_shared_bytes): Q (permuted) and P in swizzled slabs; the raw K and V
-  // half-tiles; the Q rows' unscale factors and the per-warp maxima (then sums).
+  // half-tiles (NVFP4: then their scales); the Q rows' unscale factors and the per-warp maxima
+  // (then sums).
   uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint8_t* const sp = sq + kRows16 * dim * 2;  // [16 heads][64 keys] FP16
   uint8_t* const sk = sp + kSlab16Bytes;
   uint8_t* const sv = sk + kTileKeys * pitch;
-  float* const q_unscale = reinterpret_cast<float*>(sv + kTileKeys * pitch);
+  uint8_t* const sk_scales = sv + kTileKeys * pitch;
+  uint8_t* const sv_scales = sk_scales + kTileKeys * scale_pitch;
+  float* const q_unscale = reinterpret_cast<float*>(sv_scales + kTileKeys * scale_pitch);
   float* const red = q_unscale + kRows16;                                 // [warp][16 heads]
   uint64_t* const bars = reinterpret_cast<uint64_t*>(red + 4 * kRows16);  // the K and V slots' mbarriers
 
@@ -768,10 +889,11 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
   const Chunk chunk = chunk_of(keys, z, keys_per_split);
   const uint32_t begin = chunk.begin, end = chunk.end;
 
-  if (tid == 0) mbar_init(bars, 1), mbar_init(bars + 1, 1), fence_mbar_init();
+  using Feed = HalfFeed<1, Rows>;
+  if (tid == 0) mbar_init(bars, Feed::arrivals()), mbar_init(bars + 1, Feed::arrivals()), fence_mbar_init();
   __syncthreads();  // the mbarriers ready before any copy counts off at them
   // The first tile's K and V on their way, then Q.
-  HalfFeed<> feed{layout, {sk, sv}, bars, end};
+  Feed feed{layout, {sk, sv}, bars, end, {}, {sk_scales, sv_scales}};
   feed.locate(begin);
   feed.stage(begin, 0);
   feed.stage(begin, 1);
@@ -796,7 +918,14 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
     __syncthreads();  // this tile's K everywhere
     feed.locate(tile + kTileKeys);
     float sacc[8];
-    kq_tile_rs(sacc, layout, sk + r0 * pitch, sk + (r0 + 8) * pitch, j, q_desc);
+    if constexpr (kNvfp4) {
+      kq_tile_rs(sacc,
+                 Nvfp4KeyPair{{sk + r0 * pitch, sk + (r0 + 8) * pitch},
+                              {sk_scales + r0 * scale_pitch, sk_scales + (r0 + 8) * scale_pitch}},
+                 j, q_desc);
+    } else {
+      kq_tile_rs(sacc, Fp8KeyPair{{sk + r0 * pitch, sk + (r0 + 8) * pitch}}, j, q_desc);
+    }
     tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [&] {
       __syncthreads();  // the maxima written, the K half-tile read everywhere
       feed.stage(tile + kTileKeys, 0);
@@ -804,7 +933,11 @@ __device__ void wgmma16_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
     fence_to_async_proxy();  // P, for the tensor cores
     feed.wait(1, i);
     __syncthreads();  // P and this tile's V everywhere, the maxima read
-    vp_tile_rs(o, layout, sv, pitch, end - tile, j, qrow, p_desc);
+    if constexpr (kNvfp4) {
+      vp_tile_rs_nvfp4(o, sv, sv_scales, end - tile, j, qrow, p_desc);
+    } else {
+      vp_tile_rs(o, layout, sv, pitch, end - tile, j, qrow, p_desc);
+    }
     __syncthreads();  // the V half-tile and P read everywhere
     feed.stage(tile + kTileKeys, 1);
   }
@@ -1036,7 +1169,7 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
 
 // The 64-head FP8 block: warpgroup W takes heads [32W, 32W + 32) through the whole tile walk on
 // its own — Sᵀ = K·Qᵀ over the full contraction (N = 32 heads), the online softmax, and all 576
-// dims of Oᵀ = Vᵀ·Pᵀ (nine m64n32 atoms, 144 accumulators) — as a 32-head wgmma16_fp8_decode.
+// dims of Oᵀ = Vᵀ·Pᵀ (nine m64n32 atoms, 144 accumulators) — as a 32-head wgmma16_rs_decode.
 // The two share Q's shared memory and each tile's raw K and V, staged once by the bulk copy
 // engine into one of kStages64 slots; between them there is no barrier, only the slots'
 // mbarriers, so one warpgroup's softmax and conversions run under the other's MMAs (up to a tile
@@ -1147,7 +1280,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
     feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
     const uint8_t* const sk = sm.sk + b * kTileKeys * kDim;
     float sacc[16];
-    kq_tile_rs<16, kSlabBytes>(sacc, feed.layout, sk + r0 * kDim, sk + (r0 + 8) * kDim, j, q_desc);
+    kq_tile_rs<16, kSlabBytes>(sacc, Fp8KeyPair{{sk + r0 * kDim, sk + (r0 + 8) * kDim}}, j, q_desc);
     float mx[8];
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) mx[jj] = -INFINITY;
@@ -1247,7 +1380,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
 // warpgroups of 32 heads each (wgmma64_walk), transposed products with A from registers, one
 // block per SM. The raw K and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup
 // 0's warps) into two slots each and converted in registers by the threads whose fragments hold
-// them, as in wgmma16_fp8_decode — each warpgroup converting every byte for its own heads. With
+// them, as in wgmma16_rs_decode — each warpgroup converting every byte for its own heads. With
 // ClusterOut the blocks of a cluster then combine their partials (cluster_combine).
 template <class Out>
 __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
@@ -1367,7 +1500,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 // mla_paged_decode_wgmma16_rs_fp8: the same on 16-head blocks of one warpgroup with register A
-// operands (wgmma16_fp8_decode). Grid: as mla_paged_decode_wgmma16_fp8. Block: 128, two per SM.
+// operands (wgmma16_rs_decode). Grid: as mla_paged_decode_wgmma16_fp8. Block: 128, two per SM.
 extern "C" __global__ void __launch_bounds__(128, 2)
     mla_paged_decode_wgmma16_rs_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
                                     float* o_partial, float* ml_partial, const int32_t* block_tables,
@@ -1378,7 +1511,7 @@ extern "C" __global__ void __launch_bounds__(128, 2)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma16_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma16_rs_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
@@ -1397,7 +1530,7 @@ extern "C" __global__ void __launch_bounds__(128, 2)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma16_fp8_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma16_rs_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma16_nvfp4: the same over an NVFP4 cache, warp-specialised. Block: 384.
@@ -1411,4 +1544,21 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
   wgmma16_producers_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma16_rs_nvfp4: the same over an NVFP4 cache on one warpgroup with register A
+// operands (wgmma16_rs_decode: each key's data and scale rows staged raw, converted in the
+// registers of the threads whose fragments hold them). Grid: as mla_paged_decode_wgmma16_nvfp4.
+// Block: 128, two per SM.
+extern "C" __global__ void __launch_bounds__(128, 2)
+    mla_paged_decode_wgmma16_rs_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                      float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                      const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                      uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size,
+                                      float logit_scale, uint64_t block_stride_bytes, uint64_t data_section_bytes,
+                                      uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  wgmma16_rs_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }

@@ -787,6 +787,12 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   out.clear();
   CHECK(run_cli("info", out, "SPDLOG_LEVEL=WARN,metrale=off") == 0);  // spdlog takes any case
   CHECK_THAT(out, !Catch::Matchers::Contains("unknown level"));
+  out.clear();  // a METRALE_BACKEND that every command without --backend would refuse
+  CHECK(run_cli("info", out, "METRALE_BACKEND=bogus") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: an error: METRALE_BACKEND 'bogus' is not emu, cuda or auto"));
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));
   TempPath dir("_record");
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);

@@ -67,9 +67,10 @@ TEST_CASE("the raw split kernels' partials match the float64 reference", "[mla_f
 
 // The wgmma entries (module mla_wgmma: the emulator's port everywhere, the sm_90a kernels on an
 // H100/H200): DeepSeek's rows; 64-head blocks with a second head group mostly empty, and the
-// warp-specialised 16-head blocks (transposed products) and, for FP8, the staged one-warpgroup
-// 16-head blocks (register operands, permuted contraction), a group full or short; chunks that
-// end inside a tile.
+// warp-specialised 16-head blocks (transposed products) and the staged one-warpgroup 16-head
+// blocks (register operands, permuted contraction), a group full or short; chunks that end
+// inside a tile. The staged blocks' pages hold 7 keys, so that their bulk copies of runs of
+// rows break inside a warp's keys, not only at its ends.
 TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast][wgmma]") {
   gen::PagedSpec p;
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
@@ -79,9 +80,10 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
                                                                              {gen::SplitEntry::wgmma16, 5},
                                                                              {gen::SplitEntry::wgmma16_rs, 16},
                                                                              {gen::SplitEntry::wgmma16_rs, 5}}));
-  if (entry == gen::SplitEntry::wgmma16_rs && p.format != KvFormat::fp8) return;  // FP8's entry only
-  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 3;
-  p.max_blocks_per_seq = 10, p.num_blocks = 40, p.seq_lens = {150, 0, 65}, p.k_scale = 0.013f, p.fill = -1;
+  const bool staged = entry == gen::SplitEntry::wgmma16_rs;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = staged ? 7 : 16, p.num_seqs = 3;
+  p.max_blocks_per_seq = staged ? 23 : 10, p.num_blocks = staged ? 80 : 40, p.seq_lens = {150, 0, 65};
+  p.k_scale = 0.013f, p.fill = -1;
   if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
@@ -287,24 +289,25 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
     CHECK_FALSE(p16.staged);  // the producers hold the next tile in registers
   }
   CHECK(wgmma_shared_bytes(format, 16) == 169280u);
-  // FP8 with at least 8 tiles per block slot at two blocks per SM (128 × 16K keys: 124 on 132
-  // SMs): the staged one-warpgroup entry, two blocks per SM; NVFP4 stays on the specialised one.
+  // At least 6 tiles per block slot at two blocks per SM (128 × 16K keys: 124 on 132 SMs): the
+  // staged one-warpgroup entries, two blocks per SM.
   a.num_q_heads = 16, a.num_seqs = 128, a.max_blocks_per_seq = 256;
   const SplitPlan big = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
   CHECK(big.wgmma);
   CHECK(big.rows_per_block == 16);
-  CHECK(big.staged == (format == KvFormat::fp8));
-  CHECK(big.threads == (format == KvFormat::fp8 ? 128u : 384u));
-  CHECK(big.shared_bytes == wgmma_shared_bytes(format, 16, format == KvFormat::fp8));
+  CHECK(big.staged);
+  CHECK(big.threads == 128u);
+  CHECK(big.shared_bytes == wgmma_shared_bytes(format, 16, true));
   // 1 KiB of alignment, Q (18 KiB) and P (2 KiB) in FP16, the raw K and V half-tiles (64 rows of
-  // 576 bytes each), 16 unscale factors, 4 × 16 maxima, two mbarriers.
+  // 576 bytes each; NVFP4 288 data bytes and 36 scales), 16 unscale factors, 4 × 16 maxima, two
+  // mbarriers.
   CHECK(wgmma_shared_bytes(KvFormat::fp8, 16, true) == 95568u);
-  // The splits: two chunks of 128 tiles per sequence fill 256 of FP8's 264 block slots in one
-  // round; NVFP4's 132 slots take one chunk of 256 tiles (two would need two rounds of 129).
-  CHECK(big.num_splits == (format == KvFormat::fp8 ? 2u : 1u));
+  CHECK(wgmma_shared_bytes(KvFormat::nvfp4, 16, true) == 1024u + 18432 + 2048 + 2 * 64 * (288 + 36) + 64 + 256 + 16);
+  // The splits: two chunks of 128 tiles per sequence fill 256 of the 264 block slots in one round.
+  CHECK(big.num_splits == 2u);
   // The threshold: 32 × 4K keys (7.8 tiles a slot) staged, 16 × 4K (3.9, tested above) not.
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
-  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged == (format == KvFormat::fp8));
+  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged);
   a.num_q_heads = 33;
   a.kv_cache_dim = 512, a.q_head_dim = 512;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);
@@ -380,10 +383,13 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     const SplitDecodeNvfp4Args n64{a, 8192, 4608};
     test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma16_nvfp4, n64); }, Errc::invalid_argument,
                         {"rows_per_block 64 does not fit kernel mla_wgmma.mla_paged_decode_wgmma16_nvfp4"});
-    a.rows_per_block = 16;  // 16 heads: either 16-head FP8 entry; the NVFP4 launcher takes neither
+    test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma16_rs_nvfp4, n64); }, Errc::invalid_argument,
+                        {"rows_per_block 64 does not fit kernel mla_wgmma.mla_paged_decode_wgmma16_rs_nvfp4"});
+    a.rows_per_block = 16;  // 16 heads: either 16-head entry of the format; the NVFP4 launcher takes no FP8 one
     const SplitDecodeNvfp4Args n{a, 8192, 4608};
     test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma16_rs_fp8, n); }, Errc::invalid_argument,
-                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_rs_fp8 is not mla_paged_decode_wgmma16_nvfp4"});
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma16_rs_fp8 is not mla_paged_decode_wgmma16_nvfp4 or "
+                         "mla_paged_decode_wgmma16_rs_nvfp4"});
     a.rows_per_block = 32;
     test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"kernel mla_wgmma.mla_paged_decode_wgmma_fp8 is not mla_paged_decode_split_fp8 or "

@@ -1,5 +1,8 @@
 // metrale info: version, backends, emulator settings.
 #include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,6 +23,16 @@ void add_info(CLI::App& app) {
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
                  b.can_run ? "yes" : "no", b.detail);
+    // What a command without --backend asks for (make_backend refuses an unknown name then).
+    const char* env = std::getenv("METRALE_BACKEND");
+    const std::string choice = env != nullptr && *env != '\0' ? env : "";
+    if (choice.empty()) {
+      fmt::print("  without --backend: auto (METRALE_BACKEND unset)\n");
+    } else if (choice == "emu" || choice == "cuda" || choice == "auto") {
+      fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
+    } else {
+      fmt::print("  without --backend: an error: METRALE_BACKEND '{}' is not emu, cuda or auto\n", printable(choice));
+    }
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
@@ -32,21 +45,24 @@ void add_info(CLI::App& app) {
         if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
       return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
     };
-    // Whether the plan stages FP8 16-head blocks here, asked for a problem with many tiles per
-    // block slot (128 sequences of 64K keys).
-    bool staged16 = false;
-    try {
-      PagedDecodeCommon big;
-      big.num_seqs = 128, big.num_q_heads = 16, big.q_head_dim = big.kv_cache_dim = 576;
-      big.block_size = 64, big.max_blocks_per_seq = 1024;
-      const SplitPlan p = plan_split_decode(big, KvFormat::fp8, 0, emu.multiprocessor_count(),
-                                            emu.max_shared_bytes_per_block(), module_runs_on(emu, kMlaWgmmaModule));
-      staged16 = p.wgmma && p.rows_per_block == 16 && p.staged;
-    } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
+    // The formats whose 16-head blocks the plan stages here, asked for a problem with many tiles
+    // per block slot (128 sequences of 64K keys).
+    std::vector<std::string> staged16;
+    for (const KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
+      try {
+        PagedDecodeCommon big;
+        big.num_seqs = 128, big.num_q_heads = 16, big.q_head_dim = big.kv_cache_dim = 576;
+        big.block_size = 64, big.max_blocks_per_seq = 1024;
+        const SplitPlan p = plan_split_decode(big, f, 0, emu.multiprocessor_count(), emu.max_shared_bytes_per_block(),
+                                              module_runs_on(emu, kMlaWgmmaModule));
+        if (p.wgmma && p.rows_per_block == 16 && p.staged) staged16.emplace_back(to_string(f));
+      } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
+      }
     }
-    const std::string wgmma =
-        fmt::format("576-wide rows above 32 heads: {}; up to 16 heads: {}{}", formats("mla_paged_decode_wgmma"),
-                    formats("mla_paged_decode_wgmma16"), staged16 ? " (fp8 staged where blocks have many tiles)" : "");
+    const std::string wgmma = fmt::format(
+        "576-wide rows above 32 heads: {}; up to 16 heads: {}{}", formats("mla_paged_decode_wgmma"),
+        formats("mla_paged_decode_wgmma16"),
+        staged16.empty() ? "" : fmt::format(" ({} staged where blocks have many tiles)", fmt::join(staged16, ", ")));
     fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma dispatched for {})\n",
                emu.compute_capability(), emu.multiprocessor_count(), wgmma);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());

@@ -37,7 +37,7 @@ struct MlaFastKernels {
   KernelHandle split16_fp8, split16_nvfp4;  // 16-head blocks only: half-tiles held in registers
   KernelHandle wgmma_fp8, wgmma_nvfp4;      // module mla_wgmma; id 0 (absent) unless the device is sm_90
   KernelHandle wgmma16_fp8, wgmma16_nvfp4;  // module mla_wgmma's 16-head blocks; likewise
-  KernelHandle wgmma16_rs_fp8;              // its staged 16-head FP8 blocks (one warpgroup); likewise
+  KernelHandle wgmma16_rs_fp8, wgmma16_rs_nvfp4;  // its staged 16-head blocks (one warpgroup); likewise
   KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
   KernelHandle wgmma_combine_fp8;           // the 64-head FP8 blocks with the combine in their clusters; likewise
   /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters) and of wgmma_combine_fp8's
@@ -53,9 +53,9 @@ struct MlaFastKernels {
 /// `staged` when the block has room to stream the next tile's cache bytes into shared memory
 /// (cp.async) under the current tile's math. 16-head split blocks are never staged: they run on
 /// the 16-head entries, which hold the next half-tile in registers instead; on the wgmma path,
-/// 16-head blocks are staged (the FP8 entry mla_paged_decode_wgmma16_rs_fp8, two blocks per SM,
-/// its raw half-tiles bulk-copied) where each of the SMs' block slots has at least 6 tiles to
-/// walk, else they run on the warp-specialised wgmma16 entries (producers' registers the staging).
+/// 16-head blocks are staged (mla_paged_decode_wgmma16_rs_{fp8,nvfp4}, two blocks per SM, their
+/// raw half-tiles bulk-copied) where each of the SMs' block slots has at least 6 tiles to walk,
+/// else they run on the warp-specialised wgmma16 entries (producers' registers the staging).
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
@@ -77,7 +77,7 @@ struct SplitPlan {
 /// splits (of at least four tiles: 32 keys, or 64 on wgmma; one on the 16-head and the NVFP4
 /// wgmma blocks) as give the least work to the busiest of the device's block slots
 /// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
-/// tile's worth of fixed cost per block. FP8 16-head wgmma blocks are staged (see SplitPlan) from
+/// tile's worth of fixed cost per block. 16-head wgmma blocks are staged (see SplitPlan) from
 /// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
 /// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when
 /// `fused_clusters` (index n: the clusters of n blocks of the block's cluster entry the device
@@ -150,19 +150,18 @@ void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
 void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
 /// mla_paged_decode_wgmma_{fp8,nvfp4}, mla_paged_decode_wgmma16_{fp8,nvfp4} and
-/// mla_paged_decode_wgmma16_rs_fp8 (module mla_wgmma, sm_90a): the split decode on warpgroup MMA,
-/// 64 heads per block (FP8: two warpgroups on register operands, transposed), or 16 transposed
-/// (keys and output dims in M): warp-specialised on the
+/// mla_paged_decode_wgmma16_rs_{fp8,nvfp4} (module mla_wgmma, sm_90a): the split decode on
+/// warpgroup MMA, 64 heads per block (FP8: two warpgroups on register operands, transposed), or 16
+/// transposed (keys and output dims in M): warp-specialised on the
 /// wgmma16 entries (a consumer warpgroup multiplies, two producer warpgroups dequantise), or with
-/// `staged` (FP8 only) on wgmma16_rs_fp8, one warpgroup that dequantises bulk-copied raw rows into
-/// its own register operands, two blocks per SM (`staged` is ignored at 64 heads, whose block
-/// always stages). Same arguments, partial outputs and combine as the split entries; grid
+/// `staged` on the wgmma16_rs entries, one warpgroup that dequantises bulk-copied raw rows (NVFP4:
+/// and their scales) into its own register operands, two blocks per SM (`staged` is ignored at 64
+/// heads, whose block always stages). Same arguments, partial outputs and combine as the split entries; grid
 /// [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block wgmma_threads(rows_per_block,
 /// staged), wgmma_shared_bytes(format, rows_per_block, staged) of shared memory; launched early
 /// as they are. Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not
 /// 64 or 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial
-/// not 8-byte aligned, `staged` 16-head blocks over NVFP4, `kernel` not the entry for the format,
-/// rows_per_block and `staged`.
+/// not 8-byte aligned, `kernel` not the entry for the format, rows_per_block and `staged`.
 void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
@@ -173,8 +172,9 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// 32 heads): Q and Pᵀ as FP16, two slots of the raw K and V tiles (36 KiB each), the per-warp
 /// maxima and votes, the slots' mbarriers: 226.3 KiB. 16 heads: Q
 /// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
-/// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged` (FP8):
-/// Q and P, the raw K and V half-tiles (36 and 37 KiB), the maxima and two mbarriers: 94.3 KiB.
+/// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged`: Q and
+/// P, the raw K and V half-tiles (FP8 36 KiB each; NVFP4 18 KiB of data and 2.25 KiB of scales
+/// each), the maxima and two mbarriers: 94.3 KiB (FP8), 61.8 KiB (NVFP4).
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);

@@ -110,7 +110,7 @@ void arb_wgmma(SplitDecodeArgs& a, std::uint32_t rows) {
 ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
   auto e = launch_of(wgmma ? kWgmma : kFast, kn,
                      {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
-                     {wgmma ? wgmma_threads(a.rows_per_block, std::string_view(kn).ends_with("wgmma16_rs_fp8"))
+                     {wgmma ? wgmma_threads(a.rows_per_block, std::string_view(kn).starts_with("mla_paged_decode_wgmma16_rs"))
                             : 8 * a.rows_per_block,
                       1, 1});
   e.args = {{"q", P(a.q)},
@@ -263,7 +263,7 @@ void add_wgmma_rules(std::vector<std::function<BrokenRule(A&)>>& rules, const ch
 }
 
 // The split launchers' entries: mla_fast's split entry, or mla_wgmma's 64-head or 16-head entry,
-// or (FP8) its staged 16-head entry.
+// or its staged 16-head entry.
 enum class SplitDef { split, wgmma, wgmma16, wgmma16_rs };
 const char* entry_of(SplitDef which, const char* split, const char* wgmma, const char* wgmma16,
                      const char* wgmma16_rs = nullptr) {
@@ -314,11 +314,12 @@ Def<SplitDecodeFp8Args> split_fp8(SplitDef which) {
   return d;
 }
 
-// mla_paged_decode_split_nvfp4, mla_paged_decode_wgmma_nvfp4 or mla_paged_decode_wgmma16_nvfp4.
+// mla_paged_decode_split_nvfp4, mla_paged_decode_wgmma_nvfp4, mla_paged_decode_wgmma16_nvfp4 or
+// mla_paged_decode_wgmma16_rs_nvfp4.
 Def<SplitDecodeNvfp4Args> split_nvfp4(SplitDef which) {
   const bool wgmma = which != SplitDef::split;
   const char* kn = entry_of(which, "mla_paged_decode_split_nvfp4", "mla_paged_decode_wgmma_nvfp4",
-                            "mla_paged_decode_wgmma16_nvfp4");
+                            "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   Def<SplitDecodeNvfp4Args> d{wgmma ? kWgmma : kFast, kn, {}, {}, {}, {}};
   d.arb = [wgmma, which] {
     SplitDecodeNvfp4Args a;
@@ -640,6 +641,7 @@ std::vector<Launcher> fast_and_k3_launchers() {
           erase(split_fp8(SplitDef::wgmma16)),
           erase(split_nvfp4(SplitDef::wgmma16)),
           erase(split_fp8(SplitDef::wgmma16_rs)),
+          erase(split_nvfp4(SplitDef::wgmma16_rs)),
           erase(combine()),        erase(k3_rope()),          erase(k3_sdpa()),
           erase(k3_split()),        erase(k3_combine())};
 }
