@@ -15,10 +15,11 @@ namespace {
 
 constexpr std::uint32_t kTileKeys = 32, kGroupRows = 16, kMaxDim = 576, kPad = 8;
 constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64, kWgmmaDim = 576;  // mla_wgmma's blocks
-// Tiles per block slot from which FP8 16-head rows run on the staged one-warpgroup entry
-// (mla_paged_decode_wgmma16_rs_fp8). Measured on the H200 (docs/performance.md) against the
-// specialised entry, 264 slots: 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8 (B = 32
-// × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and below.
+// Tiles per block slot from which 16-head rows run on the staged one-warpgroup entries
+// (mla_paged_decode_wgmma16_rs_*). Measured on the H200 (docs/performance.md) against the
+// specialised entries, 264 slots: FP8 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8
+// (B = 32 × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and
+// below; NVFP4 (sixteenth session) 1.20–1.57× from 7.8, 0.95× at 3.9 (B = 1 × 64K), 0.73–1.0× below.
 constexpr std::uint64_t kStagedTiles16 = 6;
 // DeepSeek rows of more than 32 heads take 16-head blocks when these would walk at most this many
 // 64-key tiles per SM in all (num_seqs × ⌈heads / 16⌉ × tiles): measured on the H200
