@@ -215,37 +215,30 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
 }
 
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, bool staged) {
-  const std::uint32_t half_pitch =
-      format == KvFormat::fp8 ? kWgmmaDim + 16 : (kWgmmaDim / 2 + kWgmmaDim / 16 + 15) / 16 * 16;
+  // A staged row's raw bytes (unpadded): FP8's codes, or NVFP4's data and scales.
+  const std::uint32_t raw_row = format == KvFormat::fp8 ? kWgmmaDim : kWgmmaDim / 2 + kWgmmaDim / 16;
   if (rows_per_block == kWgmma16Rows && staged)
     return 1024                                 // alignment of the swizzled tiles
            + kWgmma16Rows * kWgmmaDim * 2       // Q (FP16)
            + kWgmma16Rows * kWgmmaTileKeys * 2  // P (FP16)
-           + 2 * kWgmmaTileKeys *               // the raw K and V half-tiles (rows unpadded; NVFP4:
-                 (format == KvFormat::fp8 ? kWgmmaDim : kWgmmaDim / 2 + kWgmmaDim / 16)  // data, scales)
+           + 2 * kWgmmaTileKeys * raw_row       // the raw K and V half-tiles
            + kWgmma16Rows * 4                   // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4               // the per-warp maxima and sums
            + 2 * 8;                             // the two slots' mbarriers
-  if (rows_per_block == kWgmmaRows && format == KvFormat::fp8)
-    return 1024                                  // alignment of the swizzled tiles
-           + kWgmmaRows * kWgmmaDim * 2          // Q (FP16)
-           + kWgmmaRows * kWgmmaTileKeys * 2     // Pᵀ (FP16), each warpgroup's 32 heads
-           + 2 * 2 * kWgmmaTileKeys * kWgmmaDim  // two slots of raw FP8 K and V tiles (rows unpadded)
-           + kWgmmaRows * 4                      // the Q rows' unscale factors
-           + 2 * 4 * 32 * 4                      // the per-warp maxima and sums
-           + 2 * 4 * 4                           // the warps' rescale votes
-           + 3 * 2 * 8;                          // the slots' fill and release mbarriers
   if (rows_per_block == kWgmma16Rows)
     return 1024                                                   // alignment of the swizzled tiles
            + (kWgmma16Rows + 2 * kWgmmaTileKeys) * kWgmmaDim * 2  // Q, the K tile and the V tile (FP16)
            + kWgmma16Rows * kWgmmaTileKeys * 2                    // P (FP16)
            + kWgmma16Rows * 4                                     // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4;                                // the consumer's per-warp maxima and sums
-  return 1024                                                     // alignment of the swizzled tiles
-         + (rows_per_block + kWgmmaTileKeys) * kWgmmaDim * 2      // Q, the K/V tile (FP16; also the logit exchange)
-         + 2 * kWgmmaTileKeys * half_pitch                        // the raw K and V half-tiles
-         + 2 * 4 * kWgmmaTileKeys * 8                             // row pointers, two tiles
-         + rows_per_block * 4;                                    // the Q rows' unscale factors
+  return 1024                                // alignment of the swizzled tiles
+         + kWgmmaRows * kWgmmaDim * 2        // Q (FP16)
+         + kWgmmaRows * kWgmmaTileKeys * 2   // Pᵀ (FP16), each warpgroup's 32 heads
+         + 2 * 2 * kWgmmaTileKeys * raw_row  // two slots of the raw K and V tiles
+         + kWgmmaRows * 4                    // the Q rows' unscale factors
+         + 2 * 4 * 32 * 4                    // the per-warp maxima and sums
+         + 2 * 4 * 4                         // the warps' rescale votes
+         + 3 * 2 * 8;                        // the slots' fill and release mbarriers
 }
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
@@ -349,10 +342,11 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   // 32-key tiles a split on the mma.sync entries: at one sequence of 4096 keys, 128 one-tile
   // splits took 111 µs on the H200 (the old combine's loop over them), 32 four-tile splits 58.
   // The 16-head wgmma blocks' 64-key tiles go down to one a split — at B = 1 to 32 up to 4K keys
-  // 0.54–1.01× the time of four — and NVFP4's 64-head blocks' too (B = 8 × 1K × 128 heads 0.85×,
-  // B = 1 × 16K × 64 0.85×); not FP8's 64-head blocks, whose fixed cost is larger (B = 1 × 16K ×
-  // 64: 128 two-tile splits 1.13× the time of 64 of four). Measured on the H200, docs/performance.md.
-  const bool one_tile = p.wgmma && (p.rows_per_block == kWgmma16Rows || format == KvFormat::nvfp4);
+  // 0.54–1.01× the time of four; not the 64-head blocks', whose fixed cost is larger (FP8, B = 1 ×
+  // 16K × 64: 128 two-tile splits 1.13× the time of 64 of four; NVFP4's block, FP8's design since
+  // the sixteenth session, with one-tile splits 1.06–1.12× its old block's time there). Measured
+  // on the H200, docs/performance.md.
+  const bool one_tile = p.wgmma && p.rows_per_block == kWgmma16Rows;
   const std::uint64_t base = std::uint64_t{a.num_seqs} * p.head_groups;
   // (A table of no keys still gets one split; a device reported with no SMs counts as one.)
   const std::uint64_t slots = std::uint64_t{std::max(1u, multiprocessors)} * std::max(1u, blocks_per_sm);

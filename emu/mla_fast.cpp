@@ -295,7 +295,7 @@ void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<cons
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_nvfp4: the same over an NVFP4 cache (block layout as SPEC §3).
 // Grid, block and the partial outputs as for FP8; logit_scale is inv_sqrt_d. kKind as for FP8
-// (mla_paged_decode_wgmma16_rs_nvfp4 as mla_paged_decode_wgmma16_rs_fp8).
+// (mla_paged_decode_wgmma_nvfp4 and mla_paged_decode_wgmma16_rs_nvfp4 as their FP8 entries).
 template <SplitKind kKind>
 void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                   Global<const std::uint8_t> v_cache, Global<float> o_partial, Global<float> ml_partial,

@@ -1,33 +1,23 @@
 // Module mla_wgmma (sm_90a only): the head-grouped split-KV paged decode of mla_fast on Hopper's
-// warpgroup MMA, for 33 heads and more (mla_paged_decode_wgmma_*) and for 16 or fewer
-// (mla_paged_decode_wgmma16_*, the warp-specialised block of wgmma16_producers_decode, and
-// mla_paged_decode_wgmma16_rs_{fp8,nvfp4}, the one-warpgroup block of wgmma16_rs_decode, and
-// mla_paged_decode_wgmma16_rs_combine_fp8, the same in clusters that combine their partials;
-// mla_paged_decode_wgmma_combine_fp8 does that for the 64-head FP8 block).
-// Each kernel reads like its port in emu/mla_fast.cpp (split_decode with 64-key tiles); its
-// partials go to mla_fast's combine (the cluster entry's stay in its clusters: cluster_combine).
+// warpgroup MMA, on 64-key tiles, for 33 heads and more (mla_paged_decode_wgmma_*, the 64-head
+// block of wgmma64_rs_decode, and mla_paged_decode_wgmma_combine_fp8, the same for FP8 in
+// clusters that combine their partials) and for 16 or fewer (mla_paged_decode_wgmma16_*, the
+// warp-specialised block of wgmma16_producers_decode, and mla_paged_decode_wgmma16_rs_*, the
+// one-warpgroup block of wgmma16_rs_decode, with mla_paged_decode_wgmma16_rs_combine_fp8 its
+// FP8 cluster entry). Each kernel reads like its port in emu/mla_fast.cpp (split_decode with
+// 64-key tiles); its partials go to mla_fast's combine (the cluster entries' stay in their
+// clusters: cluster_combine).
 //
-// The 64-head FP8 entry runs wgmma64_fp8_decode (register operands, as the 16-head FP8 block: see
-// there); NVFP4's 64-head entry the block described here (wgmma_decode).
-// A 64-head block takes 64 query heads of one sequence (one wgmma M; rows past num_q_heads are zeros)
-// against one chunk of its keys, in 64-key tiles, with two warpgroups. Q (FP16, each row scaled
-// by a power of two as in mla_fast) stays in shared memory for the whole chunk, in 64-column
-// slabs with the 128-byte swizzle, and is read by the tensor cores through descriptors — no
-// fragment reloads. Each tile's K and then V are dequantised once (exactly, to FP16) from raw
-// bytes staged with cp.async into one FP16 buffer of the same layout:
-//   Q·Kᵀ: warpgroup w multiplies its range of the contraction (warpgroup 0 the first 256 dims of
-//         576, warpgroup 1 the rest: the split that balances the two warpgroups' work) with
-//         wgmma m64n64k16 (A and B K-major), and the two partial logit tiles are added through
-//         shared memory, so both hold the same S (S₀ + S₁ in either);
-//   softmax: rows are warp-local in the wgmma accumulator layout (row 16·warp + lane/4 and +8,
-//         keys 8j + 2·(lane%4) + {0,1}), so the online max and sum need only quad shuffles; P is
-//         rounded to FP16 and becomes the A fragments of P·V in registers;
-//   P·V: warpgroup w owns 64-dim atoms of the output (576 dims: atoms 0-4 and 5-8) and
-//         accumulates them with wgmma m64n64k16, A from registers and V MN-major (trans-b).
-// The raw bytes of each half-tile have a slot of their own and about a tile's time to arrive:
-// the next tile's K streams in from the moment this tile's K is dequantised (its cp.async issued
-// while the tensor cores run Q·Kᵀ), its V from the moment this tile's V is (under P·V). Six
-// barriers per tile.
+// The products are transposed — Sᵀ = K·Qᵀ puts a tile's 64 keys in the wgmma's M and the heads
+// in N, Oᵀ = Vᵀ·Pᵀ the output dims in M — so that a block of 16 or 32 heads fills an M of 64.
+// The register-operand blocks (wgmma16_rs_decode, and wgmma64_rs_decode's two warpgroups of 32
+// heads) stage each tile's raw cache rows with the bulk copy engine and convert them, exactly to
+// FP16, straight into the A fragments of the threads that hold them (FP8: E4M3 pairs; NVFP4: its
+// E2M1 codes rewritten as E4M3 codes and one FP16 multiply by the scales): no FP16 copy of the
+// cache in shared memory. Q (FP16, each row scaled by a power of two as in mla_fast, its columns
+// permuted to the contraction order of those fragments) and P stay in shared memory as the B
+// operands, read through descriptors. The warp-specialised block converts to FP16 tiles in shared
+// memory for a consumer warpgroup instead (its tile chain is short, so it serves small grids).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,47 +35,10 @@ using namespace metrale::split;
 
 namespace {
 
-constexpr uint32_t kRows = 64;                      // heads per block: the wgmma M
-constexpr uint32_t kTileKeys = 64;                  // keys per tile: Q·Kᵀ's N
+constexpr uint32_t kTileKeys = 64;                  // keys per tile
 constexpr uint32_t kSlabBytes = 64 * 128;           // 64 rows of a 64-column slab
 constexpr uint32_t kDim = 576;                      // q_head_dim = kv_cache_dim (DeepSeek)
-constexpr uint32_t kQkSteps0 = 16, kQkSteps1 = 20;  // Q·Kᵀ k-steps of warpgroups 0 and 1
-constexpr uint32_t kAtoms0 = 5, kAtoms1 = 4;        // P·V 64-dim atoms of warpgroups 0 and 1
-constexpr uint32_t kMaxAtoms = kAtoms0;
 constexpr uint32_t kQUnits = kDim / 8 / kWarp + 1;  // 16-byte units of a Q row per lane (≤)
-constexpr uint32_t kDequantBatch = 3;               // units in flight per thread
-
-// D (+)= A·B, m64n64k16, FP16 in, FP32 accumulate; A and B K-major in shared memory (descriptors).
-// `accumulate` 0 overwrites D. (Operand lists written out: 32 accumulator registers.)
-__device__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// D (+)= A·B, m64n64k16: A from registers (the m16n8k16 fragment of each warp's 16 rows), B in
-// shared memory, K-major or, with kTransB, MN-major (rows of B are keys, its 64 columns
-// contiguous). `accumulate` 0 overwrites D.
-template <int kTransB>
-__device__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
-}
 
 __device__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -107,37 +60,6 @@ __device__ uint32_t swizzled(uint32_t row, uint32_t chunk) {
   return (chunk / 8) * kSlabBytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
-// Issue S = Q·Kᵀ over kSteps k-steps of 16 dims from the slabs that descriptors `q` and `k` start
-// at, as one commit group (a count the compiler knows: a wgmma in a loop of unknown trip count is
-// serialised); the caller waits for it (wgmma_wait_all) after other work. A
-// descriptor's address field holds the byte address / 16, so adding offset / 16 moves it (shared
-// addresses stay far below the field's 2^18 bytes).
-template <uint32_t kSteps>
-__device__ void qk_tile(float (&sacc)[32], uint64_t q, uint64_t k) {
-  wgmma_fence();
-#pragma unroll
-  for (uint32_t s = 0; s < kSteps; ++s) {
-    const uint32_t off = ((s / 4) * kSlabBytes + (s % 4) * 32) >> 4;
-    wgmma_ss_m64n64k16(sacc, q + off, k + off, s != 0);
-  }
-  wgmma_commit();
-}
-
-// Issue O[:, atoms] += P·V for one tile: kAtoms 64-dim atoms from descriptor `v` (the warpgroup's
-// first), four k-steps of 16 keys, P's fragments from registers; one commit group, waited for by
-// the caller.
-template <uint32_t kAtoms>
-__device__ void pv_tile(float (&o)[kMaxAtoms][32], const uint32_t (&pa)[4][4], uint64_t v) {
-  wgmma_fence();
-#pragma unroll
-  for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
-#pragma unroll
-    for (uint32_t a = 0; a < kAtoms; ++a)
-      wgmma_rs_m64n64k16<1>(o[a], pa[kk], v + ((a * kSlabBytes + kk * 16 * 128) >> 4), 1);
-  }
-  wgmma_commit();
-}
-
 // One 16-value unit of a key's row, raw, as FP16 (exact) at its place in the swizzled tile.
 template <class Rows>
 __device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, uint8_t* tile, uint32_t key,
@@ -146,201 +68,6 @@ __device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, ui
   layout.convert(raw, w);
   st_shared_v4(tile + swizzled(key, 2 * part), w[0], w[1], w[2], w[3]);
   st_shared_v4(tile + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
-}
-
-// The cache side of a wgmma block (256 threads, 64-key tiles): the tile's row lookup, the
-// cp.async staging of its raw half-tiles and their dequantisation into the swizzled FP16 tile
-// `skv`. `Rows` as for mla_fast's split_decode, with one half of a tile staged at a time
-// (half_pitch, half_units_of, stage_half, staged_half).
-template <class Rows>
-struct TileFeed {
-  const Rows& layout;
-  uint8_t* skv;  // the FP16 tile, 64-column slabs of kTileKeys rows
-  uint8_t* raw;  // [K | V], kTileKeys · half_pitch each
-  uint32_t end;  // the chunk's end
-
-  // Warps 0-1 look up the rows of the tile's keys (thread = key).
-  __device__ void locate(uint32_t tile, const uint8_t** rows) const {
-    const uint32_t tid = threadIdx.x;
-    if (tid < kTileKeys && tile + tid < end) layout.locate(tile + tid, layout.entry(tile + tid), rows + 4 * tid);
-  }
-  // Start copying half h of the tile's raw bytes into its slot of `raw`, as one commit group (empty
-  // past the end, so that every tile commits two): four threads per key, thread j taking the key's
-  // units j, j + 4, ... (a warp reads eight rows, 64 contiguous bytes of each at a time), the
-  // row's address looked up once.
-  __device__ void stage(uint32_t tile, const uint8_t* const* rows, uint32_t h) const {
-    constexpr uint32_t kUnits = Rows::half_units_of(kDim);
-    const uint32_t tid = threadIdx.x, key = tid / 4;
-    if (tile + key < end) {
-      const uint8_t* const* row = rows + 4 * key;
-#pragma unroll
-      for (uint32_t u = tid % 4; u < kUnits; u += 4)
-        layout.stage_half(row, raw + (h * kTileKeys + key) * layout.half_pitch(), u, h);
-    }
-    cp_async_commit();
-  }
-  // The staged half as FP16 in skv (zeros for a key past the end — the conversion of raw zeros —
-  // not garbage: 0·NaN would poison P·V). Thread t takes key t % 64 and its 16-value units
-  // t / 64, + 4, ...: a warp's stores fall on 32 keys, which the swizzle spreads over the banks.
-  __device__ void dequant(uint32_t tile, uint32_t h) const {
-    const uint32_t tid = threadIdx.x, key = tid % kTileKeys, parts = kDim / 16;
-    const bool live = tile + key < end;
-    const uint8_t* src = raw + (h * kTileKeys + key) * layout.half_pitch();
-    for (uint32_t p0 = tid / kTileKeys; p0 < parts; p0 += 4 * kDequantBatch) {
-      typename Rows::Raw r[kDequantBatch];
-#pragma unroll
-      for (uint32_t b = 0; b < kDequantBatch; ++b)
-        if (p0 + 4 * b < parts) r[b] = live ? layout.staged_half(src, p0 + 4 * b) : typename Rows::Raw{};
-#pragma unroll
-      for (uint32_t b = 0; b < kDequantBatch; ++b) {
-        if (p0 + 4 * b >= parts) break;
-        store_unit(layout, r[b], skv, key, p0 + 4 * b);
-      }
-    }
-    fence_to_async_proxy();
-  }
-};
-
-// The split decode of one 64-head block: see the module comment.
-template <class Rows>
-__device__ void wgmma_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial, uint32_t num_q_heads,
-                             float logit_scale, uint32_t keys_per_split, const Rows& layout) {
-  constexpr uint32_t dim = kDim, q_head_dim = kDim;
-  const KeySet& keys = layout.keys;
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // The carve-up (the host's wgmma_shared_bytes adds 1 KiB for the alignment): Q and the K/V
-  // tile in swizzled slabs (the warpgroups' logit exchange reuses the tile between Q·Kᵀ and V),
-  // the raw K and V half-tiles, two tiles' row pointers and the Q rows' unscale factors.
-  uint8_t* const sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  uint8_t* const skv = sq + kRows * dim * 2;
-  float* const xchg = reinterpret_cast<float*>(skv);
-  uint8_t* const raw = skv + kTileKeys * dim * 2;  // [K | V], kTileKeys · half_pitch each
-  const uint8_t** const row_sets = reinterpret_cast<const uint8_t**>(raw + 2 * kTileKeys * layout.half_pitch());
-  float* const q_unscale = reinterpret_cast<float*>(row_sets + 2 * 4 * kTileKeys);
-
-  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wg = warp / 4, wt = tid % 128;
-  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows, s = blockIdx.z, num_splits = gridDim.x;
-  const Chunk chunk = chunk_of(keys, z, keys_per_split);
-  const uint32_t begin = chunk.begin, end = chunk.end;
-  const uint32_t atom_begin = wg == 0 ? 0 : kAtoms0, atom_count = wg == 0 ? kAtoms0 : kAtoms1;
-  const TileFeed<Rows> feed{layout, skv, raw, end};
-
-  // Q rows of this head group as FP16 (rows past num_q_heads are zero), in swizzled slabs.
-  load_q_rows<kQUnits>(q, s, head0, kRows, num_q_heads, q_head_dim, q_unscale,
-                       [&](uint32_t row, uint32_t part) { return sq + swizzled(row, part); });
-  fence_to_async_proxy();
-  // Prologue: the rows of tiles 0 and 1; tile 0's K and V in flight, its K landed.
-  feed.locate(begin, row_sets);
-  __syncthreads();
-  feed.stage(begin, row_sets, 0);
-  feed.stage(begin, row_sets, 1);
-  feed.locate(begin + kTileKeys, row_sets + 4 * kTileKeys);
-  cp_async_wait_all_but_newest();
-  __syncthreads();
-
-  const uint32_t r0 = 16 * (warp % 4) + lane / 4;  // the thread's rows r0 and r0 + 8
-  const float q_down[2] = {q_unscale[r0], q_unscale[r0 + 8]};
-  // Q and K: K-major (leading offset unused); V: MN-major, its 64-dim atoms a slab apart.
-  const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), k_desc = smem_desc(smem_addr(skv), 16, 1024);
-  const uint64_t v_desc = smem_desc(smem_addr(skv), kSlabBytes, 1024);
-  float o[kMaxAtoms][32] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    const uint8_t** const cur = row_sets + (i % 2) * 4 * kTileKeys;
-    const uint8_t** const next = row_sets + ((i + 1) % 2) * 4 * kTileKeys;
-    feed.dequant(tile, 0);  // K
-    __syncthreads();
-    // Q·Kᵀ over this warpgroup's k-steps, issued; the next tile's K starts streaming into the slot
-    // just dequantised while the tensor cores work; then, once every Q·Kᵀ is done, S = S₀ + S₁
-    // through the K tile's shared memory.
-    float sacc[32];
-    if (wg == 0) {
-      qk_tile<kQkSteps0>(sacc, q_desc, k_desc);
-    } else {
-      qk_tile<kQkSteps1>(sacc, q_desc + (kQkSteps0 / 4 * kSlabBytes >> 4), k_desc + (kQkSteps0 / 4 * kSlabBytes >> 4));
-    }
-    feed.stage(tile + kTileKeys, next, 0);
-    wgmma_wait_all();
-    __syncthreads();  // the K tile's bytes become the exchange
-#pragma unroll
-    for (uint32_t e = 0; e < 32; ++e) xchg[(wg * 32 + e) * 128 + wt] = sacc[e];
-    __syncthreads();
-#pragma unroll
-    for (uint32_t e = 0; e < 32; ++e) sacc[e] += xchg[((1 - wg) * 32 + e) * 128 + wt];
-    // Online softmax over the tile: element e is row r0 + 8·(e%4 ≥ 2), key 8·(e/4) + 2·(lane%4) + e%2.
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (uint32_t e = 0; e < 32; ++e) {
-      const uint32_t key = 8 * (e / 4) + 2 * (lane % 4) + e % 2, hi = (e % 4) / 2;
-      sacc[e] = tile + key < end ? sacc[e] * q_down[hi] * logit_scale : -INFINITY;
-      mx[hi] = fmaxf(mx[hi], sacc[e]);
-    }
-    float alpha[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (uint32_t hi = 0; hi < 2; ++hi) {
-      for (uint32_t off = 1; off < 4; off *= 2) mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xFFFFFFFFu, mx[hi], off));
-      const float m_new = fmaxf(m[hi], mx[hi]);
-      alpha[hi] = expf(m[hi] - m_new);
-      m[hi] = m_new;
-    }
-    uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
-#pragma unroll
-    for (uint32_t e = 0; e < 32; e += 2) {
-      const uint32_t hi = (e % 4) / 2;
-      const float p0 = expf(sacc[e] - m[hi]), p1 = expf(sacc[e + 1] - m[hi]);
-      sum[hi] += p0 + p1;
-      pa[e / 8][(e % 8) / 2] = pack_f16(p0, p1);
-    }
-#pragma unroll
-    for (uint32_t hi = 0; hi < 2; ++hi) {
-      for (uint32_t off = 1; off < 4; off *= 2) sum[hi] += __shfl_xor_sync(0xFFFFFFFFu, sum[hi], off);
-      l[hi] = l[hi] * alpha[hi] + sum[hi];
-    }
-    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
-#pragma unroll
-      for (uint32_t a = 0; a < kMaxAtoms; ++a)
-#pragma unroll
-        for (uint32_t e = 0; e < 32; ++e) o[a][e] *= alpha[(e % 4) / 2];
-    }
-    cp_async_wait_all_but_newest();  // V's bytes (the next tile's K may still be in flight)
-    __syncthreads();                 // and the exchange read everywhere
-    feed.dequant(tile, 1);           // V
-    __syncthreads();
-    // P·V over this warpgroup's atoms, issued; the next tile's V starts streaming into the slot
-    // just dequantised and the rows two tiles on are looked up while the tensor cores work.
-    if (wg == 0) {
-      pv_tile<kAtoms0>(o, pa, v_desc);
-    } else {
-      pv_tile<kAtoms1>(o, pa, v_desc + (kAtoms0 * kSlabBytes >> 4));
-    }
-    feed.stage(tile + kTileKeys, next, 1);
-    feed.locate(tile + 2 * kTileKeys, cur);
-    wgmma_wait_all();
-    cp_async_wait_all_but_newest();  // the next tile's K (its V may still be in flight)
-    __syncthreads();
-  }
-  cp_async_wait_all();
-  // The block's partial: unnormalised O with its running max and sum, per head.
-#pragma unroll
-  for (uint32_t hi = 0; hi < 2; ++hi) {
-    const uint32_t h = head0 + r0 + 8 * hi;
-    if (h >= num_q_heads) continue;
-    const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
-#pragma unroll
-    for (uint32_t a = 0; a < kMaxAtoms; ++a) {
-      if (a >= atom_count) break;
-#pragma unroll
-      for (uint32_t j = 0; j < 8; ++j) {
-        const uint32_t d = (atom_begin + a) * 64 + 8 * j + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(o_partial + slot * dim + d) =
-            make_float2(o[a][4 * j + 2 * hi], o[a][4 * j + 2 * hi + 1]);
-      }
-    }
-    if (wg == 0 && lane % 4 == 0) {
-      ml_partial[2 * slot] = m[hi];
-      ml_partial[2 * slot + 1] = l[hi];
-    }
-  }
 }
 
 // D (+)= A·B, m64n16k16, FP16 in, FP32 accumulate, A and B in shared memory (descriptors), B
@@ -623,23 +350,25 @@ __device__ uint32_t scaled(uint32_t codes, __half2 scale) {
   return bits_of(__hmul2(*reinterpret_cast<const __half2*>(&codes), scale));
 }
 
-// Oᵀ += Vᵀ·Pᵀ for one tile of a 16-head block over an NVFP4 cache, A from registers, in
-// vp_tile_rs's layout: in atom a < 8 the thread's dims 16·qrow + 2a and + 1 are the two codes of
-// byte a of unit qrow of each key's V row (`sv`: 288 data bytes a row; `svs`: 36 scales), and in
-// atom 8 dims 512 + 2·qrow and + 1 those of byte 256 + qrow, of unit 32 + qrow/8. A byte permute
-// pairs keys c and c + 1 (bytes c: a, c + 1: a, c: a + 1, c + 1: a + 1), each nibble becomes the
-// E4M3 code of its value times 2^-6, one conversion of each half gives a register of two keys,
-// and one FP16 multiply by the two keys' scales times 64 restores them: exact, the values of
-// e2m1_decode · e4m3_decode, as the port's. Keys from `live_keys` on are zeros.
-__device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][8], const uint8_t* sv, const uint8_t* svs, uint32_t live_keys,
-                                 uint32_t j, uint32_t qrow, uint64_t p) {
+// Oᵀ += Vᵀ·Pᵀ for one tile over an NVFP4 cache, A from registers, in vp_tile_rs's layout (N =
+// 2·kAcc heads, its key order and, with 32 heads, its two groups of atoms): in atom a < 8 the
+// thread's dims 16·qrow + 2a and + 1 are the two codes of byte a of unit qrow of each key's V row
+// (`sv`: 288 data bytes a row; `svs`: 36 scales), and in atom 8 dims 512 + 2·qrow and + 1 those of
+// byte 256 + qrow, of unit 32 + qrow/8. A byte permute pairs keys c and c + 1 (bytes c: a,
+// c + 1: a, c: a + 1, c + 1: a + 1), each nibble becomes the E4M3 code of its value times 2^-6,
+// one conversion of each half gives a register of two keys, and one FP16 multiply by the two
+// keys' scales times 64 restores them: exact, the values of e2m1_decode · e4m3_decode, as the
+// port's. Keys from `live_keys` on are zeros.
+template <uint32_t kAcc = 8>
+__device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][kAcc], const uint8_t* sv, const uint8_t* svs,
+                                 uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
   constexpr uint32_t kData = kDim / 2, kScales = kDim / 16;  // a staged row's bytes
   uint2 raw[4];                                                // unit qrow of keys c = 0-3
   uint32_t unit_scale[4], byte8[4], scale8[4];                 // its scale; atom 8's byte and scale
   auto fetch = [&](uint32_t kk) {
 #pragma unroll
     for (uint32_t c = 0; c < 4; ++c) {
-      const uint32_t key = pv_key<8>(kk, c, j);
+      const uint32_t key = pv_key<kAcc>(kk, c, j);
       const bool live = key < live_keys;
       const uint8_t *data = sv + key * kData, *scales = svs + key * kScales;
       raw[c] = live ? *reinterpret_cast<const uint2*>(data + 8 * qrow) : uint2{};
@@ -648,35 +377,49 @@ __device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][8], const uint8_t* sv, con
       scale8[c] = live ? scales[32 + qrow / 8] : 0u;
     }
   };
+  // The atoms in groups (atoms 0-3 from the units' first words, 4-8 from the second and atom 8's
+  // bytes), converted and issued in turn, one commit group each; with 16 heads one group.
+  constexpr uint32_t kGroups = kAcc == 8 ? 1 : 2;
   fetch(0);
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
-    uint32_t f[kAtoms16][4];
+    __half2 s[2], s8[2];  // keys (0, 1) and (2, 3): their units' scales, atom 8's
 #pragma unroll
-    for (uint32_t c = 0; c < 4; c += 2) {  // keys c and c + 1: A registers c (dim d) and c + 1 (d + 1)
-      const __half2 s = scale_pair(unit_scale[c], unit_scale[c + 1]), s8 = scale_pair(scale8[c], scale8[c + 1]);
+    for (uint32_t c = 0; c < 4; c += 2)
+      s[c / 2] = scale_pair(unit_scale[c], unit_scale[c + 1]), s8[c / 2] = scale_pair(scale8[c], scale8[c + 1]);
 #pragma unroll
-      for (uint32_t a = 0; a < 8; a += 2) {  // atoms a and a + 1: bytes a and a + 1 of the unit
-        const uint32_t x = a < 4 ? raw[c].x : raw[c].y, y = a < 4 ? raw[c + 1].x : raw[c + 1].y;
-        const uint32_t both = __byte_perm(x, y, a % 4 == 0 ? 0x5140 : 0x7362);
-        const uint32_t lo = e2m1_lo_as_e4m3(both), hi = e2m1_hi_as_e4m3(both);
-        f[a][c] = scaled(bits_of(e4m3x2_to_f16x2(lo)), s), f[a][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(hi)), s);
-        f[a + 1][c] = scaled(e4m3x2_hi_to_f16x2(lo), s), f[a + 1][c + 1] = scaled(e4m3x2_hi_to_f16x2(hi), s);
+    for (uint32_t g = 0; g < kGroups; ++g) {
+      const uint32_t a0 = kGroups == 1 ? 0 : 4 * g, a1 = kGroups == 1 || g == 1 ? kAtoms16 : 4;
+      uint32_t f[kAtoms16][4];
+#pragma unroll
+      for (uint32_t c = 0; c < 4; c += 2) {  // keys c and c + 1: A registers c (dim d) and c + 1 (d + 1)
+#pragma unroll
+        for (uint32_t a = a0; a < a1 && a < 8; a += 2) {  // atoms a and a + 1: bytes a and a + 1 of the unit
+          const uint32_t x = a < 4 ? raw[c].x : raw[c].y, y = a < 4 ? raw[c + 1].x : raw[c + 1].y;
+          const uint32_t both = __byte_perm(x, y, a % 4 == 0 ? 0x5140 : 0x7362);
+          const uint32_t lo = e2m1_lo_as_e4m3(both), hi = e2m1_hi_as_e4m3(both);
+          f[a][c] = scaled(bits_of(e4m3x2_to_f16x2(lo)), s[c / 2]);
+          f[a][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(hi)), s[c / 2]);
+          f[a + 1][c] = scaled(e4m3x2_hi_to_f16x2(lo), s[c / 2]);
+          f[a + 1][c + 1] = scaled(e4m3x2_hi_to_f16x2(hi), s[c / 2]);
+        }
+        if (a1 == kAtoms16) {
+          const uint32_t both8 = byte8[c] | byte8[c + 1] << 8;
+          f[8][c] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_lo_as_e4m3(both8))), s8[c / 2]);
+          f[8][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_hi_as_e4m3(both8))), s8[c / 2]);
+        }
       }
-      const uint32_t both8 = byte8[c] | byte8[c + 1] << 8;
-      f[8][c] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_lo_as_e4m3(both8))), s8);
-      f[8][c + 1] = scaled(bits_of(e4m3x2_to_f16x2(e2m1_hi_as_e4m3(both8))), s8);
+#pragma unroll
+      for (uint32_t a = a0; a < a1; ++a)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
+      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
+      wgmma_fence();
+#pragma unroll
+      for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<1>();
     }
-#pragma unroll
-    for (uint32_t a = 0; a < kAtoms16; ++a)
-#pragma unroll
-      for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
-    if (kk + 1 < kTileKeys / 16) fetch(kk + 1);
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t a = 0; a < kAtoms16; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
   }
   wgmma_wait<0>();
 }
@@ -723,12 +466,11 @@ __device__ void cp_async_arrive(uint64_t* bar) {
 // rows keep older bytes). Unpadded rows cost V's reads bank conflicts (vp_tile_rs: a quarter warp
 // reads 32 bytes of each of four keys two apart, 288 words apart: 4-way); padding them to 592
 // bytes, which avoids that, took a copy per V row, and measured 12% slower (docs/performance.md).
-// With kStages > 1 (FP8) each half has that many slots, kTileKeys rows apart, slot b's mbarriers at
-// bars + 2b (the block's i-th tile in slot i % kStages).
+// With kStages > 1 each half has that many slots, kTileKeys rows apart (scale rows likewise), slot
+// b's mbarriers at bars + 2b (the block's i-th tile in slot i % kStages).
 template <uint32_t kStages = 1, class Rows = Fp8Rows>
 struct HalfFeed {
   static constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
-  static_assert(kStages == 1 || !kNvfp4, "one slot a half for NVFP4 (rows keeps its scale rows)");
   __device__ static constexpr uint32_t arrivals() { return kNvfp4 ? 1 + kTileKeys : 1; }  // a slot's mbarrier count
   const Rows& layout;
   uint8_t* slot[2];
@@ -740,7 +482,11 @@ struct HalfFeed {
   __device__ void locate(uint32_t tile) {
     const uint32_t k = threadIdx.x % kTileKeys;
     if (tile + k < end) layout.locate(tile + k, layout.entry(tile + k), rows);
-    if constexpr (kStages > 1) rows[0] = threadIdx.x / kTileKeys % 2 == 0 ? rows[0] : rows[2];  // its half's only
+    if constexpr (kStages > 1) {  // its half's only
+      const bool v = threadIdx.x / kTileKeys % 2 != 0;
+      rows[0] = v ? rows[2] : rows[0];
+      if constexpr (kNvfp4) rows[1] = v ? rows[3] : rows[1];
+    }
   }
   // Start half h of the tile located last (whose slot every thread is done reading). Keys whose
   // rows follow each other in the cache (a page's rows at a pitch of the row's bytes) go as one
@@ -768,7 +514,8 @@ struct HalfFeed {
       if (tile < end) {
         const uint32_t bytes = layout.dim / 16;
         if (live)
-          for (uint32_t w = 0; w < bytes / 4; ++w) cp_async4(scale_slot[h] + k * bytes + 4 * w, rows[2 * h + 1] + 4 * w);
+          for (uint32_t w = 0; w < bytes / 4; ++w)
+            cp_async4(scale_slot[h] + (b * kTileKeys + k) * bytes + 4 * w, rows[kStages > 1 ? 1 : 2 * h + 1] + 4 * w);
         cp_async_arrive(bar);
       }
     }
@@ -1165,9 +912,9 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   }
 }
 
-// ---- FP8, 64 heads: two warpgroups of 32 heads over the same staged tiles
+// ---- 64 heads: two warpgroups of 32 heads over the same staged tiles
 
-// The 64-head FP8 block: warpgroup W takes heads [32W, 32W + 32) through the whole tile walk on
+// The 64-head block: warpgroup W takes heads [32W, 32W + 32) through the whole tile walk on
 // its own — Sᵀ = K·Qᵀ over the full contraction (N = 32 heads), the online softmax, and all 576
 // dims of Oᵀ = Vᵀ·Pᵀ (nine m64n32 atoms, 144 accumulators) — as a 32-head wgmma16_rs_decode.
 // The two share Q's shared memory and each tile's raw K and V, staged once by the bulk copy
@@ -1200,19 +947,22 @@ __device__ float fast_exp2(float x) {
   return y;
 }
 
-// The shared memory of a 64-head FP8 block (the host's wgmma_shared_bytes counts it).
+// The shared memory of a 64-head register-operand block (the host's wgmma_shared_bytes counts it):
+// the raw K and V tiles [64 keys][576] FP8, or [64 keys][288] NVFP4 data beside their scales.
 struct Smem64 {
   uint8_t* sq;       // Q, permuted (store_q_permuted), 64-row slabs: warpgroup W's heads rows 32W..
   uint8_t* sp;       // [W] Pᵀ as [32 heads][64 keys] FP16, one slab each
-  uint8_t* sk;       // [kStages64] the raw K tiles, [64 keys][576]
+  uint8_t* sk;       // [kStages64] the raw K tiles
   uint8_t* sv;       // [kStages64] the raw V tiles
+  uint8_t* sk_scales;  // NVFP4: [kStages64] the scales of K's and of V's rows, [64 keys][36]
+  uint8_t* sv_scales;
   float* q_unscale;  // [64]; then times the softmax scale and log2 e
   float* red;        // [W][4 warps][32 heads]: maxima, then sums
   uint32_t* votes;   // [W][4 warps]: the heads whose tile maximum passed the reference
   uint64_t* bars;    // [kStages64][K, V] the slots' fills, then [kStages64] their releases
 };
 
-// Warpgroup W's walk of the block's tiles (wgmma64_fp8_decode), its heads' partial then written.
+// Warpgroup W's walk of the block's tiles (wgmma64_rs_decode), its heads' partial then written.
 // The online softmax works in log2 units (logits times log2 e, exp2) with the lazy rescale of
 // kRescaleSlack: a tile whose logits stay within the slack of their heads' reference maxima —
 // nearly every tile after the first — needs no maximum across the warpgroup's threads, only a
@@ -1220,9 +970,12 @@ struct Smem64 {
 // every thread has released it) with tile i + 1. The partial goes where `out` puts it (PartialOut:
 // o_partial and ml_partial; ClusterOut: the block's K and V slots and Q's first bytes, once both
 // warpgroups are done with them, and cluster_combine then runs here).
-template <class Out>
-__device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const Out& out, uint32_t num_q_heads,
+template <class Out, class Rows>
+__device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, const Out& out, uint32_t num_q_heads,
                              uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
+  constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
+  static_assert(!(kNvfp4 && Out::cluster), "the NVFP4 slots do not hold a cluster's partial rows");
+  constexpr uint32_t pitch = kNvfp4 ? kDim / 2 : kDim, scale_pitch = kDim / 16;  // a staged row's bytes
   constexpr float kSlack2 = kRescaleSlack * kLog2e;
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
   // The warpgroup, through a shuffle so that the compiler knows it warp-uniform (its descriptors
@@ -1278,9 +1031,17 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
       feed.locate(tile + 2 * kTileKeys);
     }
     feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
-    const uint8_t* const sk = sm.sk + b * kTileKeys * kDim;
+    const uint8_t* const sk = sm.sk + b * kTileKeys * pitch;
     float sacc[16];
-    kq_tile_rs<16, kSlabBytes>(sacc, Fp8KeyPair{{sk + r0 * kDim, sk + (r0 + 8) * kDim}}, j, q_desc);
+    if constexpr (kNvfp4) {
+      const uint8_t* const scales = sm.sk_scales + b * kTileKeys * scale_pitch;
+      kq_tile_rs<16, kSlabBytes>(
+          sacc,
+          Nvfp4KeyPair{{sk + r0 * pitch, sk + (r0 + 8) * pitch}, {scales + r0 * scale_pitch, scales + (r0 + 8) * scale_pitch}},
+          j, q_desc);
+    } else {
+      kq_tile_rs<16, kSlabBytes>(sacc, Fp8KeyPair{{sk + r0 * kDim, sk + (r0 + 8) * kDim}}, j, q_desc);
+    }
     float mx[8];
 #pragma unroll
     for (uint32_t jj = 0; jj < 8; ++jj) mx[jj] = -INFINITY;
@@ -1325,7 +1086,12 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
     fence_to_async_proxy();             // P, for the tensor cores
     named_barrier<128>(kWgBar64 + wg);  // P written by the warpgroup, the votes read
     feed.wait(1, i);
-    vp_tile_rs<16>(o, feed.layout, sm.sv + b * kTileKeys * kDim, kDim, end - tile, j, qrow, p_desc);
+    if constexpr (kNvfp4) {
+      vp_tile_rs_nvfp4<16>(o, sm.sv + b * kTileKeys * pitch, sm.sv_scales + b * kTileKeys * scale_pitch, end - tile, j,
+                           qrow, p_desc);
+    } else {
+      vp_tile_rs<16>(o, feed.layout, sm.sv + b * kTileKeys * kDim, kDim, end - tile, j, qrow, p_desc);
+    }
     mbar_arrive(released + b);  // this thread's reads of the tile's K and V are done
   }
   // O and l from the reference maxima to the true ones (a head without keys keeps −inf).
@@ -1376,22 +1142,26 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64>& feed, const 
     cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
 }
 
-// The split decode of one 64-head block over an FP8 cache (the compute-bound rows): two
-// warpgroups of 32 heads each (wgmma64_walk), transposed products with A from registers, one
-// block per SM. The raw K and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup
-// 0's warps) into two slots each and converted in registers by the threads whose fragments hold
+// The split decode of one 64-head block (the compute-bound rows): two warpgroups of 32 heads
+// each (wgmma64_walk), transposed products with A from registers, one block per SM. The raw K
+// and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup 0's warps; NVFP4's scales
+// by cp.async) into two slots each and converted in registers by the threads whose fragments hold
 // them, as in wgmma16_rs_decode — each warpgroup converting every byte for its own heads. With
-// ClusterOut the blocks of a cluster then combine their partials (cluster_combine).
-template <class Out>
-__device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
-                                   uint32_t keys_per_split, const Fp8Rows& layout) {
+// ClusterOut (FP8) the blocks of a cluster then combine their partials (cluster_combine).
+template <class Out, class Rows>
+__device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
+                                  uint32_t keys_per_split, const Rows& layout) {
+  using Feed = HalfFeed<kStages64, Rows>;
+  constexpr uint32_t pitch = Feed::kNvfp4 ? kDim / 2 : kDim, scale_pitch = Feed::kNvfp4 ? kDim / 16 : 0;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Smem64 sm;
   sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   sm.sp = sm.sq + kRows64 * kDim * 2;
   sm.sk = sm.sp + kRows64 * kTileKeys * 2;
-  sm.sv = sm.sk + kStages64 * kTileKeys * kDim;
-  sm.q_unscale = reinterpret_cast<float*>(sm.sv + kStages64 * kTileKeys * kDim);
+  sm.sv = sm.sk + kStages64 * kTileKeys * pitch;
+  sm.sk_scales = sm.sv + kStages64 * kTileKeys * pitch;
+  sm.sv_scales = sm.sk_scales + kStages64 * kTileKeys * scale_pitch;
+  sm.q_unscale = reinterpret_cast<float*>(sm.sv_scales + kStages64 * kTileKeys * scale_pitch);
   sm.red = sm.q_unscale + kRows64;
   sm.votes = reinterpret_cast<uint32_t*>(sm.red + 2 * 4 * kHeads64);
   sm.bars = reinterpret_cast<uint64_t*>(sm.votes + 2 * 4);
@@ -1402,13 +1172,13 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
   if (tid == 0) {
 #pragma unroll
     for (uint32_t b = 0; b < kStages64; ++b) {
-      mbar_init(sm.bars + 2 * b, 1), mbar_init(sm.bars + 2 * b + 1, 1);
+      mbar_init(sm.bars + 2 * b, Feed::arrivals()), mbar_init(sm.bars + 2 * b + 1, Feed::arrivals());
       mbar_init(sm.bars + 2 * kStages64 + b, 256);
     }
     fence_mbar_init();
   }
   __syncthreads();  // the mbarriers ready before any copy counts off at them
-  HalfFeed<kStages64> feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end};
+  Feed feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end, {}, {sm.sk_scales, sm.sv_scales}};
   if (tid < 128) {  // warpgroup 0 stages: the first two tiles on their way
     feed.locate(chunk.begin);
     feed.stage(chunk.begin, 0, 0);
@@ -1433,7 +1203,7 @@ __device__ void wgmma64_fp8_decode(const __nv_bfloat16* q, const Out& out, uint3
 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma_fp8: mla_paged_decode_split_fp8 on warpgroup MMA (sm_90a), 64 heads per
-// block, 64-key tiles, register operands (wgmma64_fp8_decode). Same parameters, partial outputs
+// block, 64-key tiles, register operands (wgmma64_rs_decode). Same parameters, partial outputs
 // and combine.
 // Grid: [num_splits, ⌈num_q_heads/64⌉, num_seqs]. Block: 256. keys_per_split a multiple of 64.
 // Dynamic shared memory: see core/mla_fast.cpp (wgmma_shared_bytes).
@@ -1447,7 +1217,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma64_fp8_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma64_rs_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma_combine_fp8: mla_paged_decode_wgmma_fp8 and the combine in one kernel, as
@@ -1467,11 +1237,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma64_fp8_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma64_rs_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
-// mla_paged_decode_wgmma_nvfp4: the same over an NVFP4 cache (wgmma_decode: FP16 tiles in shared
-// memory); logit_scale is inv_sqrt_d.
+// mla_paged_decode_wgmma_nvfp4: mla_paged_decode_wgmma_fp8 over an NVFP4 cache (wgmma64_rs_decode:
+// each key's data rows and their scales staged raw); logit_scale is inv_sqrt_d.
 extern "C" __global__ void __launch_bounds__(256, 1)
     mla_paged_decode_wgmma_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
                                  float* o_partial, float* ml_partial, const int32_t* block_tables,
@@ -1481,7 +1251,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
-  wgmma_decode(q, o_partial, ml_partial, num_q_heads, logit_scale, keys_per_split, rows);
+  wgmma64_rs_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma16_fp8: the same on 16-head blocks (warp-specialised, transposed).

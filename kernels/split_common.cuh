@@ -295,13 +295,7 @@ struct Fp8Rows {
     return *reinterpret_cast<const uint4*>(src + h * dim + part * 16);
   }
   __device__ void convert(const Raw& raw, uint32_t (&out)[8]) const { fp8x16_to_f16(raw, out); }
-  // One half staged alone (the wgmma kernels): a key's row of that half, dim bytes and 16 of
-  // padding (a pitch of 148 words puts eight keys' 16-byte reads in distinct banks).
-  __device__ uint32_t half_pitch() const { return dim + 16; }
-  __host__ __device__ static constexpr uint32_t half_units_of(uint32_t dim) { return dim / 16; }
-  __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
-    cp_async16(dst + 16 * u, rows[2 * h] + 16 * u);
-  }
+  // One half staged alone (the wgmma kernels' register operands): unit `part` of a staged row.
   __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
     return *reinterpret_cast<const uint4*>(src + part * 16);
   }
@@ -351,20 +345,6 @@ struct Nvfp4Rows {
     return {*reinterpret_cast<const uint2*>(src + h * dim / 2 + part * 8), src[dim + h * dim / 16 + part]};
   }
   __device__ void convert(const Raw& raw, uint32_t (&out)[8]) const { nvfp4x16_to_f16(raw.data, raw.scale, out); }
-  // One half staged alone (the wgmma kernels): [data | scales] (dim/2, dim/16 bytes), padded to 16.
-  __device__ uint32_t half_pitch() const { return (dim / 2 + dim / 16 + 15) / 16 * 16; }
-  __host__ __device__ static constexpr uint32_t half_units_of(uint32_t dim) { return dim / 32 + dim / 64; }
-  __device__ void stage_half(const uint8_t* const* rows, uint8_t* dst, uint32_t u, uint32_t h) const {
-    if (u < dim / 32) {
-      cp_async16(dst + 16 * u, rows[2 * h] + 16 * u);
-    } else {
-      const uint32_t w = u - dim / 32;
-      cp_async4(dst + dim / 2 + 4 * w, rows[2 * h + 1] + 4 * w);
-    }
-  }
-  __device__ Raw staged_half(const uint8_t* src, uint32_t part) const {
-    return {*reinterpret_cast<const uint2*>(src + part * 8), src[dim / 2 + part]};
-  }
 };
 
 // The rows of sequence blockIdx.z of an FP8 cache (key set as SPEC §3: window, compressed pool).

@@ -265,7 +265,12 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK(p.keys_per_split % 64 == 0);
   CHECK(std::uint64_t{p.num_splits} * p.keys_per_split >= 64 * 64);
   CHECK(p.shared_bytes == wgmma_shared_bytes(format));
-  CHECK(wgmma_shared_bytes(format) == (format == KvFormat::fp8 ? 231760u : 195840u));
+  // 1 KiB of alignment, Q (72 KiB) and Pᵀ (8 KiB) in FP16, two slots of the raw K and V tiles (64
+  // rows of 576 codes; NVFP4 288 data bytes and 36 scales), 64 unscale factors, 2 × 4 × 32 maxima,
+  // 8 votes, 6 mbarriers.
+  CHECK(wgmma_shared_bytes(format) ==
+        1024u + 73728 + 8192 + 4 * 64 * (format == KvFormat::fp8 ? 576 : 288 + 36) + 256 + 1024 + 32 + 48);
+  CHECK(wgmma_shared_bytes(KvFormat::fp8) == 231760u);
   // Not without the entries, not at 17 to 32 heads, not for other rows, not in 99 KiB.
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, false).wgmma);
   a.num_q_heads = 32;
@@ -331,13 +336,13 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK(one_tile.rows_per_block == 16);
   CHECK(one_tile.num_splits == 16);
   CHECK(one_tile.keys_per_split == 64);
-  // FP8's 64-head blocks keep four tiles a split at least, NVFP4's go down to one: one sequence
-  // of 16K keys at 64 heads (1024 tiles of 16-head blocks) in 64 splits of 256 keys, or 128 of 128.
+  // The 64-head blocks keep four tiles a split at least: one sequence of 16K keys at 64 heads
+  // (1024 tiles of 16-head blocks) in 64 splits of 256 keys (one-tile splits would give 128 of 128).
   a.num_q_heads = 64, a.max_blocks_per_seq = 256;
   const SplitPlan wide = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
   CHECK(wide.rows_per_block == 64);
-  CHECK(wide.num_splits == (format == KvFormat::fp8 ? 64u : 128u));
-  CHECK(wide.keys_per_split == (format == KvFormat::fp8 ? 256u : 128u));
+  CHECK(wide.num_splits == 64u);
+  CHECK(wide.keys_per_split == 256u);
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
 }

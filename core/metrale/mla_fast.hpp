@@ -74,8 +74,8 @@ struct SplitPlan {
 /// blocks may have `max_shared_bytes` of shared memory: with `wgmma` (the device has the
 /// mla_wgmma entries) and wgmma_applies, wgmma_rows-head blocks on them; else the largest head
 /// group (up to 64) that fits, staged when that fits too without costing a block per SM; as many
-/// splits (of at least four tiles: 32 keys, or 64 on wgmma; one on the 16-head and the NVFP4
-/// wgmma blocks) as give the least work to the busiest of the device's block slots
+/// splits (of at least four tiles: 32 keys, or 64 on wgmma; one on the 16-head wgmma blocks)
+/// as give the least work to the busiest of the device's block slots
 /// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
 /// tile's worth of fixed cost per block. 16-head wgmma blocks are staged (see SplitPlan) from
 /// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
@@ -151,7 +151,7 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
                                   Stream stream = 0);
 /// mla_paged_decode_wgmma_{fp8,nvfp4}, mla_paged_decode_wgmma16_{fp8,nvfp4} and
 /// mla_paged_decode_wgmma16_rs_{fp8,nvfp4} (module mla_wgmma, sm_90a): the split decode on
-/// warpgroup MMA, 64 heads per block (FP8: two warpgroups on register operands, transposed), or 16
+/// warpgroup MMA, 64 heads per block (two warpgroups on register operands, transposed), or 16
 /// transposed (keys and output dims in M): warp-specialised on the
 /// wgmma16 entries (a consumer warpgroup multiplies, two producer warpgroups dequantise), or with
 /// `staged` on the wgmma16_rs entries, one warpgroup that dequantises bulk-copied raw rows (NVFP4:
@@ -166,11 +166,10 @@ void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const Spli
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
 /// Bytes of dynamic shared memory a wgmma block of `rows_per_block` heads (64 or 16) needs
-/// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads, NVFP4: Q and
-/// the K/V tile as FP16 (72 KiB each; the tile also carries the warpgroups' logit exchange), the
-/// raw K and V half-tiles and row pointers, 191.25 KiB; FP8 (register operands, a warpgroup per
-/// 32 heads): Q and Pᵀ as FP16, two slots of the raw K and V tiles (36 KiB each), the per-warp
-/// maxima and votes, the slots' mbarriers: 226.3 KiB. 16 heads: Q
+/// (576-dim rows), with 1 KiB to align the swizzled tiles to 1024 bytes. 64 heads (register
+/// operands, a warpgroup per 32 heads): Q and Pᵀ as FP16, two slots of the raw K and V tiles (FP8
+/// 36 KiB each; NVFP4 18 KiB of data and 2.25 KiB of scales each), the per-warp maxima and votes,
+/// the slots' mbarriers: 226.3 KiB (FP8), 163.3 KiB (NVFP4). 16 heads: Q
 /// (18 KiB), a K and a V tile (72 KiB each) and P as FP16, the consumer's per-warp maxima:
 /// 165.3 KiB for either format (the producers hold the raw bytes in registers); `staged`: Q and
 /// P, the raw K and V half-tiles (FP8 36 KiB each; NVFP4 18 KiB of data and 2.25 KiB of scales
