@@ -53,6 +53,14 @@ void Block::over_budget() const {
        who(), max_accesses_);
 }
 
+void Block::over_launch_budget() const {
+  fail(Errc::capacity_exceeded,
+       "{}: the launch's blocks made more than {} checked accesses to device memory, the emulator's limit for one "
+       "launch (METRALE_EMU_LAUNCH_ACCESSES; a block table that repeats a page can ask for any number of keys in "
+       "every block): stopped",
+       who(), launch_->max);
+}
+
 BlockRule block_is(Dim3 shape) {
   return [shape](Dim3 block, std::span<const KernelArg>) -> std::optional<std::string> {
     if (block == shape) return std::nullopt;

@@ -22,6 +22,7 @@
 #include <system_error>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -286,17 +287,19 @@ class WorkerPool {
   std::vector<std::thread> workers_;
 };
 
-// The environment variable `name` as a positive 32-bit integer, or `fallback` when it is unset.
-// Errors: `invalid_argument` naming the variable and its value (`unset` says what the default is),
-// also when the value is above `max`.
-std::uint32_t positive_env(const char* name, std::uint32_t fallback, std::string_view unset,
-                           std::uint32_t max = std::numeric_limits<std::uint32_t>::max()) {
+// The environment variable `name` as a positive integer of type T (32 or 64 bits), or `fallback`
+// when it is unset. Errors: `invalid_argument` naming the variable and its value (`unset` says
+// what the default is), also when the value is above `max`.
+template <class T = std::uint32_t>
+T positive_env(const char* name, std::type_identity_t<T> fallback, std::string_view unset,
+               std::type_identity_t<T> max = std::numeric_limits<T>::max()) {
   const char* env = std::getenv(name);
   if (env == nullptr) return fallback;
-  std::uint32_t n = 0;
+  T n = 0;
   const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
   if (ec != std::errc{} || *end != '\0' || n == 0)
-    fail(Errc::invalid_argument, "{}='{}' is not a positive 32-bit integer (unset: {})", name, env, unset);
+    fail(Errc::invalid_argument, "{}='{}' is not a positive {}-bit integer (unset: {})", name, env, 8 * sizeof(T),
+         unset);
   if (n > max)
     fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
   return n;
@@ -327,6 +330,10 @@ std::uint32_t default_shared_bytes() {
 
 // EmulatorOptions::max_block_accesses' default, unless METRALE_EMU_BLOCK_ACCESSES says otherwise.
 std::uint32_t default_block_accesses() { return positive_env("METRALE_EMU_BLOCK_ACCESSES", 1u << 28, "268435456"); }
+// EmulatorOptions::max_launch_accesses' default, unless METRALE_EMU_LAUNCH_ACCESSES says otherwise.
+std::uint64_t default_launch_accesses() {
+  return positive_env<std::uint64_t>("METRALE_EMU_LAUNCH_ACCESSES", std::uint64_t{1} << 32, "4294967296");
+}
 
 // ---- launch checks --------------------------------------------------------------
 
@@ -403,6 +410,7 @@ struct EmulatorBackend::Impl {
       : options(std::move(opts)), threads(checked_threads(options.threads)), pool(threads) {
     if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
+    if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
   }
 
   EmulatorOptions options;
@@ -462,9 +470,10 @@ struct EmulatorBackend::Impl {
   void execute(const Registry::Entry& e, Dim3 grid, Dim3 block, Dim3 cluster, std::span<const KernelArg> args) {
     std::mutex writes_mutex;
     std::vector<BlockWrite> writes;
+    LaunchAccesses launch{{}, options.max_launch_accesses};
     pool.run(grid.count(), [&](std::uint64_t i) {
       Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races,
-                options.max_block_accesses);
+                options.max_block_accesses, &launch);
       blk.clusterDim = cluster;
       e.run(blk, args, e.params);
       if (blk.writes().empty()) return;

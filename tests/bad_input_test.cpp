@@ -837,6 +837,19 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
   CHECK(report.at("seed").get<std::uint64_t>() == 18446744073709551615ull);
 }
 
+TEST_CASE("bad input: conform says a golden folder's file that is not a model case is skipped", "[bad_input][cli]") {
+  // Before: a named --golden folder holding only a kernel case passed with no word of it.
+  TempPath golden("_kernel_golden");
+  std::filesystem::create_directories(golden.path);
+  recorded_decode_case().write(golden.path / "zq_kernel.safetensors");
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only zq --cases " + golden.path.string() + " --golden " +
+                    golden.path.string(),
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("zq_kernel.safetensors is not a model case (no q_nope tensor or heads "
+                                            "metadata), skipped"));
+}
+
 TEST_CASE("conform --only runs the cases whose kernel or name holds the text, and refuses one that matches none",
           "[bad_input][cli]") {
   TempPath cases("_only_cases"), dir("_only_report");
@@ -868,6 +881,25 @@ TEST_CASE("conform --only runs the cases whose kernel or name holds the text, an
   out.clear();
   CHECK(run_cli("conform --backend emu --no-golden --only zzz_nothing --cases " + cases.path.string(), out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'zzz_nothing'"));
+}
+
+TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_input][cli]") {
+  // Before: a row without B (or best_us) was looked up past the end of its JSON object (undefined
+  // behaviour; on the H200 the row's baseline silently went missing).
+  TempPath json("_torch.json");
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"matmul_tflops": 700, "rows": [{"L": 1024}]})", "rows[0] has no unsigned integer B"},
+           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3}]})",
+            "rows[1] has no best_us (a number or null)"},
+           {R"({"matmul_tflops": "fast"})", "matmul_tflops \"fast\" is not a positive number"},
+           {R"({"rows": {}})", "rows is not an array"},
+           {R"([1, 2])", "not a JSON object"}}) {
+    INFO(text);
+    std::ofstream(json.path) << text;
+    std::string out;
+    CHECK(run_cli("bench --backend emu --sweep --torch " + json.path.string(), out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("bench --torch " + json.path.string() + ": " + want));
+  }
 }
 
 TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "[bad_input][cli]") {

@@ -523,8 +523,11 @@ TEST_CASE("emu: METRALE_EMU_THREADS sets the default number of threads", "[emu]"
 }
 
 TEST_CASE("emu: a METRALE_EMU_* value that is not a positive integer is an error naming it", "[emu]") {
-  for (const char* var : {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_BLOCK_ACCESSES"})
-    for (const char* bad : {"0", "-1", "abc", "101,376", "", "99999999999"}) {
+  for (const char* var :
+       {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
+    for (const char* bad : {"0", "-1", "abc", "101,376", "", "99999999999", "99999999999999999999"}) {
+      // (99999999999 is a valid 64-bit limit for the launch's accesses.)
+      if (std::string_view(var) == "METRALE_EMU_LAUNCH_ACCESSES" && std::string_view(bad) == "99999999999") continue;
       INFO(var << "=" << bad);
       ::setenv(var, bad, 1);
       const Error e = error_of([] { EmulatorBackend gpu(strict(0)); });
@@ -572,6 +575,30 @@ TEST_CASE("emu: a block past its checked-access limit stops the launch with capa
   CHECK(error_of([&] { (void)run_kernel_case(from_env, c); }).code() == Errc::capacity_exceeded);
   EmulatorBackend roomy(strict());  // the default, 2^28
   CHECK(roomy.options().max_block_accesses == 1u << 28);
+  test::check_case(c);  // and the same case passes under it
+}
+
+TEST_CASE("emu: a launch past its checked-access limit stops with capacity_exceeded", "[emu]") {
+  // Before: a 536 KB case of 4096 blocks, each just under the block's limit (a block table that
+  // repeats one page), ran for hours. Each of these 8 blocks (one a head) reads 8192 keys' rows.
+  gen::PagedSpec p;
+  p.num_q_heads = 8, p.block_size = 64, p.max_blocks_per_seq = 128, p.num_blocks = 128, p.seq_lens = {8192};
+  const KernelCase c = gen::paged_decode_case(p);
+  EmulatorOptions o = strict();
+  o.max_launch_accesses = 4096;  // one block's first batch passes it
+  EmulatorBackend tight(o);
+  const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
+  CHECK(e.code() == Errc::capacity_exceeded);
+  CHECK_THAT(std::string(e.what()),
+             Catch::Matchers::Contains("the launch's blocks made more than 4096 checked accesses to device memory"));
+  CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("METRALE_EMU_LAUNCH_ACCESSES"));
+  ::setenv("METRALE_EMU_LAUNCH_ACCESSES", "4096", 1);
+  EmulatorBackend from_env(strict());
+  ::unsetenv("METRALE_EMU_LAUNCH_ACCESSES");
+  CHECK(from_env.options().max_launch_accesses == 4096u);
+  CHECK(error_of([&] { (void)run_kernel_case(from_env, c); }).code() == Errc::capacity_exceeded);
+  EmulatorBackend roomy(strict());  // the default, 2^32
+  CHECK(roomy.options().max_launch_accesses == std::uint64_t{1} << 32);
   test::check_case(c);  // and the same case passes under it
 }
 

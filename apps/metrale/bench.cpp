@@ -300,6 +300,29 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
   }
 }
 
+// bench/torch_baseline.py's output as the sweep reads it: an object; matmul_tflops, when there, a
+// positive number; rows, when there, an array of objects with unsigned B, L and H and best_us a
+// number or null. Errors: `invalid_argument` naming the file, the row and the key.
+void check_torch_json(const ordered_json& torch, const std::string& path) {
+  if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
+  if (torch.contains("matmul_tflops") &&
+      !(torch["matmul_tflops"].is_number() && torch["matmul_tflops"].get<double>() > 0))
+    fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a positive number", path,
+         torch["matmul_tflops"].dump());
+  if (!torch.contains("rows")) return;
+  if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
+  std::size_t i = 0;
+  for (const auto& r : torch["rows"]) {
+    if (!r.is_object()) fail(Errc::invalid_argument, "bench --torch {}: rows[{}] is not an object", path, i);
+    for (const char* key : {"B", "L", "H"})
+      if (!r.contains(key) || !r[key].is_number_unsigned())
+        fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no unsigned integer {}", path, i, key);
+    if (!r.contains("best_us") || !(r["best_us"].is_number() || r["best_us"].is_null()))
+      fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no best_us (a number or null)", path, i);
+    ++i;
+  }
+}
+
 // The issue-6 sweep: split path (and the seed where it finishes in reasonable time) against the
 // roofline max(bytes / copy bandwidth, FLOPs / BF16 matrix rate) and the PyTorch baseline.
 /// The sweep's axes; each defaults to the issue's full range.
@@ -403,9 +426,8 @@ void add_bench(CLI::App& app) {
     auto gpu = make_backend(opts->backend);
     Bench bench(*gpu);
     bench.set_group(opts->group);
-    // Every refusal before anything runs or a --json file is truncated.
-    if (opts->sweep && !bench.on_device())
-      fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
+    // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,
+    // so that it is found without a device too).
     ordered_json torch = ordered_json::object();
     if (!opts->torch.empty()) {
       std::ifstream in(opts->torch);
@@ -416,7 +438,10 @@ void add_bench(CLI::App& app) {
         fail(Errc::invalid_argument, "bench --torch {}: not the JSON of bench/torch_baseline.py ({})", opts->torch,
              e.what());
       }
+      check_torch_json(torch, opts->torch);
     }
+    if (opts->sweep && !bench.on_device())
+      fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
     // An unwritable path fails before anything runs; an existing file stays until the end.
     if (!opts->json.empty()) with_context("bench --json", [&] { check_writable(opts->json); });
     // The rows, named before anything runs, so that --only can pick one (for a profiler, say) and

@@ -124,7 +124,7 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   });
   if (unwanted || (!result.pass() && !wanted(result.kernel, result.name))) return std::nullopt;
   if (!skip) return result;
-  fmt::print(stderr, "note: conform: {} skipped ({})\n", path.filename().string(), *skip);
+  fmt::print(stderr, "note: conform: {} skipped ({})\n", printable(path.filename().string()), *skip);
   ++skipped;
   return std::nullopt;
 }
@@ -147,7 +147,11 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     if (wanted(read.kernel, read.name)) out.push_back(std::move(read));
     return out;
   }
-  if (!file.has("q_nope") || file.metadata.count("heads") == 0) return out;  // not a model case
+  if (!file.has("q_nope") || file.metadata.count("heads") == 0) {  // not a model case
+    fmt::print(stderr, "note: conform: {} is not a model case (no q_nope tensor or heads metadata), skipped\n",
+               printable(path.string()));
+    return out;
+  }
   for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
     for (std::uint32_t bs : {1u, 16u, 64u}) {
       const std::string kernel = "deepseek decode step", replay = fmt::format("{} {} block {}", name, to_string(f), bs);
@@ -313,8 +317,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& dir : golden_dirs)
       for (auto& f : safetensors_in(dir, named_golden, missing)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
-          fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n", f.string(),
-                     it->second.string());
+          fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n",
+                     printable(f.string()), printable(it->second.string()));
           continue;
         }
         seen.emplace(f.filename().string(), f);

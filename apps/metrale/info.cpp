@@ -38,6 +38,7 @@ void add_info(CLI::App& app) {
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
+    fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
     // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows).
     auto formats = [&](const char* entry) {
       std::vector<std::string> fit;

@@ -83,6 +83,12 @@ struct EmulatorOptions {
   /// (`METRALE_EMU_BLOCK_ACCESSES` overrides the default, or is an `invalid_argument` error of the
   /// constructor when it is not a positive 32-bit integer).
   std::uint32_t max_block_accesses = 0;
+  /// The checked accesses all the blocks of one launch may make together before it stops with
+  /// `capacity_exceeded` (counted in batches of 4096 a block), so that many blocks each just under
+  /// max_block_accesses cannot ask for hours either; 0 = 2^32, about two minutes of one core's
+  /// work (`METRALE_EMU_LAUNCH_ACCESSES` overrides the default, or is an `invalid_argument` error
+  /// of the constructor when it is not a positive 64-bit integer).
+  std::uint64_t max_launch_accesses = 0;
   /// The streaming multiprocessors the backend reports, for the plans that size grids to the
   /// device; 0 = an H200's 132. A few let a small problem take the plans' many-tiles-per-slot
   /// paths.

@@ -12,6 +12,7 @@
 // that two blocks writing the same byte are reported as a race.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -69,6 +70,12 @@ struct WriteRange {
 template <class T>
 class Global;
 
+/// The checked accesses of one launch's blocks together, against the launch's limit.
+struct LaunchAccesses {
+  std::atomic<std::uint64_t> count;
+  std::uint64_t max;
+};
+
 /// The block a port runs as: `blockIdx`, `blockDim`, `gridDim` as on the
 /// device. `threads(f)` runs one phase of the kernel (the code between two
 /// barriers) for every thread of the block, in order.
@@ -96,9 +103,12 @@ class Block {
 
   // ---- used by Global and the executor ------------------------------------
   /// `max_accesses`: the checked accesses (Global's loads, stores, reads and writes) the block may
-  /// make before it stops with `capacity_exceeded` (EmulatorOptions::max_block_accesses).
+  /// make before it stops with `capacity_exceeded` (EmulatorOptions::max_block_accesses);
+  /// `launch`, when given, counts the launch's blocks' accesses together against its own limit
+  /// (EmulatorOptions::max_launch_accesses), in batches of kLaunchBatch.
   Block(std::string_view kernel, Dim3 block_idx, Dim3 block_dim, Dim3 grid_dim, const detail::AddressSpace& memory,
-        bool check_written, bool log_writes, std::uint64_t max_accesses = ~std::uint64_t{0})
+        bool check_written, bool log_writes, std::uint64_t max_accesses = ~std::uint64_t{0},
+        LaunchAccesses* launch = nullptr)
       : blockIdx(block_idx),
         blockDim(block_dim),
         gridDim(grid_dim),
@@ -106,7 +116,8 @@ class Block {
         memory_(memory),
         check_written_(check_written),
         log_writes_(log_writes),
-        max_accesses_(max_accesses) {}
+        max_accesses_(max_accesses),
+        launch_(launch) {}
 
   [[noreturn]] void fault(std::string_view what, const detail::Allocation* alloc, DevicePtr param_addr,
                           const char* param, std::int64_t offset, std::uint64_t len) const;
@@ -114,9 +125,12 @@ class Block {
   /// block (x,y,z)[ thread t]: <what>", Errc::device_fault.
   [[noreturn]] void fault(std::string_view what) const;
   bool check_written() const { return check_written_; }
-  /// Count one checked access; past the block's limit, stop (`capacity_exceeded`).
+  /// Count one checked access; past the block's or the launch's limit, stop (`capacity_exceeded`).
   void count_access() {
     if (++accesses_ > max_accesses_) over_budget();
+    if (accesses_ % kLaunchBatch == 0 && launch_ != nullptr &&
+        launch_->count.fetch_add(kLaunchBatch, std::memory_order_relaxed) + kLaunchBatch > launch_->max)
+      over_launch_budget();
   }
   void log_write(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
     if (!log_writes_) return;
@@ -139,8 +153,11 @@ class Block {
   const detail::AddressSpace& memory_;
   bool check_written_;
   bool log_writes_;
+  static constexpr std::uint64_t kLaunchBatch = 4096;  // accesses a block adds to its launch's count at once
   std::uint64_t max_accesses_, accesses_ = 0;
+  LaunchAccesses* launch_;
   [[noreturn]] void over_budget() const;
+  [[noreturn]] void over_launch_budget() const;
   std::uint32_t thread_ = kNoThread;
   std::vector<detail::WriteRange> writes_;
 };
