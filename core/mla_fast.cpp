@@ -231,14 +231,14 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, 
            + kWgmma16Rows * kWgmmaTileKeys * 2                    // P (FP16)
            + kWgmma16Rows * 4                                     // the Q rows' unscale factors
            + 4 * kWgmma16Rows * 4;                                // the consumer's per-warp maxima and sums
-  return 1024                                // alignment of the swizzled tiles
-         + kWgmmaRows * kWgmmaDim * 2        // Q (FP16)
-         + kWgmmaRows * kWgmmaTileKeys * 2   // Pᵀ (FP16), each warpgroup's 32 heads
-         + 2 * 2 * kWgmmaTileKeys * raw_row  // two slots of the raw K and V tiles
-         + kWgmmaRows * 4                    // the Q rows' unscale factors
-         + 2 * 4 * 32 * 4                    // the per-warp maxima and sums
-         + 2 * 4 * 4                         // the warps' rescale votes
-         + 3 * 2 * 8;                        // the slots' fill and release mbarriers
+  return 1024                                                     // alignment of the swizzled tiles
+         + kWgmmaRows * kWgmmaDim * 2                             // Q (FP16)
+         + kWgmmaRows * kWgmmaTileKeys * 2                        // Pᵀ (FP16), each warpgroup's 32 heads
+         + 2 * 2 * kWgmmaTileKeys * raw_row                       // two slots of the raw K and V tiles
+         + kWgmmaRows * 4                                         // the Q rows' unscale factors
+         + 2 * 4 * 32 * 4                                         // the per-warp maxima and sums
+         + 2 * 4 * 4                                              // the warps' rescale votes
+         + 3 * 2 * 8;                                             // the slots' fill and release mbarriers
 }
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {

@@ -278,6 +278,19 @@ __device__ uint32_t pv_column(uint32_t key) {
   return kAcc == 8 ? key : key - k + 2 * (k % 4) + k / 8 + 8 * (k / 4 % 2);
 }
 
+// One group of P·V's atoms of a k-step: `prefetch` (the next k-step's loads) issued first, then
+// O[a] += F[a]·P for atoms [a0, a1) as one commit group, the group before it waited for.
+template <uint32_t kAcc, class Prefetch>
+__device__ void issue_atoms(float (&o)[kAtoms16][kAcc], const uint32_t (&f)[kAtoms16][4], uint32_t a0, uint32_t a1,
+                            uint64_t p, const Prefetch& prefetch) {
+  prefetch();
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p, 1);
+  wgmma_commit();
+  wgmma_wait<1>();
+}
+
 // Oᵀ += Vᵀ·Pᵀ for one tile, A from registers. Output rows are permuted like Q's columns: the
 // thread of row group qrow = 8·warp + lane/4 holds, in atom a < 8, dims 16·qrow + 2a (its row
 // r0) and + 1 (r0 + 8), and in atom 8 dims 512 + 2·qrow and + 1 — one unit and one pair of each
@@ -327,12 +340,9 @@ __device__ void vp_tile_rs(float (&o)[kAtoms16][kAcc], const Fp8Rows& layout, co
 #pragma unroll
         for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
       }
-      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
-      wgmma_fence();
-#pragma unroll
-      for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();
+      issue_atoms(o, f, a0, a1, p + ((kk * 32) >> 4), [&] {
+        if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
+      });
     }
   }
   wgmma_wait<0>();
@@ -360,11 +370,11 @@ __device__ uint32_t scaled(uint32_t codes, __half2 scale) {
 // keys' scales times 64 restores them: exact, the values of e2m1_decode · e4m3_decode, as the
 // port's. Keys from `live_keys` on are zeros.
 template <uint32_t kAcc = 8>
-__device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][kAcc], const uint8_t* sv, const uint8_t* svs,
-                                 uint32_t live_keys, uint32_t j, uint32_t qrow, uint64_t p) {
+__device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][kAcc], const uint8_t* sv, const uint8_t* svs, uint32_t live_keys,
+                                 uint32_t j, uint32_t qrow, uint64_t p) {
   constexpr uint32_t kData = kDim / 2, kScales = kDim / 16;  // a staged row's bytes
-  uint2 raw[4];                                                // unit qrow of keys c = 0-3
-  uint32_t unit_scale[4], byte8[4], scale8[4];                 // its scale; atom 8's byte and scale
+  uint2 raw[4];                                              // unit qrow of keys c = 0-3
+  uint32_t unit_scale[4], byte8[4], scale8[4];               // its scale; atom 8's byte and scale
   auto fetch = [&](uint32_t kk) {
 #pragma unroll
     for (uint32_t c = 0; c < 4; ++c) {
@@ -413,12 +423,9 @@ __device__ void vp_tile_rs_nvfp4(float (&o)[kAtoms16][kAcc], const uint8_t* sv, 
       for (uint32_t a = a0; a < a1; ++a)
 #pragma unroll
         for (uint32_t e = 0; e < 4; ++e) pin(f[a][e]);
-      if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
-      wgmma_fence();
-#pragma unroll
-      for (uint32_t a = a0; a < a1; ++a) wgmma_rs_heads(o[a], f[a], p + ((kk * 32) >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();
+      issue_atoms(o, f, a0, a1, p + ((kk * 32) >> 4), [&] {
+        if (g + 1 == kGroups && kk + 1 < kTileKeys / 16) fetch(kk + 1);
+      });
     }
   }
   wgmma_wait<0>();
@@ -461,11 +468,11 @@ __device__ void cp_async_arrive(uint64_t* bar) {
 // half's bytes at the slot's mbarrier. NVFP4 rows' scales (dim/16 bytes, 4-byte aligned: no
 // bulk copy) go to `scale_slot[h]` by cp.async, 4 bytes at a time, each of the half's 64 threads
 // then arriving at the mbarrier once its copies land (an NVFP4 slot's barrier counts 1 + 64
-// arrivals). Each
-// thread's rows are looked up a call ahead; keys past the chunk's end are not copied (their slot
-// rows keep older bytes). Unpadded rows cost V's reads bank conflicts (vp_tile_rs: a quarter warp
-// reads 32 bytes of each of four keys two apart, 288 words apart: 4-way); padding them to 592
-// bytes, which avoids that, took a copy per V row, and measured 12% slower (docs/performance.md).
+// arrivals). Each thread's rows are looked up a call ahead; keys past the chunk's end are not
+// copied (their slot rows keep older bytes). Unpadded rows cost V's reads bank conflicts
+// (vp_tile_rs: a quarter warp reads 32 bytes of each of four keys two apart, 288 words apart:
+// 4-way); padding them to 592 bytes, which avoids that, took a copy per V row, and measured 12%
+// slower (docs/performance.md).
 // With kStages > 1 each half has that many slots, kTileKeys rows apart (scale rows likewise), slot
 // b's mbarriers at bars + 2b (the block's i-th tile in slot i % kStages).
 template <uint32_t kStages = 1, class Rows = Fp8Rows>
@@ -614,7 +621,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
   static_assert(!(kNvfp4 && Out::cluster), "the NVFP4 slots do not hold a cluster's partial rows");
   constexpr uint32_t dim = kDim, q_head_dim = kDim;
-  constexpr uint32_t pitch = kNvfp4 ? dim / 2 : dim;  // of the staged rows, K's and V's (NVFP4: their data)
+  constexpr uint32_t pitch = kNvfp4 ? dim / 2 : dim;       // of the staged rows, K's and V's (NVFP4: their data)
   constexpr uint32_t scale_pitch = kNvfp4 ? dim / 16 : 0;  // NVFP4: of their scales
   const KeySet& keys = layout.keys;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -711,7 +718,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
     const uint64_t slot = (uint64_t{s} * num_q_heads + h) * num_splits + z;
     float* const row = out.row(slot, cluster_rows, hl);
     const uint32_t e0 = 4 * (jj / 2) + jj % 2;  // row r0's element; r0 + 8's is e0 + 2
-    if (vector_stores) {  // atoms 2b and 2b + 1: dims 16·qrow + 4b .. + 3, one 16-byte store
+    if (vector_stores) {                        // atoms 2b and 2b + 1: dims 16·qrow + 4b .. + 3, one 16-byte store
 #pragma unroll
       for (uint32_t b = 0; b < 4; ++b)
         *reinterpret_cast<float4*>(row + 16 * qrow + 4 * b) =
@@ -950,10 +957,10 @@ __device__ float fast_exp2(float x) {
 // The shared memory of a 64-head register-operand block (the host's wgmma_shared_bytes counts it):
 // the raw K and V tiles [64 keys][576] FP8, or [64 keys][288] NVFP4 data beside their scales.
 struct Smem64 {
-  uint8_t* sq;       // Q, permuted (store_q_permuted), 64-row slabs: warpgroup W's heads rows 32W..
-  uint8_t* sp;       // [W] Pᵀ as [32 heads][64 keys] FP16, one slab each
-  uint8_t* sk;       // [kStages64] the raw K tiles
-  uint8_t* sv;       // [kStages64] the raw V tiles
+  uint8_t* sq;         // Q, permuted (store_q_permuted), 64-row slabs: warpgroup W's heads rows 32W..
+  uint8_t* sp;         // [W] Pᵀ as [32 heads][64 keys] FP16, one slab each
+  uint8_t* sk;         // [kStages64] the raw K tiles
+  uint8_t* sv;         // [kStages64] the raw V tiles
   uint8_t* sk_scales;  // NVFP4: [kStages64] the scales of K's and of V's rows, [64 keys][36]
   uint8_t* sv_scales;
   float* q_unscale;  // [64]; then times the softmax scale and log2 e
@@ -1035,10 +1042,10 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, 
     float sacc[16];
     if constexpr (kNvfp4) {
       const uint8_t* const scales = sm.sk_scales + b * kTileKeys * scale_pitch;
-      kq_tile_rs<16, kSlabBytes>(
-          sacc,
-          Nvfp4KeyPair{{sk + r0 * pitch, sk + (r0 + 8) * pitch}, {scales + r0 * scale_pitch, scales + (r0 + 8) * scale_pitch}},
-          j, q_desc);
+      kq_tile_rs<16, kSlabBytes>(sacc,
+                                 Nvfp4KeyPair{{sk + r0 * pitch, sk + (r0 + 8) * pitch},
+                                              {scales + r0 * scale_pitch, scales + (r0 + 8) * scale_pitch}},
+                                 j, q_desc);
     } else {
       kq_tile_rs<16, kSlabBytes>(sacc, Fp8KeyPair{{sk + r0 * kDim, sk + (r0 + 8) * kDim}}, j, q_desc);
     }

@@ -789,7 +789,8 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, !Catch::Matchers::Contains("unknown level"));
   out.clear();  // a METRALE_BACKEND that every command without --backend would refuse
   CHECK(run_cli("info", out, "METRALE_BACKEND=bogus") == 0);
-  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: an error: METRALE_BACKEND 'bogus' is not emu, cuda or auto"));
+  CHECK_THAT(
+      out, Catch::Matchers::Contains("without --backend: an error: METRALE_BACKEND 'bogus' is not emu, cuda or auto"));
   out.clear();
   CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));
@@ -843,8 +844,7 @@ TEST_CASE("bad input: conform says a golden folder's file that is not a model ca
   std::filesystem::create_directories(golden.path);
   recorded_decode_case().write(golden.path / "zq_kernel.safetensors");
   std::string out;
-  CHECK(run_cli("conform --backend emu --only zq --cases " + golden.path.string() + " --golden " +
-                    golden.path.string(),
+  CHECK(run_cli("conform --backend emu --only zq --cases " + golden.path.string() + " --golden " + golden.path.string(),
                 out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("zq_kernel.safetensors is not a model case (no q_nope tensor or heads "
                                             "metadata), skipped"));
@@ -924,8 +924,8 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   recorded_decode_case().write(cases.path / "x\xff_zq.safetensors");
   write_bytes(golden.path / "zq_broken.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
   std::string out;
-  CHECK(run_cli("conform --backend emu --only zq --cases " + cases.path.string() + " --golden " +
-                    golden.path.string() + " --report " + dir.path.string(),
+  CHECK(run_cli("conform --backend emu --only zq --cases " + cases.path.string() + " --golden " + golden.path.string() +
+                    " --report " + dir.path.string(),
                 out) == 2);  // a case that could not run is an error (was 1, as for a comparison out of tolerance)
   CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden zq_broken"));
   CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): "));

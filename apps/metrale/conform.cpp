@@ -161,7 +161,8 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
         }));
     }
   for (bool device_path : {true, false}) {
-    const std::string kernel = "kimi k3 decode", replay = fmt::format("{} {} KV", name, device_path ? "device" : "host");
+    const std::string kernel = "kimi k3 decode",
+                      replay = fmt::format("{} {} KV", name, device_path ? "device" : "host");
     if (wanted(kernel, replay))
       out.push_back(guarded("golden", kernel, replay,
                             [&](CaseResult& r) { add_metrics(r, replay_kimi_case(gpu, file, name, device_path)); }));
@@ -317,8 +318,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& dir : golden_dirs)
       for (auto& f : safetensors_in(dir, named_golden, missing)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
-          fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n",
-                     printable(f.string()), printable(it->second.string()));
+          fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n", printable(f.string()),
+                     printable(it->second.string()));
           continue;
         }
         seen.emplace(f.filename().string(), f);
