@@ -20,11 +20,14 @@ bool g_recorder_made = false;  // a backend made since, which records
 void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
 bool recorder_made() { return g_recorder_made; }
 
+std::string backend_from_env() {
+  const char* env = std::getenv("METRALE_BACKEND");
+  return env != nullptr ? env : "";
+}
+
 std::unique_ptr<GpuBackend> make_backend(std::string choice) {
-  if (choice.empty()) {
-    const char* env = std::getenv("METRALE_BACKEND");
-    choice = env != nullptr && *env != '\0' ? env : "auto";
-  }
+  if (choice.empty()) choice = backend_from_env();
+  if (choice.empty()) choice = "auto";
   spdlog::debug("backend: asked for '{}'{}", choice, g_record_dir.empty() ? "" : ", recording to " + g_record_dir);
   if (!g_record_dir.empty()) {
     if (choice != "emu" && choice != "auto")

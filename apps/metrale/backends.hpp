@@ -10,7 +10,13 @@
 
 namespace metrale::cli {
 
-/// The backend named `choice` ("" = METRALE_BACKEND, else "auto"). Errors:
+/// The names a backend may be asked for by: emu, cuda, auto.
+inline constexpr const char* kBackendNames[] = {"emu", "cuda", "auto"};
+/// What a command without --backend asks for: METRALE_BACKEND when it is set and not empty (any
+/// text: make_backend refuses an unknown name), else nothing.
+std::string backend_from_env();
+
+/// The backend named `choice` ("" = backend_from_env(), else "auto"). Errors:
 /// `invalid_argument` for an unknown name; `unsupported` when CUDA is asked
 /// for but not built or no device answers.
 std::unique_ptr<GpuBackend> make_backend(std::string choice);

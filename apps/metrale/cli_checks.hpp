@@ -3,10 +3,14 @@
 
 #include <charconv>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "backends.hpp"
 
 namespace metrale::cli {
 
@@ -31,6 +35,8 @@ inline CLI::Validator uint64_text() {
 
 /// The check of a --backend option: emu, cuda or auto (`--backend ""` is refused, not read as the
 /// option left out).
-inline CLI::Validator backend_name() { return CLI::IsMember({"emu", "cuda", "auto"}); }
+inline CLI::Validator backend_name() {
+  return CLI::IsMember(std::vector<std::string>(std::begin(kBackendNames), std::end(kBackendNames)));
+}
 
 }  // namespace metrale::cli

@@ -1,6 +1,7 @@
 // metrale info: version, backends, emulator settings.
+#include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,10 @@ void add_info(CLI::App& app) {
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
                  b.can_run ? "yes" : "no", b.detail);
     // What a command without --backend asks for (make_backend refuses an unknown name then).
-    const char* env = std::getenv("METRALE_BACKEND");
-    const std::string choice = env != nullptr && *env != '\0' ? env : "";
+    const std::string choice = backend_from_env();
     if (choice.empty()) {
       fmt::print("  without --backend: auto (METRALE_BACKEND unset)\n");
-    } else if (choice == "emu" || choice == "cuda" || choice == "auto") {
+    } else if (std::ranges::find(kBackendNames, choice) != std::end(kBackendNames)) {
       fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
     } else {
       fmt::print("  without --backend: an error: METRALE_BACKEND '{}' is not emu, cuda or auto\n", printable(choice));
