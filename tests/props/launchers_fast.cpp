@@ -108,11 +108,10 @@ void arb_wgmma(SplitDecodeArgs& a, std::uint32_t rows) {
 }
 
 ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
+  const bool staged16 = std::string_view(kn).starts_with("mla_paged_decode_wgmma16_rs");
   auto e = launch_of(wgmma ? kWgmma : kFast, kn,
                      {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
-                     {wgmma ? wgmma_threads(a.rows_per_block, std::string_view(kn).starts_with("mla_paged_decode_wgmma16_rs"))
-                            : 8 * a.rows_per_block,
-                      1, 1});
+                     {wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1});
   e.args = {{"q", P(a.q)},
             {"k_cache", P(a.k_cache)},
             {"v_cache", P(a.v_cache)},
