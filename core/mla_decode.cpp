@@ -410,7 +410,9 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
 
 MlaKvPlacement mla_kv_placement_from_env() {
   const char* env = std::getenv("K3_CUDA_MLA");
-  return env != nullptr && std::strcmp(env, "0") == 0 ? MlaKvPlacement::host : MlaKvPlacement::device;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "1") == 0) return MlaKvPlacement::device;
+  if (std::strcmp(env, "0") == 0) return MlaKvPlacement::host;
+  fail(Errc::invalid_argument, "K3_CUDA_MLA '{}' is not 0 (host KV) or 1 (device KV)", printable(env));
 }
 
 namespace {

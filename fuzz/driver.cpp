@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -214,8 +215,13 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
       // Every property runs at least one batch, whatever the budget.
       const bool all_ran = round > 0 || &p == &properties.back();
       if (all_ran && ((o.cases != 0 && cases >= o.cases) || (o.cases == 0 && elapsed() >= seconds))) {
-        std::cout << fmt::format("fuzz_{}: {} cases in {} batches, {:.1f} s, seeds {}..{}: no failure\n", family,
-                                 cases, batches, elapsed(), o.seed, o.seed + round);
+        // Batch seeds count up from --seed modulo 2^64, so a range may wrap past the largest.
+        const std::uint64_t last = o.seed + round;
+        const std::string seeds = last >= o.seed ? fmt::format("seeds {}..{}", o.seed, last)
+                                                 : fmt::format("seeds {}..{} and 0..{}", o.seed,
+                                                               std::numeric_limits<std::uint64_t>::max(), last);
+        std::cout << fmt::format("fuzz_{}: {} cases in {} batches, {:.1f} s, {}: no failure\n", family, cases,
+                                 batches, elapsed(), seeds);
         remove_made();
         return 0;
       }

@@ -795,6 +795,21 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));
   TempPath dir("_record");
+  out.clear();  // METRALE_CUDA_FATBIN_DIR: not a folder; a folder with one module's image; one with none
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=/nonexistent") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      "cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '/nonexistent' is not a folder"));
+  std::filesystem::create_directories(dir.path);
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR '" +
+                                            dir.path.string() + "' holds no <module>.fatbin)"));
+  std::ofstream(dir.path / "mla_wgmma.fatbin") << "x";
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: mla_wgmma from METRALE_CUDA_FATBIN_DIR '" +
+                                            dir.path.string() + "', "));
+  std::filesystem::remove_all(dir.path);
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("info launches no kernels, so nothing was recorded"));

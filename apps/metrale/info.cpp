@@ -1,7 +1,10 @@
 // metrale info: version, backends, emulator settings.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,24 @@ void add_info(CLI::App& app) {
       fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
     } else {
       fmt::print("  without --backend: an error: METRALE_BACKEND '{}' is not emu, cuda or auto\n", printable(choice));
+    }
+    // Kernel images the CUDA backend would load from METRALE_CUDA_FATBIN_DIR instead of its own.
+    const char* fatbin_dir = std::getenv("METRALE_CUDA_FATBIN_DIR");
+    if (fatbin_dir == nullptr || *fatbin_dir == '\0') {
+      fmt::print("  cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR unset)\n");
+    } else if (std::error_code ec; !std::filesystem::is_directory(fatbin_dir, ec)) {
+      fmt::print("  cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '{}' is not a folder\n", printable(fatbin_dir));
+    } else {
+      std::set<std::string> modules, found;
+      for (const auto& e : emu.registry().entries()) modules.insert(e.module);
+      for (const auto& m : modules)
+        if (std::filesystem::exists(std::filesystem::path(fatbin_dir) / (m + ".fatbin"), ec)) found.insert(m);
+      if (found.empty())
+        fmt::print("  cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR '{}' holds no <module>.fatbin)\n",
+                   printable(fatbin_dir));
+      else
+        fmt::print("  cuda kernel images: {} from METRALE_CUDA_FATBIN_DIR '{}', {} built in\n", fmt::join(found, ", "),
+                   printable(fatbin_dir), modules.size() - found.size());
     }
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",

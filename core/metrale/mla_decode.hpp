@@ -247,7 +247,9 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
 /// Where a decoder keeps its KV.
 enum class MlaKvPlacement { host, device };
 
-/// `device` unless the environment has K3_CUDA_MLA=0 (seed 002).
+/// `host` when the environment has K3_CUDA_MLA=0, `device` when it is 1, empty or unset (seed
+/// 002: device unless K3_CUDA_MLA=0). Errors: `invalid_argument` for any other value (a typo
+/// such as `off` would otherwise pick the device path silently).
 MlaKvPlacement mla_kv_placement_from_env();
 
 /// One sequence decoded token by token on either path, its history owned.
