@@ -476,6 +476,7 @@ struct EmulatorBackend::Impl {
                 options.max_block_accesses, &launch);
       blk.clusterDim = cluster;
       e.run(blk, args, e.params);
+      blk.report_accesses();  // the accesses since its last batch
       if (blk.writes().empty()) return;
       std::lock_guard lock(writes_mutex);
       for (const auto& w : blk.writes()) writes.push_back({w, i});

@@ -557,7 +557,8 @@ TEST_CASE("emu: more than 1024 worker threads is an error naming the value", "[e
 
 TEST_CASE("emu: a block past its checked-access limit stops the launch with capacity_exceeded", "[emu]") {
   // Before: a 657 KB case file whose block table repeats one page under a seq_len of 2^31 − 1 ran
-  // for hours. Each of this GEMV's blocks reads 8 weight rows and the input, and stores 8 values.
+  // for hours. Each of this GEMV's blocks reads 8 weight rows and the input, and stores 8 values;
+  // a thread's 256-byte weight row counts as 4 accesses (one per 64 bytes), so thread 2 passes 16.
   const KernelCase c = gen::gemv_case(64, 128, 2, 0, 0, 5);
   EmulatorOptions o = strict();
   o.max_block_accesses = 16;
@@ -565,7 +566,7 @@ TEST_CASE("emu: a block past its checked-access limit stops the launch with capa
   const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
   CHECK(e.code() == Errc::capacity_exceeded);
   CHECK_THAT(std::string(e.what()),
-             Catch::Matchers::Contains("mla_batched_gemv block (0,0,0) thread 8: more than 16 checked "
+             Catch::Matchers::Contains("mla_batched_gemv block (0,0,0) thread 2: more than 16 checked "
                                        "accesses to device memory"));
   CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("METRALE_EMU_BLOCK_ACCESSES"));
   ::setenv("METRALE_EMU_BLOCK_ACCESSES", "16", 1);
@@ -600,6 +601,22 @@ TEST_CASE("emu: a launch past its checked-access limit stops with capacity_excee
   EmulatorBackend roomy(strict());  // the default, 2^32
   CHECK(roomy.options().max_launch_accesses == std::uint64_t{1} << 32);
   test::check_case(c);  // and the same case passes under it
+}
+
+// Before: a block added its accesses to the launch's count only in whole batches of 4096, so a
+// launch of many small blocks was never stopped (seventeenth session's adversarial run).
+TEST_CASE("emu: the launch's limit counts blocks of fewer than 4096 accesses", "[emu]") {
+  const KernelCase c = gen::gemv_case(64, 128, 2, 0, 0, 5);  // 16 blocks of 8 rows, about 40 accesses each
+  EmulatorOptions o = strict();
+  o.max_launch_accesses = 64;
+  EmulatorBackend tight(o);
+  const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
+  CHECK(e.code() == Errc::capacity_exceeded);
+  CHECK_THAT(std::string(e.what()),
+             Catch::Matchers::Contains("the launch's blocks made more than 64 checked accesses to device memory"));
+  o.max_launch_accesses = 1u << 20;
+  EmulatorBackend roomy(o);
+  CHECK_NOTHROW(run_kernel_case(roomy, c));
 }
 
 TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {

@@ -76,15 +76,16 @@ struct EmulatorOptions {
   /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) plays an sm_121
   /// (GB10), whose launch shapes the plans then pick.
   std::uint32_t max_shared_bytes_per_block = 0;
-  /// The checked accesses to device memory (Global's loads, stores, reads, writes) one block may
+  /// The checked accesses to device memory (Global's loads, stores, reads, writes; one of more
+  /// than 64 bytes counts once for each 64 bytes or part, as its checks cost) one block may
   /// make before the launch stops with `capacity_exceeded`, so that a small case cannot ask for
   /// hours of work (a block table whose entries repeat one page, with a seq_len of 2^31 − 1);
-  /// 0 = 2^28, about a thousand times what the largest benchmark shape's block makes
+  /// 0 = 2^28, some hundreds of times what the largest benchmark shape's block makes
   /// (`METRALE_EMU_BLOCK_ACCESSES` overrides the default, or is an `invalid_argument` error of the
   /// constructor when it is not a positive 32-bit integer).
   std::uint32_t max_block_accesses = 0;
   /// The checked accesses all the blocks of one launch may make together before it stops with
-  /// `capacity_exceeded` (counted in batches of 4096 a block), so that many blocks each just under
+  /// `capacity_exceeded` (counted in batches of 4096 a block and at its end), so that many blocks each just under
   /// max_block_accesses cannot ask for hours either; 0 = 2^32, about two minutes of one core's
   /// work (`METRALE_EMU_LAUNCH_ACCESSES` overrides the default, or is an `invalid_argument` error
   /// of the constructor when it is not a positive 64-bit integer).

@@ -105,7 +105,7 @@ class Block {
   /// `max_accesses`: the checked accesses (Global's loads, stores, reads and writes) the block may
   /// make before it stops with `capacity_exceeded` (EmulatorOptions::max_block_accesses);
   /// `launch`, when given, counts the launch's blocks' accesses together against its own limit
-  /// (EmulatorOptions::max_launch_accesses), in batches of kLaunchBatch.
+  /// (EmulatorOptions::max_launch_accesses), in batches of kLaunchBatch and at the block's end.
   Block(std::string_view kernel, Dim3 block_idx, Dim3 block_dim, Dim3 grid_dim, const detail::AddressSpace& memory,
         bool check_written, bool log_writes, std::uint64_t max_accesses = ~std::uint64_t{0},
         LaunchAccesses* launch = nullptr)
@@ -125,11 +125,19 @@ class Block {
   /// block (x,y,z)[ thread t]: <what>", Errc::device_fault.
   [[noreturn]] void fault(std::string_view what) const;
   bool check_written() const { return check_written_; }
-  /// Count one checked access; past the block's or the launch's limit, stop (`capacity_exceeded`).
-  void count_access() {
-    if (++accesses_ > max_accesses_) over_budget();
-    if (accesses_ % kLaunchBatch == 0 && launch_ != nullptr &&
-        launch_->count.fetch_add(kLaunchBatch, std::memory_order_relaxed) + kLaunchBatch > launch_->max)
+  /// Count one checked access of `bytes`, as one access per kAccessBytes or part of them (a row's
+  /// view costs the emulator its bytes' worth of checks); past the block's or the launch's limit,
+  /// stop (`capacity_exceeded`).
+  void count_access(std::uint64_t bytes) {
+    const std::uint64_t n = bytes <= kAccessBytes ? 1 : (bytes + kAccessBytes - 1) / kAccessBytes;
+    if ((accesses_ += n) > max_accesses_) over_budget();
+    if ((unreported_ += n) >= kLaunchBatch) report_accesses();
+  }
+  /// Add the accesses not yet counted to the launch's (every kLaunchBatch, and when the block
+  /// ends); past its limit, stop (`capacity_exceeded`).
+  void report_accesses() {
+    const std::uint64_t n = std::exchange(unreported_, 0);
+    if (launch_ != nullptr && launch_->count.fetch_add(n, std::memory_order_relaxed) + n > launch_->max)
       over_launch_budget();
   }
   void log_write(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
@@ -154,7 +162,8 @@ class Block {
   bool check_written_;
   bool log_writes_;
   static constexpr std::uint64_t kLaunchBatch = 4096;  // accesses a block adds to its launch's count at once
-  std::uint64_t max_accesses_, accesses_ = 0;
+  static constexpr std::uint64_t kAccessBytes = 64;    // the bytes one counted access covers
+  std::uint64_t max_accesses_, accesses_ = 0, unreported_ = 0;
   LaunchAccesses* launch_;
   [[noreturn]] void over_budget() const;
   [[noreturn]] void over_launch_budget() const;
@@ -268,7 +277,7 @@ class Global {
     const std::int64_t off = offset_ + static_cast<std::int64_t>(first * sizeof(T));
     const std::uint64_t len = count * sizeof(T);
     const char* verb = access == detail::Access::read ? "read" : "write";
-    blk_->count_access();
+    blk_->count_access(len);
     if (alloc_ == nullptr) blk_->fault(std::string(verb) + " of unmapped memory", nullptr, addr_, param_, off, len);
     if (!alloc_->live) blk_->fault(std::string(verb) + " after free", alloc_, addr_, param_, off, len);
     if (off < 0 || static_cast<std::uint64_t>(off) + len > alloc_->bytes)
