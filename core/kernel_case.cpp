@@ -584,7 +584,8 @@ SafeTensors to_safetensors(const KernelCase& c) {
 
 KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
-    fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'", name);
+    fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'{}", name,
+         f.has("q_nope") && f.metadata.count("heads") != 0 ? " (a model case: run it with metrale replay)" : "");
   KernelCase c;
   // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
   c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));
@@ -778,6 +779,11 @@ Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
     if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
   if (want.dtype == Dtype::bf16) return {floor * peak, 0, 1};
   return {floor * peak, 1e-6, 0};
+}
+
+Tolerance expected_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {
+  const auto it = c.tolerance.find(output);
+  return it != c.tolerance.end() ? it->second : same_arithmetic_tolerance(want);
 }
 
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {

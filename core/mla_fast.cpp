@@ -408,14 +408,14 @@ std::optional<std::string> split_unsupported(const PagedDecodeNvfp4Args& a) {
 
 namespace {
 
-// The name a split launcher's errors start with: the split entry's, or the wgmma entry's that
-// `kernel` is (when it is none of them, the unstaged one of rows_per_block; so the staged entry's
-// name means the handle is that entry).
+// The name a split launcher's errors start with: the split entry's (the 16-head one's when
+// `kernel` is that entry), or the wgmma entry's that `kernel` is (when it is none of them, the
+// unstaged one of rows_per_block; so the staged entry's name means the handle is that entry).
 const char* split_launcher_name(const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& a, bool wgmma,
-                                const char* split, const char* wgmma64, const char* wgmma16,
+                                const char* split, const char* split16, const char* wgmma64, const char* wgmma16,
                                 const char* wgmma16_staged = nullptr) {
-  if (!wgmma) return split;
   const std::string name = gpu.kernel_name(kernel);
+  if (!wgmma) return name.ends_with(std::string(".") + split16) ? split16 : split;
   for (const char* entry : {wgmma16, wgmma64, wgmma16_staged})
     if (entry != nullptr && name.ends_with(std::string(".") + entry)) return entry;
   return a.rows_per_block == kWgmma16Rows ? wgmma16 : wgmma64;
@@ -437,9 +437,9 @@ void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool pa
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const std::string_view name =
-      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_wgmma_fp8",
-                          "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
+  const std::string_view name = split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8",
+                                                    "mla_paged_decode_split16_fp8", "mla_paged_decode_wgmma_fp8",
+                                                    "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
   const Validator v{name};
   validate_split_fp8(v, a, true);
   if (wgmma) {
@@ -460,9 +460,9 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const std::string_view name =
-      split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4", "mla_paged_decode_wgmma_nvfp4",
-                          "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
+  const std::string_view name = split_launcher_name(
+      gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4",
+      "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   const Validator v{name};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,

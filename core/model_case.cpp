@@ -42,7 +42,8 @@ struct CaseDims {
 
 std::uint32_t meta_u32(const SafeTensors& f, std::string_view key) {
   const std::int64_t v = f.meta_i64(key);
-  if (v <= 0 || v > 1'000'000) fail(Errc::invalid_argument, "metadata {} = {} is out of range", key, v);
+  if (v <= 0 || v > 1'000'000)
+    fail(Errc::invalid_argument, "metadata {} = {} is out of range (1 to 1,000,000)", key, v);
   return static_cast<std::uint32_t>(v);
 }
 
@@ -79,11 +80,13 @@ std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::
 }
 
 // The metadata value `key` as a float. Errors: `invalid_argument` naming the key and the file's
-// value when it does not fit one (a cast would make it inf, or be undefined).
+// value when it does not fit one (a cast would make it inf, or be undefined, or 0).
 float meta_float(const SafeTensors& f, std::string_view key) {
   const double v = f.meta_f64(key);
   if (std::isfinite(v) && std::fabs(v) > std::numeric_limits<float>::max())
     fail(Errc::invalid_argument, "metadata {} = {} is beyond a float's range", key, f.meta(key));
+  if (v != 0 && std::fabs(v) < std::numeric_limits<float>::denorm_min())  // a cast would make it 0
+    fail(Errc::invalid_argument, "metadata {} = {} is below a float's range (it would be 0)", key, f.meta(key));
   return static_cast<float>(v);
 }
 

@@ -134,7 +134,8 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
 // The environment variables that change what a property does, for the reproduce line.
 std::string environment() {
   std::string env;
-  for (const char* name : {"METRALE_EMU_SHARED_BYTES", "METRALE_EMU_THREADS"})
+  for (const char* name :
+       {"METRALE_EMU_SHARED_BYTES", "METRALE_EMU_THREADS", "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
     if (const char* v = std::getenv(name)) env += fmt::format("{}={} ", name, quoted(v));
   return env;
 }
@@ -169,7 +170,8 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),
                            properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
-                           o.cases != 0 ? fmt::format("{} cases", o.cases) : fmt::format("{} s", seconds))
+                           o.cases != 0 ? fmt::format("{} case{}", o.cases, o.cases == 1 ? "" : "s")
+                                        : fmt::format("{} s", seconds))
             << std::flush;
   const auto start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -220,8 +222,8 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
         const std::string seeds = last >= o.seed ? fmt::format("seeds {}..{}", o.seed, last)
                                                  : fmt::format("seeds {}..{} and 0..{}", o.seed,
                                                                std::numeric_limits<std::uint64_t>::max(), last);
-        std::cout << fmt::format("fuzz_{}: {} cases in {} batches, {:.1f} s, {}: no failure\n", family, cases,
-                                 batches, elapsed(), seeds);
+        std::cout << fmt::format("fuzz_{}: {} case{} in {} batch{}, {:.1f} s, {}: no failure\n", family, cases,
+                                 cases == 1 ? "" : "s", batches, batches == 1 ? "" : "es", elapsed(), seeds);
         remove_made();
         return 0;
       }

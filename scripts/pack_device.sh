@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Pack what scripts/device_conformance.sh needs into .carry/ (git-ignored): stripped binaries,
 # the shared libraries the Debian build links (fmt, spdlog), the kernels' fatbins and PTX, and
-# the golden cases from ../shared.
+# the golden cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .carry && mkdir -p .carry/bin .carry/lib .carry/kernels .carry/golden
 cp build/bin/metrale build/bin/metrale_tests .carry/bin/ && strip .carry/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libspdlog.so.1.10 .carry/lib/
 cp build/kernels/*.fatbin build/kernels/*.ptx .carry/kernels/
-cp "${METRALE_GOLDEN_DIR:-../shared/golden}"/*.safetensors .carry/golden/
+# The golden cases as the test suite finds them: METRALE_GOLDEN_DIR, else ../shared/golden, else the copies here.
+golden=${METRALE_GOLDEN_DIR:-}
+[ -n "$golden" ] || { [ -d ../shared/golden ] && golden=../shared/golden || golden=cases/golden; }
+cp "$golden"/*.safetensors .carry/golden/
 du -sh .carry

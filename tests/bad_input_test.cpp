@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -247,6 +248,16 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     f.metadata["softmax_scale"] = "1e300";
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"metadata softmax_scale = 1e300 is beyond a float's range"});
+  }
+  SECTION("a rope_theta below a float") {  // before: "rope_theta 0 is not ..." (the cast made it 0)
+    f.metadata["rope_theta"] = "1e-300";
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"metadata rope_theta = 1e-300 is below a float's range (it would be 0)"});
+  }
+  SECTION("a head count out of range") {
+    f.metadata["heads"] = "0";
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"metadata heads = 0 is out of range (1 to 1,000,000)"});
   }
   SECTION("a NaN in w_uv") {  // before: the replay ran and failed its comparison (exit 1)
     auto values = f.at("w_uv").values<Bf16>();
@@ -722,6 +733,32 @@ TEST_CASE("bad input: a case run's summary counts the files that had nothing to 
   CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 ran with no expectation to check): PASS"));
 }
 
+// Before: a case file without a tolerance for an output failed `case run` (an exact compare) and
+// passed `conform` (same_arithmetic_tolerance) by one BF16 ulp (seventeenth session's adversarial run).
+TEST_CASE("bad input: case run and conform judge an expectation without a tolerance alike", "[bad_input][cli]") {
+  for (const int ulps : {1, 64}) {
+    INFO(ulps << " ulps off");
+    SafeTensors f = recorded_decode_case();
+    f.tensors.erase("tolerance.o");
+    Tensor& want = f.tensors.at("expected.o");
+    REQUIRE(want.dtype == Dtype::bf16);
+    std::vector<std::uint16_t> bits(want.numel());
+    std::memcpy(bits.data(), want.data.data(), want.data.size());
+    const auto peak = std::ranges::max_element(bits, {}, [](std::uint16_t b) { return b & 0x7FFF; });
+    *peak = static_cast<std::uint16_t>(*peak + ulps);  // away from zero: the magnitude's bits count up
+    std::memcpy(want.data.data(), bits.data(), want.data.size());
+    TempPath dir("_tolerance");
+    std::filesystem::create_directories(dir.path);
+    f.write(dir.path / "no_tolerance.safetensors");
+    const int expect = ulps == 1 ? 0 : 1;
+    std::string out;
+    CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == expect);
+    out.clear();
+    CHECK(run_cli("conform --backend emu --no-golden --cases " + dir.path.string() + " --only no_tolerance", out) ==
+          expect);
+  }
+}
+
 TEST_CASE("bad input: metrale case run reports path errors and empty folders", "[bad_input][cli]") {
   SECTION("a name too long for the file system") {
     // Before: std::filesystem::filesystem_error escaped main (std::terminate, exit 134).
@@ -791,6 +828,14 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("info", out, "METRALE_BACKEND=bogus") == 0);
   CHECK_THAT(
       out, Catch::Matchers::Contains("without --backend: an error: METRALE_BACKEND 'bogus' is not emu, cuda or auto"));
+  out.clear();  // and a command that makes a backend names the variable
+  CHECK(run_cli("case run " + std::string(METRALE_SOURCE_DIR) + "/cases/golden/dsv3_h16_t37.safetensors", out,
+                "METRALE_BACKEND=EMU") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("unknown backend 'EMU' from METRALE_BACKEND (expected emu, cuda or auto)"));
+  out.clear();  // a model case given to case run: pointed to replay
+  CHECK(run_cli("case run --backend emu " + std::string(METRALE_SOURCE_DIR) + "/cases/golden/dsv3_h16_t37.safetensors",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("(a model case: run it with metrale replay)"));
   out.clear();
   CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));

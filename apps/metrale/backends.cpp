@@ -26,6 +26,7 @@ std::string backend_from_env() {
 }
 
 std::unique_ptr<GpuBackend> make_backend(std::string choice) {
+  const bool from_env = choice.empty() && !backend_from_env().empty();
   if (choice.empty()) choice = backend_from_env();
   if (choice.empty()) choice = "auto";
   spdlog::debug("backend: asked for '{}'{}", choice, g_record_dir.empty() ? "" : ", recording to " + g_record_dir);
@@ -49,7 +50,8 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
     fail(Errc::unsupported, "backend cuda: this build has no CUDA backend (no toolkit at configure time)");
   if (choice == "auto") return std::make_unique<emu::EmulatorBackend>();
 #endif
-  fail(Errc::invalid_argument, "unknown backend '{}' (expected emu, cuda or auto)", choice);
+  fail(Errc::invalid_argument, "unknown backend '{}'{} (expected emu, cuda or auto)", printable(choice),
+       from_env ? " from METRALE_BACKEND" : "");
 }
 
 std::vector<BackendStatus> backend_status() {

@@ -68,7 +68,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
           ++unchecked;
         }
         for (const auto& [param, want] : c.expected) {
-          const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : Tolerance{};
+          const auto tol = expected_tolerance(c, param, want);
           const auto r = check_output(param, out.at(param), want, tol);
           fmt::print("{:<56} {:<20} {:>11.3e} {:>9}  {}\n", label, param, r.max_abs,
                      fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);

@@ -118,7 +118,7 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
     if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
     const auto out = run_kernel_case(gpu, c);
     for (const auto& [param, want] : c.expected) {
-      const auto tol = c.tolerance.count(param) != 0 ? c.tolerance.at(param) : same_arithmetic_tolerance(want);
+      const auto tol = expected_tolerance(c, param, want);
       r.checks.push_back(to_check(check_output(param, out.at(param), want, tol), "file"));
     }
   });
@@ -371,8 +371,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<std::string> notes;  // what the count leaves out
     if (skipped != 0) notes.push_back(fmt::format("{} skipped (the device cannot run them)", skipped));
     if (!missing.empty()) notes.push_back(fmt::format("folders not found: {}", fmt::join(missing, ", ")));
-    fmt::print("\n{}: {} cases, {} failed, {:.1f} s — {}{}\n", where, results.size(), failed, seconds,
-               failed == 0 ? "PASS" : "FAIL", notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
+    fmt::print("\n{}: {} case{}, {} failed, {:.1f} s — {}{}\n", where, results.size(), results.size() == 1 ? "" : "s",
+               failed, seconds, failed == 0 ? "PASS" : "FAIL",
+               notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds);
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
     const bool any_error =

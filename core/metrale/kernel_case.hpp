@@ -98,6 +98,10 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
 /// value for results that cancel to near zero, or that differ by a rounding
 /// that went the other way inside the kernel.
 Tolerance same_arithmetic_tolerance(const Tensor& want, double floor = 1e-6);
+/// The tolerance of `output` against the case's expectation `want`: the case's `tolerance` entry,
+/// else same_arithmetic_tolerance(want) (an expectation without one is taken as another
+/// backend's result; `metrale case run` and `conform` both judge by this).
+Tolerance expected_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 /// The case's backend_tolerance for `output`, else same_arithmetic_tolerance(want).
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 
