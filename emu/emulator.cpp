@@ -332,7 +332,7 @@ std::uint32_t default_shared_bytes() {
 std::uint32_t default_block_accesses() { return positive_env("METRALE_EMU_BLOCK_ACCESSES", 1u << 28, "268435456"); }
 // EmulatorOptions::max_launch_accesses' default, unless METRALE_EMU_LAUNCH_ACCESSES says otherwise.
 std::uint64_t default_launch_accesses() {
-  return positive_env<std::uint64_t>("METRALE_EMU_LAUNCH_ACCESSES", std::uint64_t{1} << 32, "4294967296");
+  return positive_env<std::uint64_t>("METRALE_EMU_LAUNCH_ACCESSES", std::uint64_t{1} << 30, "1073741824");
 }
 
 // ---- launch checks --------------------------------------------------------------

@@ -598,8 +598,8 @@ TEST_CASE("emu: a launch past its checked-access limit stops with capacity_excee
   ::unsetenv("METRALE_EMU_LAUNCH_ACCESSES");
   CHECK(from_env.options().max_launch_accesses == 4096u);
   CHECK(error_of([&] { (void)run_kernel_case(from_env, c); }).code() == Errc::capacity_exceeded);
-  EmulatorBackend roomy(strict());  // the default, 2^32
-  CHECK(roomy.options().max_launch_accesses == std::uint64_t{1} << 32);
+  EmulatorBackend roomy(strict());  // the default, 2^30
+  CHECK(roomy.options().max_launch_accesses == std::uint64_t{1} << 30);
   test::check_case(c);  // and the same case passes under it
 }
 

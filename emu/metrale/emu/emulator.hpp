@@ -86,7 +86,7 @@ struct EmulatorOptions {
   std::uint32_t max_block_accesses = 0;
   /// The checked accesses all the blocks of one launch may make together before it stops with
   /// `capacity_exceeded` (counted in batches of 4096 a block and at its end), so that many blocks each just under
-  /// max_block_accesses cannot ask for hours either; 0 = 2^32, about two minutes of one core's
+  /// max_block_accesses cannot ask for hours either; 0 = 2^30, about a minute and a half of one core's
   /// work (`METRALE_EMU_LAUNCH_ACCESSES` overrides the default, or is an `invalid_argument` error
   /// of the constructor when it is not a positive 64-bit integer).
   std::uint64_t max_launch_accesses = 0;
