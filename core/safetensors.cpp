@@ -178,7 +178,7 @@ class HeaderChecks final : public nlohmann::json_sax<Json> {
   }
   std::string_view name_;
   int depth_ = 0;
-  std::vector<bool> objects_;                   // each open container: an object?
+  std::vector<bool> objects_;                          // each open container: an object?
   std::vector<std::unordered_set<std::string>> keys_;  // one set per open object, innermost last
 };
 

@@ -321,7 +321,8 @@ TEST_CASE("the host path writes rotated q and k back, on success only", "[mla_de
   CHECK(again.k == before.k);
 }
 
-TEST_CASE("the decoder entry point takes the device path unless K3_CUDA_MLA=0, and refuses other values", "[mla_decode][decode]") {
+TEST_CASE("the decoder entry point takes the device path unless K3_CUDA_MLA=0, and refuses other values",
+          "[mla_decode][decode]") {
   emu::EmulatorBackend gpu;
   unsetenv("K3_CUDA_MLA");
   CHECK(mla_kv_placement_from_env() == MlaKvPlacement::device);
@@ -334,7 +335,7 @@ TEST_CASE("the decoder entry point takes the device path unless K3_CUDA_MLA=0, a
   for (const char* bad : {"off", " 0", "false", "2"}) {
     setenv("K3_CUDA_MLA", bad, 1);
     test::require_error([] { (void)mla_kv_placement_from_env(); }, Errc::invalid_argument,
-                  {"K3_CUDA_MLA '" + std::string(bad) + "' is not 0"});
+                        {"K3_CUDA_MLA '" + std::string(bad) + "' is not 0"});
     test::require_error([&] { (void)K3MlaDecoder(gpu, kCfg, 4); }, Errc::invalid_argument, {"K3_CUDA_MLA"});
   }
   unsetenv("K3_CUDA_MLA");

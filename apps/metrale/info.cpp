@@ -41,7 +41,8 @@ void add_info(CLI::App& app) {
     if (fatbin_dir == nullptr || *fatbin_dir == '\0') {
       fmt::print("  cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR unset)\n");
     } else if (std::error_code ec; !std::filesystem::is_directory(fatbin_dir, ec)) {
-      fmt::print("  cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '{}' is not a folder\n", printable(fatbin_dir));
+      fmt::print("  cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '{}' is not a folder\n",
+                 printable(fatbin_dir));
     } else {
       std::set<std::string> modules, found;
       for (const auto& e : emu.registry().entries()) modules.insert(e.module);
