@@ -14,6 +14,7 @@
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/mla_fast.hpp"
+#include "metrale/model_case.hpp"
 
 namespace metrale {
 
@@ -585,7 +586,7 @@ SafeTensors to_safetensors(const KernelCase& c) {
 KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
     fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'{}", name,
-         f.has("q_nope") && f.metadata.count("heads") != 0 ? " (a model case: run it with metrale replay)" : "");
+         is_model_case(f) ? " (a model case: run it with metrale replay)" : "");
   KernelCase c;
   // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
   c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));

@@ -33,6 +33,8 @@ double replay_tolerance(std::string_view metric, KvFormat format) {
   return format == KvFormat::fp8 ? 5e-2 : 0.16;
 }
 
+bool is_model_case(const SafeTensors& file) { return file.has("q_nope") && file.metadata.count("heads") != 0; }
+
 namespace {
 
 struct CaseDims {

@@ -26,8 +26,8 @@ std::string backend_from_env() {
 }
 
 std::unique_ptr<GpuBackend> make_backend(std::string choice) {
-  const bool from_env = choice.empty() && !backend_from_env().empty();
-  if (choice.empty()) choice = backend_from_env();
+  const bool from_env = choice.empty();  // (an empty METRALE_BACKEND becomes auto, which is known)
+  if (from_env) choice = backend_from_env();
   if (choice.empty()) choice = "auto";
   spdlog::debug("backend: asked for '{}'{}", choice, g_record_dir.empty() ? "" : ", recording to " + g_record_dir);
   if (!g_record_dir.empty()) {

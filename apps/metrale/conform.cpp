@@ -147,7 +147,7 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     if (wanted(read.kernel, read.name)) out.push_back(std::move(read));
     return out;
   }
-  if (!file.has("q_nope") || file.metadata.count("heads") == 0) {  // not a model case
+  if (!is_model_case(file)) {
     fmt::print(stderr, "note: conform: {} is not a model case (no q_nope tensor or heads metadata), skipped\n",
                printable(path.string()));
     return out;

@@ -92,7 +92,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
     if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0))
       fail(Errc::invalid_argument, "--kv-cache and --block-size apply to --model deepseek, not {}", opts->model);
     const SafeTensors file = SafeTensors::read(opts->file);
-    if (!file.has("q_nope") || file.metadata.count("heads") == 0)
+    if (!is_model_case(file))
       fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
            file.metadata.count("kind") != 0 && file.meta("kind") == "kernel"
                ? ": run kernel cases with metrale case run"

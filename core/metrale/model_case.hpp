@@ -40,6 +40,10 @@ struct ReplayResult {
   bool pass = false;
 };
 
+/// Whether `file` is a model case (a golden case of docs/conformance.md: a q_nope tensor and
+/// heads metadata), which `metrale replay` takes, rather than a kernel case or another file.
+bool is_model_case(const SafeTensors& file);
+
 /// The rel_l2 tolerance of a DeepSeek replay metric ("q_absorbed", "o_latent",
 /// "attn_out") for a cache format (docs/tolerances.md says why).
 double replay_tolerance(std::string_view metric, KvFormat format);
