@@ -43,6 +43,12 @@ Tensor tensor(Shape shape, const std::vector<T>& v) {
   return Tensor::from<T>(std::move(shape), std::span<const T>(v));
 }
 
+// Input `name` of a case, or the input it aliases.
+const Tensor& pool_input(const KernelCase& c, const std::string& name) {
+  const auto alias = c.aliases.find(name);
+  return c.inputs.at(alias != c.aliases.end() ? alias->second : name);
+}
+
 KernelCase make_case(std::string name, const char* entry) {
   KernelCase c;
   c.name = std::move(name);
@@ -85,6 +91,7 @@ std::string PagedSpec::vars() const {
     << " sinks=" << sinks << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
     << " zero_groups_every=" << zero_groups_every << " seed=" << seed;
   if (key_ramp != 0.0f) s << " key_ramp=" << key_ramp;  // (older case names stay as they were)
+  if (latent) s << " latent=1";
   s << " seq_lens=[";
   for (std::size_t i = 0; i < seq_lens.size(); ++i) s << (i ? " " : "") << seq_lens[i];
   s << "]";
@@ -164,6 +171,7 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     }
   }
 
+  if (p.latent) v_pool = k_pool;
   // The float64 reference.
   const auto qf = floats(q);
   ref::PagedAttentionProblem r;
@@ -184,7 +192,11 @@ KernelCase paged_decode_case(const PagedSpec& p) {
   const Shape o_shape{p.num_seqs, p.num_q_heads, p.kv_cache_dim};
   c.inputs["q"] = tensor<Bf16>({p.num_seqs, p.num_q_heads, p.q_head_dim}, q);
   c.inputs["k_cache"] = tensor<std::uint8_t>({static_cast<std::int64_t>(k_pool.size())}, k_pool);
-  c.inputs["v_cache"] = tensor<std::uint8_t>({static_cast<std::int64_t>(v_pool.size())}, v_pool);
+  if (p.latent) {
+    c.aliases["v_cache"] = "k_cache";
+  } else {
+    c.inputs["v_cache"] = tensor<std::uint8_t>({static_cast<std::int64_t>(v_pool.size())}, v_pool);
+  }
   c.inputs["o"] = tensor<Bf16>(o_shape, std::vector<Bf16>(o_ref.size(), kNanBf16));
   c.inputs["block_tables"] = tensor<std::int32_t>({p.num_seqs, p.max_blocks_per_seq}, tables);
   c.inputs["seq_lens"] = tensor<std::int32_t>({p.num_seqs}, p.seq_lens);
@@ -239,13 +251,13 @@ KernelCase split_path_case(const PagedSpec& spec) {
   c.name = "split " + c.name;
   double vmax = 0;  // the largest |V|, as paged_decode_case's bound
   if (spec.format == KvFormat::nvfp4) {
-    vmax = nvfp4_pool_max(c.inputs.at("v_cache").values<std::uint8_t>(), spec.block_size,
+    vmax = nvfp4_pool_max(pool_input(c, "v_cache").values<std::uint8_t>(), spec.block_size,
                           std::uint64_t{spec.num_kv_heads} * spec.kv_cache_dim,
                           c.scalars.at("block_stride_bytes").as_u64(), c.scalars.at("data_section_bytes").as_u64());
   } else {
     for (const char* pool : {"v_cache", "comp_pool"})
-      if (c.inputs.count(pool))
-        for (std::byte b : c.inputs.at(pool).data)
+      if (c.inputs.count(pool) != 0 || c.aliases.count(pool) != 0)
+        for (std::byte b : pool_input(c, pool).data)
           vmax = std::max(vmax, std::fabs(double{e4m3_decode(static_cast<std::uint8_t>(b))}) * spec.v_scale);
   }
   c.tolerance["o"].abs += 0x1p-9 * vmax;
@@ -256,7 +268,7 @@ KernelCase split_path_case(const PagedSpec& spec) {
 KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, SplitEntry which) {
   const KernelCase base = paged_decode_case(spec);  // the inputs, and the launch's scalars
   const bool fp8 = spec.format == KvFormat::fp8;
-  const auto bytes = [&](const char* n) { return base.inputs.at(n).values<std::uint8_t>(); };
+  const auto bytes = [&](const char* n) { return pool_input(base, n).values<std::uint8_t>(); };
   const auto qf = floats(base.inputs.at("q").values<Bf16>());
   const auto k_pool = bytes("k_cache"), v_pool = bytes("v_cache");
   const auto tables = base.inputs.at("block_tables").values<std::int32_t>();
@@ -299,6 +311,7 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   c.entry = entry;
   for (const char* n : {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "comp_pool"})
     if (base.inputs.count(n) != 0 && (fp8 || std::string_view(n) != "comp_pool")) c.inputs[n] = base.inputs.at(n);
+  c.aliases = base.aliases;
   const std::int64_t slots = std::int64_t{spec.num_seqs} * spec.num_q_heads * num_splits;
   c.inputs["o_partial"] = tensor<float>({slots, spec.kv_cache_dim}, std::vector<float>(want.o.size(), NAN));
   c.inputs["ml_partial"] = tensor<float>({slots, 2}, std::vector<float>(want.ml.size(), NAN));
@@ -939,6 +952,15 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   ramp.max_blocks_per_seq = 21, ramp.num_blocks = 48, ramp.seq_lens = {330, 201}, ramp.k_scale = 0.5f;
   ramp.v_scale = 0.021f, ramp.key_ramp = 2.0f, ramp.comp_pool = true, ramp.comp_block_count = 3, ramp.seed = ++s;
   out.push_back(split_kernel_case(ramp, 3, SplitEntry::wgmma));
+  // One latent pool as both caches (v_cache aliasing k_cache, V = K): the staged FP8 16-head
+  // entry's ring of two slots over pages of 7 keys, its cluster combine, and the split path.
+  PagedSpec latent = ramp;
+  latent.num_q_heads = 16, latent.block_size = 7, latent.max_blocks_per_seq = 47, latent.num_blocks = 100;
+  latent.comp_pool = false, latent.comp_block_count = 0, latent.sliding_window = 300, latent.sinks = true;
+  latent.latent = true, latent.seed = ++s;
+  out.push_back(split_kernel_case(latent, 3, SplitEntry::wgmma16_rs));
+  latent.seed = ++s, out.push_back(fused_decode_case(latent, 1));
+  latent.seed = ++s, out.push_back(split_path_case(latent));
   return out;
 }
 

@@ -58,6 +58,7 @@ struct Adapter {
 };
 
 constexpr ArgKind U32 = ArgKind::u32, U64 = ArgKind::u64, F32 = ArgKind::f32;
+constexpr std::string_view kAliasPrefix = "alias.";
 
 // Heads per block of a wgmma entry: 16 for mla_paged_decode_wgmma16_* (the _rs_ entry too), else 64.
 std::uint32_t wgmma_entry_rows(std::string_view entry) {
@@ -572,6 +573,7 @@ SafeTensors to_safetensors(const KernelCase& c) {
   f.metadata = {{"kind", "kernel"}, {"module", c.module}, {"entry", c.entry}, {"case", c.name}};
   if (c.shape_recorded) f.metadata["grid"] = dims(c.grid), f.metadata["block"] = dims(c.block);
   for (const auto& [name, v] : c.scalars) f.metadata[name] = format_scalar(v);
+  for (const auto& [name, target] : c.aliases) f.metadata[std::string(kAliasPrefix) + name] = target;
   for (const auto& [name, t] : c.inputs) f.tensors[name] = t;
   for (const auto& [name, t] : c.expected) f.tensors["expected." + name] = t;
   for (const auto& [prefix, tols] :
@@ -638,6 +640,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto& [key, value] : f.metadata) {
     if (key == "kind" || key == "module" || key == "entry" || key == "case" || key == "grid" || key == "block")
       continue;
+    if (key.starts_with(kAliasPrefix)) {
+      c.aliases[key.substr(kAliasPrefix.size())] = value;
+      continue;
+    }
     if (std::none_of(a.fields.scalars.begin(), a.fields.scalars.end(), [&](const auto& s) { return s.first == key; }))
       fail(Errc::invalid_argument, "case {}: metadata {} = '{}' is not a scalar parameter of {}", c.name, key, value,
            c.entry);
@@ -686,6 +692,18 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     for (const auto& [out, tol] : *tolerances)
       if (c.expected.count(out) == 0)
         fail(Errc::invalid_argument, "case {}: a tolerance for {}, which has no expected.{} tensor", c.name, out, out);
+  const auto& pointers = a.fields.pointers;
+  for (const auto& [param, target] : c.aliases) {
+    const std::string what = fmt::format("case {}: alias.{} = '{}'", c.name, printable(param), printable(target));
+    if (std::find(pointers.begin(), pointers.end(), param) == pointers.end())
+      fail(Errc::invalid_argument, "{}: {} is not a pointer parameter of {}", what, printable(param), c.entry);
+    if (c.inputs.count(target) == 0)
+      fail(Errc::invalid_argument, "{}: {} is not an input tensor of the case{}", what, printable(target),
+           c.aliases.count(target) != 0 ? " (it is an alias itself)" : "");
+    if (c.inputs.count(param) != 0 || c.expected.count(param) != 0)
+      fail(Errc::invalid_argument, "{}: {} has a tensor of its own (an alias shares {}'s)", what, printable(param),
+           printable(target));
+  }
   return c;
 }
 
@@ -703,6 +721,7 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
       buffers.emplace(name, DeviceBuffer::from_host<std::byte>(gpu, t.data));
       ptrs[name] = buffers.at(name).ptr();
     }
+    for (const auto& [param, target] : c.aliases) ptrs[param] = ptrs.at(target);
     const bool path = c.entry.ends_with("_path");  // a launcher-level path of several kernels
     // A single kernel's recorded launch shape must be the one its launcher runs: a grid or block
     // edited in the file would otherwise be ignored and the case pass as recorded.

@@ -89,6 +89,17 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
     const ParamDecl& p = e.params[i];
     if (p.kind != ArgKind::ptr) {
       c.scalars[p.name] = args[i];
+      continue;
+    }
+    // A pointer that an earlier one of the same dtype equals (one latent pool as both caches)
+    // shares its buffer in the replay too, rather than getting a copy of its own.
+    const char* same = nullptr;
+    for (std::size_t j = 0; j < i && same == nullptr; ++j)
+      if (e.params[j].kind == ArgKind::ptr && e.params[j].dtype == p.dtype && args[j].as_ptr() == args[i].as_ptr() &&
+          c.inputs.count(e.params[j].name) != 0)
+        same = e.params[j].name;
+    if (same != nullptr) {
+      c.aliases[p.name] = same;
     } else if (auto t = snapshot(i, args, e, memory)) {
       c.inputs[p.name] = std::move(*t);
     }

@@ -646,11 +646,15 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   using Feed = HalfFeed<1, Rows>;
   if (tid == 0) mbar_init(bars, Feed::arrivals()), mbar_init(bars + 1, Feed::arrivals()), fence_mbar_init();
   __syncthreads();  // the mbarriers ready before any copy counts off at them
-  // The first tile's K and V on their way, then Q.
+  // One latent pool as both caches (FP8): a key's one row serves Q·Kᵀ and P·V, and the two slots
+  // take turns — tile i in slot i % 2, the next tile's rows copied while this one is worked.
+  bool latent = false;
+  if constexpr (!kNvfp4) latent = layout.v_is_k();
+  // The first tile's K and V (latent: its rows) on their way, then Q.
   Feed feed{layout, {sk, sv}, bars, end, {}, {sk_scales, sv_scales}};
   feed.locate(begin);
   feed.stage(begin, 0);
-  feed.stage(begin, 1);
+  if (!latent) feed.stage(begin, 1);
   load_q_rows_with<kQUnits, kRows16 / 4>(  // four rows a warp, loaded together
       q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
       [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted(sq, row, part, w); });
@@ -667,7 +671,28 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   float m[4], l[4];  // l: this thread's keys' share of the sum
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) m[jj] = -INFINITY, l[jj] = 0.0f;
-  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+  if constexpr (!kNvfp4) {
+    // Slot h's n-th tile is the block's tile 2n + h: its mbarrier's phase n % 2. The other slot,
+    // whose last reader was the tile before (P·V), is free once every thread is past the barrier;
+    // a V half (HalfFeed::stage(·, 1)) copies V rows, here the K rows themselves.
+    for (uint32_t tile = begin, i = 0; latent && tile < end; tile += kTileKeys, ++i) {
+      const uint32_t h = i % 2;
+      uint8_t* const rows = h == 0 ? sk : sv;
+      mbar_wait(bars + h, (i / 2) % 2);
+      __syncthreads();  // this tile's rows everywhere, the other slot read everywhere
+      feed.locate(tile + kTileKeys);
+      feed.stage(tile + kTileKeys, 1 - h);
+      float sacc[8];
+      kq_tile_rs(sacc, Fp8KeyPair{{rows + r0 * pitch, rows + (r0 + 8) * pitch}}, j, q_desc);
+      tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [] {
+        __syncthreads();  // the maxima written
+      });
+      fence_to_async_proxy();  // P, for the tensor cores
+      __syncthreads();         // P everywhere, the maxima read
+      vp_tile_rs(o, layout, rows, pitch, end - tile, j, qrow, p_desc);
+    }
+  }
+  for (uint32_t tile = begin, i = 0; !latent && tile < end; tile += kTileKeys, ++i) {
     feed.wait(0, i);
     __syncthreads();  // this tile's K everywhere
     feed.locate(tile + kTileKeys);

@@ -268,6 +268,10 @@ struct Fp8Rows {
   __device__ int32_t entry(uint32_t j) const {
     return j < keys.comp ? 0 : table[(keys.start + (j - keys.comp)) / block_size];
   }
+  // Whether every key's V row is its K row: the caller passed one latent pool as both caches (V =
+  // K, FlashMLA's layout; o's last dims then hold P·K_rope) and the chunk has no compressed keys
+  // (whose V rows follow their K rows).
+  __device__ bool v_is_k() const { return k_cache == v_cache && keys.comp == 0; }
   __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
     if (j < keys.comp) {
       const int64_t pos = (int64_t{s} * comp_block_count + j) * 2;

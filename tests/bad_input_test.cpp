@@ -326,6 +326,27 @@ TEST_CASE("bad input: a kernel case's unknown metadata key is named", "[bad_inpu
                 {"metadata num_split = '1' is not a scalar parameter of"});
 }
 
+// alias.<param> (one buffer for two pointer parameters): each way it can name the wrong thing.
+TEST_CASE("bad input: a kernel case's alias names a pointer parameter and an input", "[bad_input][kernel_case]") {
+  SafeTensors f = recorded_decode_case();
+  f.tensors.erase("v_cache");
+  f.metadata["alias.v_cache"] = "k_cache";
+  CHECK(kernel_case_from(f, "c").aliases.at("v_cache") == "k_cache");
+  SafeTensors g = f;
+  g.metadata["alias.w_cache"] = "k_cache";
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"alias.w_cache = 'k_cache'", "w_cache is not a pointer parameter of mla_paged_decode_fp8"});
+  g = f, g.metadata["alias.v_cache"] = "sinks";
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"alias.v_cache = 'sinks'", "sinks is not an input tensor of the case"});
+  g = f, g.metadata["alias.o"] = "v_cache";
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"v_cache is not an input tensor of the case (it is an alias itself)"});
+  g = f, g.tensors["v_cache"] = f.tensors.at("k_cache");
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"v_cache has a tensor of its own (an alias shares k_cache's)"});
+}
+
 // A split path's launches are the dispatcher's: a grid in its file was once ignored without a word.
 TEST_CASE("bad input: a launch shape in a split-path case file is refused", "[bad_input][kernel_case]") {
   gen::PagedSpec p;

@@ -196,6 +196,77 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
   }
 }
 
+// One latent pool passed as both caches (v_cache = k_cache: FlashMLA's layout, V = K row for row).
+// The FP8 staged 16-head blocks then copy each key's row once and read it for both products from
+// a ring of two slots; with compressed entries (their V rows follow their K rows) they walk as
+// with two pools. Against the float64 reference on every backend, and bit for bit against the
+// same case with V a copy of the pool. Pages of 7 keys break the copies' runs inside a warp;
+// the logits rise along the keys, so the maxima move from tile to tile.
+TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
+          "[mla_fast][wgmma][latent]") {
+  enum Kind { staged, fused, path };
+  const auto [kind, heads, tiles, comp] = GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>(
+      {{staged, 16, 1, false},
+       {staged, 5, 3, false},
+       {staged, 16, 1, true},
+       {fused, 16, 1, false},
+       {fused, 20, 3, false},
+       {fused, 70, 1, false},
+       {path, 16, 1, false}}));
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7, p.num_seqs = 3;
+  p.max_blocks_per_seq = 47, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
+  p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f, p.sliding_window = 300, p.sinks = kind != staged;
+  p.comp_pool = comp, p.comp_block_count = comp ? 3 : 0, p.latent = true;
+  const KernelCase c = kind == staged ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
+                       : kind == fused ? gen::fused_decode_case(p, tiles)
+                                       : gen::split_path_case(p);
+  REQUIRE(c.aliases.at("v_cache") == "k_cache");
+  REQUIRE(c.inputs.count("v_cache") == 0);
+  test::check_case(c);
+  KernelCase copied = c;
+  copied.aliases.clear();
+  copied.inputs["v_cache"] = c.inputs.at("k_cache");
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name << ", case " << c.name);
+    auto gpu = test::make_backend(name);
+    if (entry_unavailable(*gpu, c.module, c.entry)) continue;
+    const auto one = run_kernel_case(*gpu, c), two = run_kernel_case(*gpu, copied);
+    for (const auto& [param, want] : c.expected) {
+      INFO(param);
+      CHECK(one.at(param).data == two.at(param).data);
+    }
+  }
+}
+
+// The recorder writes a launch whose two caches are one pool as an alias (the replay's buffers
+// shared as the launch's were, so a device replay takes the same walk), and the alias survives
+// the file.
+TEST_CASE("a recorded launch over one latent pool replays with v_cache aliasing k_cache", "[mla_fast][latent][recorded]") {
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41}, p.sinks = true, p.latent = true;
+  const auto dir = test::scratch_dir("metrale_latent_recorder_test");
+  std::filesystem::remove_all(dir);
+  {
+    emu::EmulatorOptions o;
+    o.record_dir = dir;
+    emu::EmulatorBackend gpu(o);
+    run_kernel_case(gpu, gen::split_path_case(p));
+  }
+  std::size_t decodes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const KernelCase rec = read_kernel_case(e.path());
+    if (rec.entry == "mla_paged_decode_combine") continue;
+    ++decodes;
+    CHECK(rec.aliases == std::map<std::string, std::string>{{"v_cache", "k_cache"}});
+    CHECK(rec.inputs.count("v_cache") == 0);
+    test::check_case(rec);
+  }
+  CHECK(decodes == 1);
+  std::filesystem::remove_all(dir);
+}
+
 // Where clusters of the staged 16-head FP8 blocks' chunks cost no more than the unfused plan and
 // its combine launch, the dispatcher takes the entry (no workspace, no combine launch): an
 // emulator of one SM makes a small step one. The plan sizes its clusters by how many the device

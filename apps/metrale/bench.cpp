@@ -130,13 +130,15 @@ class Bench {
 #endif
 };
 
-// B sequences of L tokens of DeepSeek rows (576 wide) in a paged pool with permuted blocks.
+// B sequences of L tokens of DeepSeek rows (576 wide) in a paged pool with permuted blocks: a K
+// pool and a V pool (the seed ABI's layout, mla_cache_assemble's), or one latent pool passed as
+// both (`latent`: V = K, FlashMLA's layout and the PyTorch baseline's).
 class PagedProblem {
  public:
   static constexpr std::uint32_t kDim = 576, kBlock = 64;
 
-  PagedProblem(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std::uint32_t L)
-      : gpu_(gpu), f_(f), B_(B), L_(L), blocks_per_seq_((L + kBlock - 1) / kBlock) {
+  PagedProblem(Bench& bench, GpuBackend& gpu, KvFormat f, std::uint32_t B, std::uint32_t L, bool latent = false)
+      : gpu_(gpu), f_(f), B_(B), L_(L), blocks_per_seq_((L + kBlock - 1) / kBlock), latent_(latent) {
     const std::uint32_t num_blocks = B * blocks_per_seq_;
     data_section_ = std::uint64_t{kBlock} * kDim / 2;
     block_stride_ = data_section_ + std::uint64_t{kBlock} * kDim / 16;
@@ -144,7 +146,7 @@ class PagedProblem {
         f == KvFormat::fp8 ? std::uint64_t{num_blocks} * kBlock * kDim : std::uint64_t{num_blocks} * block_stride_;
     // E4M3 codes with the top exponent bit clear: random, finite, never NaN (also valid NVFP4 scales).
     k_ = bench.random_buffer(pool, 2, 0xB7);
-    v_ = bench.random_buffer(pool, 3, 0xB7);
+    if (!latent) v_ = bench.random_buffer(pool, 3, 0xB7);
     std::vector<std::int32_t> table(num_blocks);
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), std::mt19937_64(4));
@@ -157,7 +159,7 @@ class PagedProblem {
   std::function<void()> launch(std::uint32_t H, bool split, DevicePtr q, DevicePtr o, bool mma_only = false) {
     const PagedDecodeCommon c{q,
                               k_.ptr(),
-                              v_.ptr(),
+                              latent_ ? k_.ptr() : v_.ptr(),
                               o,
                               tables_.ptr(),
                               lens_.ptr(),
@@ -199,10 +201,10 @@ class PagedProblem {
          gpu_.max_shared_bytes_per_block(), gpu_.name());
   }
 
-  /// What the step must move: q, each attended K and V row once, o.
+  /// What the step must move: q, each attended K and V row once (latent: one row a key), o.
   double bytes(std::uint32_t H) const {
     const double row = f_ == KvFormat::fp8 ? kDim : kDim / 2.0 + kDim / 16.0;
-    return 2.0 * static_cast<double>(B_) * L_ * row + 2.0 * 2 * static_cast<double>(B_) * H * kDim;
+    return (latent_ ? 1.0 : 2.0) * static_cast<double>(B_) * L_ * row + 2.0 * 2 * static_cast<double>(B_) * H * kDim;
   }
   /// 2·(q_head_dim + kv_cache_dim)·keys per head.
   double flops(std::uint32_t H) const { return 2.0 * (kDim + kDim) * static_cast<double>(B_) * L_ * H; }
@@ -212,7 +214,8 @@ class PagedProblem {
   KvFormat f_;
   std::uint32_t B_, L_, blocks_per_seq_;
   std::uint64_t data_section_ = 0, block_stride_ = 0;
-  DeviceBuffer k_, v_, tables_, lens_;
+  bool latent_;
+  DeviceBuffer k_, v_, tables_, lens_;  // v_: none when latent
   MlaAbsorbedKernels seed_ = MlaAbsorbedKernels::resolve(gpu_);
   MlaFastKernels fast_ = MlaFastKernels::resolve(gpu_);
   DecodeWorkspace ws_;
@@ -328,6 +331,7 @@ void check_torch_json(const ordered_json& torch, const std::string& path) {
 /// The sweep's axes; each defaults to the full range.
 struct SweepAxes {
   std::vector<std::string> caches{"fp8", "nvfp4"};
+  std::vector<std::string> layouts{"separate"};
   std::vector<std::uint32_t> batch{1, 8, 32, 128}, context{1024, 4096, 16384, 65536}, heads{16, 64, 128};
 };
 
@@ -340,14 +344,15 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
       if (r["B"] == B && r["L"] == L && r["H"] == H && !r["best_us"].is_null()) return r["best_us"].get<double>();
     return std::nullopt;
   };
-  fmt::print("{:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
-             "cache", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed",
+  fmt::print("{:<6} {:<8} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
+             "cache", "layout", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed",
              "torch us", "x torch", "mma us", "x mma");
   for (const std::string& cache : axes.caches)
+    for (const std::string& layout : axes.layouts)
     for (std::uint32_t B : axes.batch)
       for (std::uint32_t L : axes.context) {
         const KvFormat f = cache == "fp8" ? KvFormat::fp8 : KvFormat::nvfp4;
-        PagedProblem p(bench, gpu, f, B, L);
+        PagedProblem p(bench, gpu, f, B, L, layout == "latent");
         for (std::uint32_t H : axes.heads) {
           const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
           const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
@@ -361,15 +366,16 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
           const bool wgmma = p.wgmma(H);
           const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : split_us;
           fmt::print(
-              "{:<6} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} "
+              "{:<6} {:<8} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} "
               "{:>11} "
               "{:>7}\n",
-              to_string(f), B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
+              to_string(f), layout, B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
               mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
               seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
               t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-", wgmma ? fmt::format("{:.1f}", mma_us) : "-",
               wgmma ? fmt::format("{:.2f}", mma_us / split_us) : "-");
           j["sweep"].push_back({{"cache", to_string(f)},
+                                {"layout", layout},
                                 {"B", B},
                                 {"L", L},
                                 {"H", H},
@@ -411,6 +417,9 @@ void add_bench(CLI::App& app) {
         ->needs(sweep_flag);
   };
   axis("--cache", opts->axes.caches, "KV cache formats", CLI::IsMember({"fp8", "nvfp4"}));
+  axis("--layout", opts->axes.layouts,
+       "cache layouts: separate (a K pool and a V pool, the seed ABI's) or latent (one pool as both: V = K)",
+       CLI::IsMember({"separate", "latent"}));
   axis("--batch", opts->axes.batch, "batch sizes", CLI::Range(1u, 1024u));
   axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));

@@ -37,6 +37,9 @@ struct PagedSpec {
   /// inv_sqrt_d·k_scale·key_ramp·q[0] per key — an online softmax must rescale after its first
   /// tile, and heads with q[0] < 0 never.
   float key_ramp = 0.0f;
+  /// One pool as both caches (FlashMLA's latent layout): the case's v_cache aliases k_cache
+  /// (KernelCase::aliases), so V = K row for row and o's last dims are P·K_rope.
+  bool latent = false;
   std::uint64_t seed = 1;
 
   /// Every field, for a failing case's report.

@@ -38,6 +38,9 @@ struct KernelCase {
   std::map<std::string, KernelArg> scalars;
   /// Initial device contents per pointer parameter; an absent one is null.
   std::map<std::string, Tensor> inputs;
+  /// Pointer parameters that get another one's buffer (param → the input it aliases): one latent
+  /// pool passed as both caches, v_cache → k_cache. Written as metadata `alias.<param>`.
+  std::map<std::string, std::string> aliases;
   /// Expected contents of the outputs after the launch (any float dtype for
   /// float outputs: a float64 reference or another backend's result).
   std::map<std::string, Tensor> expected;
@@ -59,7 +62,8 @@ const LauncherFields& launcher_fields(std::string_view module, std::string_view 
 std::vector<std::pair<std::string, std::string>> launchable_kernels();
 
 /// The case as a safetensors file: metadata kind=kernel, module, entry, grid,
-/// block and each scalar by name; tensors named after pointer parameters,
+/// block, each scalar by name and `alias.<param>` = its input's name; tensors
+/// named after pointer parameters,
 /// `expected.<param>`, `tolerance.<param>` and `backend_tolerance.<param>`
 /// (F64 [abs, rel, ulps]).
 SafeTensors to_safetensors(const KernelCase& c);
@@ -70,14 +74,15 @@ SafeTensors to_safetensors(const KernelCase& c);
 /// a scalar parameter, an input tensor whose dtype is not its parameter's or
 /// that has no elements, an expectation of a dtype check_output cannot compare
 /// or of another length than its output's buffer, a tolerance that is not F64
-/// [abs ≥ 0, rel ≥ 0, ulps a whole number that fits u32]); `not_found` for an
-/// unknown kernel.
+/// [abs ≥ 0, rel ≥ 0, ulps a whole number that fits u32], an alias that is not
+/// a pointer parameter or names no input, has a tensor or an expectation of its
+/// own, or names another alias); `not_found` for an unknown kernel.
 KernelCase kernel_case_from(const SafeTensors& file, std::string name);
 KernelCase read_kernel_case(const std::filesystem::path& path);
 
-/// Upload the inputs, call the kernel's launcher, synchronize and download
-/// every pointer parameter that has an expected tensor (or, with `all`, every
-/// input). Device memory is freed on every path. Errors: the launcher's and the
+/// Upload the inputs (an alias gets its input's buffer), call the kernel's
+/// launcher, synchronize and download every pointer parameter that has an
+/// expected tensor (or, with `all`, every input). Device memory is freed on every path. Errors: the launcher's and the
 /// backend's, with the case name as context.
 std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase& c, bool all = false);
 
