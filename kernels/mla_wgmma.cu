@@ -681,7 +681,11 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
       mbar_wait(bars + h, (i / 2) % 2);
       __syncthreads();  // this tile's rows everywhere, the other slot read everywhere
       feed.locate(tile + kTileKeys);
-      feed.stage(tile + kTileKeys, 1 - h);
+      if (h == 0) {  // constant halves: an index the compiler cannot see would put the feed on the stack
+        feed.stage(tile + kTileKeys, 1);
+      } else {
+        feed.stage(tile + kTileKeys, 0);
+      }
       float sacc[8];
       kq_tile_rs(sacc, Fp8KeyPair{{rows + r0 * pitch, rows + (r0 + 8) * pitch}}, j, q_desc);
       tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [] {
