@@ -115,8 +115,10 @@ SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::s
                        {latent.ptr() + i * d.kv_lora * kBf16, k_rope_i, k_rows.ptr() + i * cd * kBf16,
                         v_rows.ptr() + i * cd * kBf16, d.kv_lora, d.rope, cd});
   }
-  const CacheStoreCommon common{k_rows.ptr(),       v_rows.ptr(), cache_.k_pool(),    cache_.v_pool(),
-                                slot_mapping.ptr(), nt,           cache_.row_width(), cache_.config().block_size};
+  // A latent pool holds the K row alone: V's store writes the same bytes again.
+  const DevicePtr v_src = cache_.config().latent ? k_rows.ptr() : v_rows.ptr();
+  const CacheStoreCommon common{k_rows.ptr(),       v_src, cache_.k_pool(),    cache_.v_pool(),
+                                slot_mapping.ptr(), nt,    cache_.row_width(), cache_.config().block_size};
   if (cache_.config().format == KvFormat::fp8) {
     mla_paged_cache_store_fp8(gpu_, k_.paged_cache_store_fp8,
                               {common, cache_.cache_stride(), cache_.config().k_scale, cache_.config().v_scale});

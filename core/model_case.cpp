@@ -143,9 +143,11 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   // Per-tensor FP8 calibration: the largest K value (a rotated pair can grow by √2) and V value map to 448.
   const float latent_max = std::max(amax(kv_latent), 1e-30f);
   pc.k_scale = std::max(latent_max, std::sqrt(2.0f) * amax(k_rope)) / kE4m3Max;
-  pc.v_scale = latent_max / kE4m3Max;
+  pc.v_scale = options.latent ? pc.k_scale : latent_max / kE4m3Max;
+  pc.latent = options.latent;
 
-  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, {}, {}, false};
+  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {},
+                 false};
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   r.stages.emplace_back("load case", since(t0));
 
@@ -249,7 +251,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   const auto gate = gated ? tensor(file, "gate", {H, dv}) : std::vector<float>{};
   const std::string metric = gated ? "attn_out_gated" : "attn_out";
   const auto want = tensor(file, metric, {H, dv});
-  ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, {}, {}, false};
+  ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, false, {}, {}, false};
   r.stages.emplace_back("load case", since(t0));
 
   t0 = clock::now();

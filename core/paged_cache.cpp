@@ -53,6 +53,9 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
       fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
     if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)
       fail(Errc::invalid_argument, "paged cache: v_scale {} is not a finite positive number", cfg.v_scale);
+    if (cfg.latent && cfg.k_scale != cfg.v_scale)
+      fail(Errc::invalid_argument, "paged cache: a latent pool has one scale, but k_scale {} and v_scale {} differ",
+           cfg.k_scale, cfg.v_scale);
   } else {
     if (row_width % 16 != 0)
       fail(Errc::invalid_argument, "paged cache: nvfp4 row width {} is not a multiple of 16", row_width);
@@ -85,7 +88,7 @@ PagedKvCache::PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg) : gpu_(gpu), c
     pool = std::uint64_t{cfg_.num_blocks} * block_stride_bytes_;
   }
   k_pool_ = DeviceBuffer(gpu_, pool);
-  v_pool_ = DeviceBuffer(gpu_, pool);
+  if (!cfg_.latent) v_pool_ = DeviceBuffer(gpu_, pool);
   free_ = initial_free_list(cfg_.num_blocks, cfg_.free_list_seed);
 }
 

@@ -182,6 +182,10 @@ TEST_CASE("paged cache: config validation names the field", "[paged_cache]") {
     cfg.kv_cache_dim = 8;  // row width 24
     reject({"nvfp4", "row width 24", "16"});
   }
+  SECTION("fp8 latent pool with two scales") {
+    cfg.latent = true, cfg.k_scale = 0.5f, cfg.v_scale = 0.25f;
+    reject({"a latent pool has one scale", "k_scale 0.5 and v_scale 0.25 differ"});
+  }
 }
 
 TEST_CASE("paged cache: kv format names", "[paged_cache]") {
@@ -227,6 +231,15 @@ TEST_CASE("paged cache: defaults and pool sizes", "[paged_cache]") {
     CHECK(c.data_section_bytes() == 80);
     CHECK(c.block_stride_bytes() == 96);
     CHECK(c.pool_bytes() == 7 * 96);
+  }
+  SECTION("latent: one pool for K and V") {
+    PagedCacheConfig cfg = small_config(5, 3);
+    cfg.latent = true, cfg.k_scale = cfg.v_scale = 0.25f;
+    PagedKvCache c(gpu, cfg);
+    CHECK(c.v_pool() == c.k_pool());
+    const auto live = gpu.live_allocations();
+    REQUIRE(live.size() == 1);
+    CHECK(live[0].bytes == c.pool_bytes());
   }
   CHECK(gpu.live_allocations().empty());  // the pools went with the cache
 }

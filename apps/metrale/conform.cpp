@@ -152,12 +152,14 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
                printable(path.string()));
     return out;
   }
+  // Both formats at three block sizes over a K and a V pool, and at 16 over one latent pool.
   for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-    for (std::uint32_t bs : {1u, 16u, 64u}) {
-      const std::string kernel = "deepseek decode step", replay = fmt::format("{} {} block {}", name, to_string(f), bs);
+    for (const auto& [bs, latent] : {std::pair{1u, false}, {16u, false}, {64u, false}, {16u, true}}) {
+      const std::string kernel = "deepseek decode step",
+                        replay = fmt::format("{} {} block {}{}", name, to_string(f), bs, latent ? " latent" : "");
       if (wanted(kernel, replay))
         out.push_back(guarded("golden", kernel, replay, [&](CaseResult& r) {
-          add_metrics(r, replay_deepseek_case(gpu, file, name, {f, bs}));
+          add_metrics(r, replay_deepseek_case(gpu, file, name, {f, bs, latent}));
         }));
     }
   for (bool device_path : {true, false}) {

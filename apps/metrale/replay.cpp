@@ -24,12 +24,14 @@ namespace {
 struct KvDescription {
   std::string model, kv_cache, kv_path;  // kv_path: "device" | "host" for Kimi K3, "" for DeepSeek
   std::uint32_t block_size = 0;
+  std::string layout;  // DeepSeek: "separate" (a K and a V pool) or "latent" (one pool)
 };
 
 void print_table(const ReplayResult& r, const KvDescription& kv) {
   fmt::print("case        {}\nmodel       {}\nbackend     {}\n", r.case_name, kv.model, r.backend);
   if (kv.kv_path.empty()) {
-    fmt::print("kv cache    {}, block size {}\n\n", kv.kv_cache, kv.block_size);
+    fmt::print("kv cache    {}, block size {}, {} pool{}\n\n", kv.kv_cache, kv.block_size, kv.layout,
+               kv.layout == "latent" ? " (V = K)" : "s (K and V)");
   } else {
     fmt::print("kv cache    {}, {} KV ({})\n\n", kv.kv_cache, kv.kv_path,
                kv.kv_path == "device" ? "K3_CUDA_MLA=0 selects the host path" : "K3_CUDA_MLA=0");
@@ -51,6 +53,7 @@ void print_json(const ReplayResult& r, const KvDescription& kv) {
   j["kv_cache"] = kv.kv_cache;
   if (kv.kv_path.empty()) {
     j["block_size"] = kv.block_size;
+    j["layout"] = kv.layout;
   } else {
     j["kv_path"] = kv.kv_path;  // Kimi K3 has no paged cache, so no block_size
   }
@@ -66,7 +69,7 @@ void print_json(const ReplayResult& r, const KvDescription& kv) {
 
 void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
-    std::string file, backend, model = "deepseek", kv_cache = "fp8";
+    std::string file, backend, model = "deepseek", kv_cache = "fp8", layout = "separate";
     std::uint32_t block_size = 16;
     bool json = false;
   };
@@ -86,11 +89,17 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   auto* bs_opt = cmd->add_option("--block-size", opts->block_size, "tokens per cache block (deepseek)")
                      ->check(CLI::Range(1u, 1u << 20))
                      ->capture_default_str();
+  auto* layout_opt = cmd->add_option("--kv-layout", opts->layout,
+                                     "paged cache pools (deepseek): separate (a K and a V pool, the seed ABI's) or "
+                                     "latent (one pool as both: V = K, half the memory)")
+                         ->check(CLI::IsMember({"separate", "latent"}))
+                         ->capture_default_str();
   cmd->add_flag("--json", opts->json, "print one JSON object");
-  cmd->callback([opts, set_exit, kv_opt, bs_opt] {
+  cmd->callback([opts, set_exit, kv_opt, bs_opt, layout_opt] {
     const bool kimi = opts->model == "kimi-k3";
-    if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0))
-      fail(Errc::invalid_argument, "--kv-cache and --block-size apply to --model deepseek, not {}", opts->model);
+    if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0 || layout_opt->count() != 0))
+      fail(Errc::invalid_argument, "--kv-cache, --block-size and --kv-layout apply to --model deepseek, not {}",
+           opts->model);
     const SafeTensors file = SafeTensors::read(opts->file);
     if (!is_model_case(file))
       fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
@@ -103,16 +112,18 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
     const std::string name = printable(  // printed: its control characters escaped
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string());
     ReplayResult r;
-    KvDescription kv{opts->model, "", "", 0};
+    KvDescription kv{opts->model, "", "", 0, ""};
     if (kimi) {
       const bool device_path = mla_kv_placement_from_env() == MlaKvPlacement::device;
       r = replay_kimi_case(*gpu, file, name, device_path);
       kv.kv_cache = "f32";
       kv.kv_path = device_path ? "device" : "host";
     } else {
-      r = replay_deepseek_case(*gpu, file, name, {parse_kv_format(opts->kv_cache), opts->block_size});
+      r = replay_deepseek_case(*gpu, file, name,
+                               {parse_kv_format(opts->kv_cache), opts->block_size, opts->layout == "latent"});
       kv.kv_cache = std::string(to_string(r.kv_cache));
       kv.block_size = r.block_size;
+      kv.layout = r.latent ? "latent" : "separate";
     }
     opts->json ? print_json(r, kv) : print_table(r, kv);
     set_exit(r.pass ? 0 : 1);

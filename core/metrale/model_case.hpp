@@ -29,12 +29,14 @@ CaseMetric compare(std::string name, std::span<const float> out, std::span<const
 struct ReplayOptions {
   KvFormat kv_cache = KvFormat::fp8;
   std::uint32_t block_size = 16;
+  bool latent = false;  // one pool for K and V (PagedCacheConfig::latent)
 };
 
 struct ReplayResult {
   std::string case_name, backend;
   KvFormat kv_cache = KvFormat::fp8;
   std::uint32_t block_size = 0;
+  bool latent = false;
   std::vector<CaseMetric> metrics;  // q_absorbed, o_latent, attn_out
   StageTimes stages;                // load → prefill → each decode stage
   bool pass = false;
@@ -51,7 +53,8 @@ double replay_tolerance(std::string_view metric, KvFormat format);
 /// Replay a DeepSeek golden case: tokens 0..T−2 enter the cache through the
 /// rope/assemble/store kernels, token T−1 runs the decode step; its rope_theta,
 /// softmax_scale and rope ("pairs(2i,2i+1)" or "none") metadata are honoured.
-/// FP8 scales are the case's amax / 448 (a per-tensor calibration). w_uk and
+/// FP8 scales are the case's amax / 448 (a per-tensor calibration; latent: one
+/// scale, K's, for the shared rows). w_uk and
 /// w_uv must be BF16 (the model's weights). Errors: `invalid_argument` /
 /// `not_found` naming a missing or malformed tensor or metadata key (a tensor
 /// of the wrong dtype or size included); the decoder's (a softmax_scale that is

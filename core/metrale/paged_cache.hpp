@@ -31,6 +31,10 @@ struct PagedCacheConfig {
   std::uint64_t cache_stride = 0;        // FP8 row pitch in bytes; 0 = row width rounded up to 16
   float k_scale = 1.0f, v_scale = 1.0f;  // FP8 dequantisation scales
   std::uint64_t free_list_seed = 0;      // 0: blocks handed out in descending order; else shuffled
+  /// One latent pool for K and V (FlashMLA's layout, V = K row for row; half the memory): v_pool()
+  /// is k_pool(), a token's row is stored once, and FP8 needs k_scale == v_scale. A decode then
+  /// gives o's dims past the latent as P·K_rope (DeepSeek's W_UV reads only the latent's).
+  bool latent = false;
 };
 
 using SeqId = std::uint32_t;
@@ -68,12 +72,12 @@ class SlotReservation {
 
 class PagedKvCache {
  public:
-  /// Allocate the K and V pools. Errors: `invalid_argument` naming the field
+  /// Allocate the K and V pools (latent: the one pool). Errors: `invalid_argument` naming the field
   /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; max_blocks_per_seq
   /// past num_blocks; row width past
   /// UINT32_MAX; NVFP4 row width not a multiple of 16; cache_stride < row width;
-  /// an FP8 pool past 2^64 bytes; a scale not finite or ≤ 0; a slot index past
-  /// INT32_MAX); `out_of_memory`.
+  /// an FP8 pool past 2^64 bytes; a scale not finite or ≤ 0; latent FP8 with
+  /// k_scale ≠ v_scale; a slot index past INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
 
   const PagedCacheConfig& config() const { return cfg_; }
@@ -85,12 +89,13 @@ class PagedKvCache {
   std::uint64_t data_section_bytes() const { return data_section_bytes_; }
   /// NVFP4: bytes per physical block (data section + scales, 16-aligned).
   std::uint64_t block_stride_bytes() const { return block_stride_bytes_; }
-  /// Bytes of each of the K and V pools.
+  /// Bytes of each of the K and V pools (latent: of the one pool).
   std::uint64_t pool_bytes() const { return k_pool_.bytes(); }
   DevicePtr k_pool() const { return k_pool_.ptr(); }
   /// The backend the pools live on.
   GpuBackend& backend() const { return gpu_; }
-  DevicePtr v_pool() const { return v_pool_.ptr(); }
+  /// The V pool; latent: k_pool().
+  DevicePtr v_pool() const { return cfg_.latent ? k_pool_.ptr() : v_pool_.ptr(); }
   std::uint32_t max_blocks_per_seq() const { return cfg_.max_blocks_per_seq; }
 
   /// A new empty sequence.
@@ -136,7 +141,7 @@ class PagedKvCache {
   GpuBackend& gpu_;
   PagedCacheConfig cfg_;
   std::uint64_t data_section_bytes_ = 0, block_stride_bytes_ = 0;
-  DeviceBuffer k_pool_, v_pool_;
+  DeviceBuffer k_pool_, v_pool_;  // v_pool_: none when latent
   std::vector<std::int32_t> free_;  // popped from the back
   std::map<SeqId, Seq> seqs_;
   SeqId next_seq_ = 0;
