@@ -245,7 +245,10 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 
 /// Paged decode: the split path (split + combine, its workspace from `ws`) when
 /// split_unsupported is empty and a 16-head split block fits the device's shared memory — on the
-/// wgmma entries where `fast` has them and wgmma_applies — else the seed kernel. Errors: the
+/// wgmma entries where `fast` has them and wgmma_applies — else the seed kernel. One latent pool
+/// may be passed as both caches (v_cache == k_cache: V = K row for row, FlashMLA's layout; o's
+/// dims past the latent are then P·K_rope): the FP8 staged 16-head blocks copy each key's row
+/// once (without compressed entries), every other kernel reads it twice. Errors: the
 /// launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
