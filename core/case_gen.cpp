@@ -953,7 +953,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   ramp.v_scale = 0.021f, ramp.key_ramp = 2.0f, ramp.comp_pool = true, ramp.comp_block_count = 3, ramp.seed = ++s;
   out.push_back(split_kernel_case(ramp, 3, SplitEntry::wgmma));
   // One latent pool as both caches (v_cache aliasing k_cache, V = K): the staged FP8 16-head
-  // entry's ring of two slots over pages of 7 keys, its cluster combine, and the split path.
+  // entry's ring of two slots over pages of 7 keys, its cluster combine, and the split path; the
+  // FP8 64-head entries' FP16 tiles, two head groups (the second short), alone and in clusters.
   PagedSpec latent = ramp;
   latent.num_q_heads = 16, latent.block_size = 7, latent.max_blocks_per_seq = 47, latent.num_blocks = 100;
   latent.comp_pool = false, latent.comp_block_count = 0, latent.sliding_window = 300, latent.sinks = true;
@@ -961,6 +962,15 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   out.push_back(split_kernel_case(latent, 3, SplitEntry::wgmma16_rs));
   latent.seed = ++s, out.push_back(fused_decode_case(latent, 1));
   latent.seed = ++s, out.push_back(split_path_case(latent));
+  latent.num_q_heads = 70, latent.seed = ++s;
+  out.push_back(split_kernel_case(latent, 2, SplitEntry::wgmma));
+  latent.seed = ++s, out.push_back(fused_decode_case(latent, 1));
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {  // the seed kernel and NVFP4's split path too
+    PagedSpec p = model;
+    p.format = f, p.latent = true;
+    paged(p);
+    if (f == KvFormat::nvfp4) p.seed = ++s, out.push_back(split_path_case(p));
+  }
   return out;
 }
 

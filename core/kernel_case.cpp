@@ -682,6 +682,9 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     }
   }
   for (const auto& [out, t] : c.expected) {
+    if (const auto alias = c.aliases.find(out); alias != c.aliases.end())
+      fail(Errc::invalid_argument, "case {}: expected.{}, but {} is an alias of {} (expect {}'s buffer instead)", c.name,
+           printable(out), printable(out), printable(alias->second), printable(alias->second));
     if (c.inputs.count(out) == 0)
       fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
     if (t.numel() != c.inputs.at(out).numel())  // else found only after the launch
@@ -696,13 +699,19 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto& [param, target] : c.aliases) {
     const std::string what = fmt::format("case {}: alias.{} = '{}'", c.name, printable(param), printable(target));
     if (std::find(pointers.begin(), pointers.end(), param) == pointers.end())
-      fail(Errc::invalid_argument, "{}: {} is not a pointer parameter of {}", what, printable(param), c.entry);
+      fail(Errc::invalid_argument, "{}: '{}' is not a pointer parameter of {}", what, printable(param), c.entry);
     if (c.inputs.count(target) == 0)
-      fail(Errc::invalid_argument, "{}: {} is not an input tensor of the case{}", what, printable(target),
+      fail(Errc::invalid_argument, "{}: '{}' is not an input tensor of the case{}", what, printable(target),
            c.aliases.count(target) != 0 ? " (it is an alias itself)" : "");
-    if (c.inputs.count(param) != 0 || c.expected.count(param) != 0)
+    if (c.inputs.count(param) != 0)
       fail(Errc::invalid_argument, "{}: {} has a tensor of its own (an alias shares {}'s)", what, printable(param),
            printable(target));
+    // The buffer goes to the parameter as it is: another dtype would be reinterpreted (a U8 pool
+    // read as BF16, an FP32 output read as a cache).
+    const Dtype have = c.inputs.at(target).dtype;
+    if (const auto want = pointer_dtype(c.module, c.entry, param); want && have != *want)
+      fail(Errc::invalid_argument, "{}: tensor {} is {}, but parameter {} of {} is {}", what, printable(target),
+           to_string(have), printable(param), c.entry, to_string(*want));
   }
   return c;
 }

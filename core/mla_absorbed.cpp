@@ -89,6 +89,11 @@ void validate_cache_store(const Validator& v, const CacheStoreCommon& a) {
               {"slot_mapping", a.slot_mapping}});
   v.positive({{"num_tokens", a.num_tokens}, {"row_width", a.row_width}, {"block_size", a.block_size}});
   v.at_most("num_tokens", a.num_tokens, 0x7FFF'FFFF);
+  // One latent pool as both caches: a token's V row would overwrite its K row.
+  v.check(a.k_cache != a.v_cache || a.k_src == a.v_src,
+          "k_cache and v_cache are one pool {:#x} (latent), but k_src {:#x} and v_src {:#x} differ: V's rows would "
+          "overwrite K's",
+          a.k_cache.addr, a.k_src.addr, a.v_src.addr);
 }
 
 }  // namespace
@@ -257,6 +262,10 @@ void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const Cache
   validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   v.positive_finite("k_scale", a.k_scale);
   v.positive_finite("v_scale", a.v_scale);
+  v.check(a.k_cache != a.v_cache || a.k_scale == a.v_scale,
+          "k_cache and v_cache are one pool (latent), but k_scale {} and v_scale {} differ: V's codes would overwrite "
+          "K's",
+          a.k_scale, a.v_scale);
   KernelLaunch(gpu, kernel)
       .grid({a.num_tokens, 1, 1})
       .block(kBlock256)

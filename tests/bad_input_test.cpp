@@ -335,16 +335,26 @@ TEST_CASE("bad input: a kernel case's alias names a pointer parameter and an inp
   SafeTensors g = f;
   g.metadata["alias.w_cache"] = "k_cache";
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
-                {"alias.w_cache = 'k_cache'", "w_cache is not a pointer parameter of mla_paged_decode_fp8"});
+                {"alias.w_cache = 'k_cache'", "'w_cache' is not a pointer parameter of mla_paged_decode_fp8"});
+  g = f, g.metadata["alias."] = "k_cache";
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"'' is not a pointer parameter"});
   g = f, g.metadata["alias.v_cache"] = "sinks";
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
-                {"alias.v_cache = 'sinks'", "sinks is not an input tensor of the case"});
-  g = f, g.metadata["alias.o"] = "v_cache";
+                {"alias.v_cache = 'sinks'", "'sinks' is not an input tensor of the case"});
+  g = f, g.metadata["alias.sinks"] = "v_cache";
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
-                {"v_cache is not an input tensor of the case (it is an alias itself)"});
+                {"'v_cache' is not an input tensor of the case (it is an alias itself)"});
   g = f, g.tensors["v_cache"] = f.tensors.at("k_cache");
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
                 {"v_cache has a tensor of its own (an alias shares k_cache's)"});
+  // Another dtype would reinterpret the buffer (the pool read as BF16 q).
+  g = f, g.tensors.erase("q"), g.metadata["alias.q"] = "k_cache";
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"alias.q = 'k_cache'", "tensor k_cache is U8, but parameter q of mla_paged_decode_fp8 is BF16"});
+  g = f, g.tensors["expected.v_cache"] = f.tensors.at("k_cache");
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                {"expected.v_cache, but v_cache is an alias of k_cache"});
 }
 
 // A split path's launches are the dispatcher's: a grid in its file was once ignored without a word.

@@ -755,6 +755,10 @@ void common_store_rules(Case& c, Args& a, const char* kn) {
     a.num_tokens = 0x7FFF'FFFFu;
     c.require_accepted_dry([&] { c.launch(a); });
   }
+  SECTION("one latent pool as both caches, two sources") {
+    a.v_cache = a.k_cache;
+    reject(bad, {kn, "k_cache and v_cache are one pool", "k_src", "v_src", "differ"});
+  }
 }
 
 TEST_CASE("mla_paged_cache_store_fp8: every validation rule", "[validation]") {
@@ -785,6 +789,12 @@ TEST_CASE("mla_paged_cache_store_fp8: every validation rule", "[validation]") {
       a.v_scale = x;
       reject(bad, {kn, "v_scale " + text});
     }
+  }
+  SECTION("one latent pool as both caches, two scales") {
+    a.v_cache = a.k_cache, a.v_src = a.k_src;
+    reject(bad, {kn, "one pool (latent)", "k_scale 0.5 and v_scale 2 differ"});
+    a.v_scale = a.k_scale;
+    REQUIRE_NOTHROW(c.launch(a));
   }
 }
 

@@ -198,17 +198,23 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 
 // One latent pool passed as both caches (v_cache = k_cache: FlashMLA's layout, V = K row for row).
 // The FP8 staged 16-head blocks then copy each key's row once and read it for both products from
-// a ring of two slots; with compressed entries (their V rows follow their K rows) they walk as
-// with two pools. Against the float64 reference on every backend, and bit for bit against the
-// same case with V a copy of the pool. Pages of 7 keys break the copies' runs inside a warp;
-// the logits rise along the keys, so the maxima move from tile to tile.
-TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
+// a ring of two slots, and the FP8 64-head blocks convert each tile once into an FP16 tile that
+// both products read from shared memory; with compressed entries (their V rows follow their K
+// rows) both walk as with two pools. Against the float64 reference on every backend, and against
+// the same case with V a copy of the pool: bit for bit where the walk is the same arithmetic (16
+// heads), within the backends' tolerance where the 64-head blocks' two walks sum in other orders.
+// Pages of 7 keys break the copies' runs inside a warp; the logits rise along the keys, so the
+// maxima move from tile to tile.
+TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's results",
           "[mla_fast][wgmma][latent]") {
-  enum Kind { staged, fused, path };
+  enum Kind { staged, wide, fused, path };
   const auto [kind, heads, tiles, comp] = GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>(
       {{staged, 16, 1, false},
        {staged, 5, 3, false},
        {staged, 16, 1, true},
+       {wide, 40, 1, false},
+       {wide, 128, 3, false},
+       {wide, 70, 1, true},
        {fused, 16, 1, false},
        {fused, 20, 3, false},
        {fused, 70, 1, false},
@@ -219,6 +225,7 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
   p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f, p.sliding_window = 300, p.sinks = kind != staged;
   p.comp_pool = comp, p.comp_block_count = comp ? 3 : 0, p.latent = true;
   const KernelCase c = kind == staged ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
+                       : kind == wide  ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma)
                        : kind == fused ? gen::fused_decode_case(p, tiles)
                                        : gen::split_path_case(p);
   REQUIRE(c.aliases.at("v_cache") == "k_cache");
@@ -234,7 +241,13 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
     const auto one = run_kernel_case(*gpu, c), two = run_kernel_case(*gpu, copied);
     for (const auto& [param, want] : c.expected) {
       INFO(param);
-      CHECK(one.at(param).data == two.at(param).data);
+      if (heads <= 32) {
+        CHECK(one.at(param).data == two.at(param).data);
+      } else {
+        const auto r = check_output(param, one.at(param), two.at(param), backend_tolerance(c, param, two.at(param)));
+        INFO(r.bad << " of " << r.count << " differ, worst " << r.worst);
+        CHECK(r.pass);
+      }
     }
   }
 }

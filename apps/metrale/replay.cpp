@@ -97,9 +97,10 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, set_exit, kv_opt, bs_opt, layout_opt] {
     const bool kimi = opts->model == "kimi-k3";
-    if (kimi && (kv_opt->count() != 0 || bs_opt->count() != 0 || layout_opt->count() != 0))
-      fail(Errc::invalid_argument, "--kv-cache, --block-size and --kv-layout apply to --model deepseek, not {}",
-           opts->model);
+    for (const CLI::Option* o : {kv_opt, bs_opt, layout_opt})
+      if (kimi && o->count() != 0)
+        fail(Errc::invalid_argument, "{} applies to --model deepseek (its paged cache), not {}", o->get_name(),
+             opts->model);
     const SafeTensors file = SafeTensors::read(opts->file);
     if (!is_model_case(file))
       fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
