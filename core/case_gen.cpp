@@ -954,7 +954,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   out.push_back(split_kernel_case(ramp, 3, SplitEntry::wgmma));
   // One latent pool as both caches (v_cache aliasing k_cache, V = K): the staged FP8 16-head
   // entry's ring of two slots over pages of 7 keys, its cluster combine, and the split path; the
-  // FP8 64-head entries' FP16 tiles, two head groups (the second short), alone and in clusters.
+  // FP8 64-head entries (reading the row twice), two head groups (the second short), alone and in
+  // clusters.
   PagedSpec latent = ramp;
   latent.num_q_heads = 16, latent.block_size = 7, latent.max_blocks_per_seq = 47, latent.num_blocks = 100;
   latent.comp_pool = false, latent.comp_block_count = 0, latent.sliding_window = 300, latent.sinks = true;
