@@ -683,8 +683,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   }
   for (const auto& [out, t] : c.expected) {
     if (const auto alias = c.aliases.find(out); alias != c.aliases.end())
-      fail(Errc::invalid_argument, "case {}: expected.{}, but {} is an alias of {} (expect {}'s buffer instead)", c.name,
-           printable(out), printable(out), printable(alias->second), printable(alias->second));
+      fail(Errc::invalid_argument, "case {}: expected.{}, but {} is an alias of {} (expect {}'s buffer instead)",
+           c.name, printable(out), printable(out), printable(alias->second), printable(alias->second));
     if (c.inputs.count(out) == 0)
       fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
     if (t.numel() != c.inputs.at(out).numel())  // else found only after the launch

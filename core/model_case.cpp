@@ -146,8 +146,7 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   pc.v_scale = options.latent ? pc.k_scale : latent_max / kE4m3Max;
   pc.latent = options.latent;
 
-  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {},
-                 false};
+  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {}, false};
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   r.stages.emplace_back("load case", since(t0));
 

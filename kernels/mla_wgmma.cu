@@ -613,8 +613,10 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
 // converted in registers — no FP16 copy in shared memory. A tile's V streams in under its Q·Kᵀ
 // and softmax, the next tile's K under its softmax and P·V. In the accumulator layout a thread
 // holds keys (or rows of an atom) r0 and r0 + 8 of its warp's 16, and heads
-// 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile. `Rows`: Fp8Rows, or
-// Nvfp4Rows (its rows' scales staged beside them; PartialOut only).
+// 8·(e/4) + 2·(lane%4) + e%2 (tile_softmax16). Four barriers a tile. Over one latent pool (FP8,
+// Fp8Rows::v_is_k) a key's one row serves both products, and the K and V slots take turns as a
+// ring of two tiles: three barriers a tile. `Rows`: Fp8Rows, or Nvfp4Rows (its rows' scales staged
+// beside them; PartialOut only).
 template <class Out, class Rows>
 __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                   uint32_t keys_per_split, const Rows& layout) {

@@ -337,8 +337,7 @@ TEST_CASE("bad input: a kernel case's alias names a pointer parameter and an inp
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
                 {"alias.w_cache = 'k_cache'", "'w_cache' is not a pointer parameter of mla_paged_decode_fp8"});
   g = f, g.metadata["alias."] = "k_cache";
-  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
-                {"'' is not a pointer parameter"});
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument, {"'' is not a pointer parameter"});
   g = f, g.metadata["alias.v_cache"] = "sinks";
   require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
                 {"alias.v_cache = 'sinks'", "'sinks' is not an input tensor of the case"});

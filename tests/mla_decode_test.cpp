@@ -730,6 +730,7 @@ TEST_CASE("metrale replay --model kimi-k3 on both paths", "[mla_decode][replay][
                     " --model kimi-k3 --kv-layout latent 2>&1",
                 status);
     CHECK(WEXITSTATUS(status) == 2);
-    CHECK_THAT(err, Catch::Matchers::Contains("--kv-layout applies to --model deepseek (its paged cache), not kimi-k3"));
+    CHECK_THAT(err,
+               Catch::Matchers::Contains("--kv-layout applies to --model deepseek (its paged cache), not kimi-k3"));
   }
 }

@@ -206,23 +206,23 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
           "[mla_fast][wgmma][latent]") {
   enum Kind { staged, wide, fused, path };
-  const auto [kind, heads, tiles, comp] = GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>(
-      {{staged, 16, 1, false},
-       {staged, 5, 3, false},
-       {staged, 16, 1, true},
-       {wide, 40, 1, false},
-       {wide, 128, 3, false},
-       {wide, 70, 1, true},
-       {fused, 16, 1, false},
-       {fused, 20, 3, false},
-       {fused, 70, 1, false},
-       {path, 16, 1, false}}));
+  const auto [kind, heads, tiles, comp] =
+      GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>({{staged, 16, 1, false},
+                                                                {staged, 5, 3, false},
+                                                                {staged, 16, 1, true},
+                                                                {wide, 40, 1, false},
+                                                                {wide, 128, 3, false},
+                                                                {wide, 70, 1, true},
+                                                                {fused, 16, 1, false},
+                                                                {fused, 20, 3, false},
+                                                                {fused, 70, 1, false},
+                                                                {path, 16, 1, false}}));
   gen::PagedSpec p;
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7, p.num_seqs = 3;
   p.max_blocks_per_seq = 47, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
   p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f, p.sliding_window = 300, p.sinks = kind != staged;
   p.comp_pool = comp, p.comp_block_count = comp ? 3 : 0, p.latent = true;
-  const KernelCase c = kind == staged ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
+  const KernelCase c = kind == staged  ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
                        : kind == wide  ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma)
                        : kind == fused ? gen::fused_decode_case(p, tiles)
                                        : gen::split_path_case(p);
@@ -247,7 +247,8 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
 // The recorder writes a launch whose two caches are one pool as an alias (the replay's buffers
 // shared as the launch's were, so a device replay takes the same walk), and the alias survives
 // the file.
-TEST_CASE("a recorded launch over one latent pool replays with v_cache aliasing k_cache", "[mla_fast][latent][recorded]") {
+TEST_CASE("a recorded launch over one latent pool replays with v_cache aliasing k_cache",
+          "[mla_fast][latent][recorded]") {
   gen::PagedSpec p;
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 16, p.block_size = 16, p.num_seqs = 2;
   p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41}, p.sinks = true, p.latent = true;

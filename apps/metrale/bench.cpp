@@ -345,50 +345,49 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
     return std::nullopt;
   };
   fmt::print("{:<6} {:<8} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
-             "cache", "layout", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us", "x seed",
-             "torch us", "x torch", "mma us", "x mma");
+             "cache", "layout", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us",
+             "x seed", "torch us", "x torch", "mma us", "x mma");
   for (const std::string& cache : axes.caches)
     for (const std::string& layout : axes.layouts)
-    for (std::uint32_t B : axes.batch)
-      for (std::uint32_t L : axes.context) {
-        const KvFormat f = cache == "fp8" ? KvFormat::fp8 : KvFormat::nvfp4;
-        PagedProblem p(bench, gpu, f, B, L, layout == "latent");
-        for (std::uint32_t H : axes.heads) {
-          const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
-          const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
-          const double split_us = bench.median_us(p.launch(H, true, q.ptr(), o.ptr()));
-          // The seed kernel: only where it takes well under a second (about 1.4 TFLOP/s at best).
-          const bool seed_ok = p.flops(H) < 2e11;
-          const double seed_us = seed_ok ? bench.median_us(p.launch(H, false, q.ptr(), o.ptr()), 5) : 0.0;
-          const double roof_us = std::max(p.bytes(H) / copy_bw, mm > 0 ? p.flops(H) / mm : 0.0) * 1e6;
-          const auto t_us = torch_us(B, L, H);
-          // Where the split path runs on the wgmma entries, the mma.sync entries on the same step.
-          const bool wgmma = p.wgmma(H);
-          const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : split_us;
-          fmt::print(
-              "{:<6} {:<8} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} {:>7} "
-              "{:>11} "
-              "{:>7}\n",
-              to_string(f), layout, B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3, roof_us,
-              mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
-              seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
-              t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-", wgmma ? fmt::format("{:.1f}", mma_us) : "-",
-              wgmma ? fmt::format("{:.2f}", mma_us / split_us) : "-");
-          j["sweep"].push_back({{"cache", to_string(f)},
-                                {"layout", layout},
-                                {"B", B},
-                                {"L", L},
-                                {"H", H},
-                                {"split_us", split_us},
-                                {"wgmma", wgmma},
-                                {"mma_us", mma_us},
-                                {"seed_us", seed_ok ? ordered_json(seed_us) : ordered_json()},
-                                {"roofline_us", roof_us},
-                                {"bytes", p.bytes(H)},
-                                {"flops", p.flops(H)},
-                                {"torch_us", t_us ? ordered_json(*t_us) : ordered_json()}});
+      for (std::uint32_t B : axes.batch)
+        for (std::uint32_t L : axes.context) {
+          const KvFormat f = cache == "fp8" ? KvFormat::fp8 : KvFormat::nvfp4;
+          PagedProblem p(bench, gpu, f, B, L, layout == "latent");
+          for (std::uint32_t H : axes.heads) {
+            const DeviceBuffer q = bench.random_bf16(std::size_t{B} * H * PagedProblem::kDim, 5);
+            const DeviceBuffer o(gpu, std::size_t{B} * H * PagedProblem::kDim * 2);
+            const double split_us = bench.median_us(p.launch(H, true, q.ptr(), o.ptr()));
+            // The seed kernel: only where it takes well under a second (about 1.4 TFLOP/s at best).
+            const bool seed_ok = p.flops(H) < 2e11;
+            const double seed_us = seed_ok ? bench.median_us(p.launch(H, false, q.ptr(), o.ptr()), 5) : 0.0;
+            const double roof_us = std::max(p.bytes(H) / copy_bw, mm > 0 ? p.flops(H) / mm : 0.0) * 1e6;
+            const auto t_us = torch_us(B, L, H);
+            // Where the split path runs on the wgmma entries, the mma.sync entries on the same step.
+            const bool wgmma = p.wgmma(H);
+            const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : split_us;
+            fmt::print(
+                "{:<6} {:<8} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} "
+                "{:>7} {:>11} {:>7}\n",
+                to_string(f), layout, B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3,
+                roof_us, mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
+                seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
+                t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-", wgmma ? fmt::format("{:.1f}", mma_us) : "-",
+                wgmma ? fmt::format("{:.2f}", mma_us / split_us) : "-");
+            j["sweep"].push_back({{"cache", to_string(f)},
+                                  {"layout", layout},
+                                  {"B", B},
+                                  {"L", L},
+                                  {"H", H},
+                                  {"split_us", split_us},
+                                  {"wgmma", wgmma},
+                                  {"mma_us", mma_us},
+                                  {"seed_us", seed_ok ? ordered_json(seed_us) : ordered_json()},
+                                  {"roofline_us", roof_us},
+                                  {"bytes", p.bytes(H)},
+                                  {"flops", p.flops(H)},
+                                  {"torch_us", t_us ? ordered_json(*t_us) : ordered_json()}});
+          }
         }
-      }
 }
 
 }  // namespace

@@ -141,7 +141,7 @@ class PagedKvCache {
   GpuBackend& gpu_;
   PagedCacheConfig cfg_;
   std::uint64_t data_section_bytes_ = 0, block_stride_bytes_ = 0;
-  DeviceBuffer k_pool_, v_pool_;  // v_pool_: none when latent
+  DeviceBuffer k_pool_, v_pool_;    // v_pool_: none when latent
   std::vector<std::int32_t> free_;  // popped from the back
   std::map<SeqId, Seq> seqs_;
   SeqId next_seq_ = 0;
