@@ -215,7 +215,7 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
                                                                 {wide, 70, 1, true},
                                                                 {fused, 16, 1, false},
                                                                 {fused, 20, 3, false},
-                                                                {fused, 70, 1, false},
+                                                                {fused, 40, 1, false},
                                                                 {path, 16, 1, false}}));
   gen::PagedSpec p;
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7, p.num_seqs = 3;
