@@ -789,6 +789,19 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
   }
 }
 
+// An error row named its file with the extension, every other row by its stem.
+TEST_CASE("bad input: metrale case run names a file that cannot run as it names the others", "[bad_input][cli]") {
+  TempPath dir("_case_run_labels");
+  std::filesystem::create_directories(dir.path);
+  recorded_decode_case().write(dir.path / "aa_good.safetensors");
+  write_bytes(dir.path / "zz_broken.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  std::string out;
+  CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("\naa_good "));
+  CHECK_THAT(out, Catch::Matchers::Contains("\nzz_broken "));
+  CHECK_THAT(out, !Catch::Matchers::Contains("zz_broken.safetensors "));
+}
+
 TEST_CASE("bad input: metrale case run reports path errors and empty folders", "[bad_input][cli]") {
   SECTION("a name too long for the file system") {
     // Before: std::filesystem::filesystem_error escaped main (std::terminate, exit 134).

@@ -46,17 +46,19 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     }
     std::sort(files.begin(), files.end());
     auto gpu = make_backend(opts->backend);
-    // Rows are labelled by file (two formats' recordings of one launch share the case's name).
+    // Rows are labelled by file, its stem (two formats' recordings of one launch share the case's
+    // name); a file name cannot fake a row.
     fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
     int failed = 0, errors = 0, skipped = 0, unchecked = 0;
+    const auto label_of = [](const std::filesystem::path& path) { return printable(path.stem().string()); };
     const auto error_row = [&](const std::filesystem::path& path) {  // inside a catch block
       ++errors;
-      fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", printable(path.filename().string()), "-", "-", "-", error_line());
+      fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", label_of(path), "-", "-", "-", error_line());
     };
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
-        const std::string label = printable(path.stem().string());          // a file name cannot fake a row
+        const std::string label = label_of(path);
         if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
           fmt::print("{:<56} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
           ++skipped;
