@@ -789,6 +789,28 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
   }
 }
 
+// The note on a golden folder's file that is not a model case (ml_dtypes' format tables) was
+// printed under any --only, also one that picks a single replay of another file.
+TEST_CASE("bad input: conform notes a golden file that is not a model case only where --only picks it",
+          "[bad_input][cli]") {
+  TempPath golden("_note_golden"), cases("_note_cases");
+  std::filesystem::create_directories(golden.path);
+  std::filesystem::create_directories(cases.path);
+  recorded_decode_case().write(cases.path / "zz_kernel.safetensors");  // (an empty --cases folder is refused)
+  std::filesystem::copy_file(test::golden("quant_codecs.safetensors"), golden.path / "quant_codecs.safetensors");
+  std::filesystem::copy_file(test::golden("dsv3_h16_t37.safetensors"), golden.path / "zq_dsv3.safetensors");
+  for (const auto& [only, noted] : {std::pair{"zq_dsv3 fp8 block 16 latent", false}, {"quant_codecs", true}}) {
+    INFO("--only " << only);
+    std::string out;
+    const int code = run_cli(
+        "conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() + " --only '" +
+            only + "'",
+        out, "METRALE_GOLDEN_DIR=");
+    CHECK(code == (noted ? 2 : 0));  // quant_codecs matches no case: refused, after the note
+    CHECK((out.find("quant_codecs.safetensors is not a model case") != std::string::npos) == noted);
+  }
+}
+
 // An error row named its file with the extension, every other row by its stem.
 TEST_CASE("bad input: metrale case run names a file that cannot run as it names the others", "[bad_input][cli]") {
   TempPath dir("_case_run_labels");

@@ -147,9 +147,10 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     if (wanted(read.kernel, read.name)) out.push_back(std::move(read));
     return out;
   }
-  if (!is_model_case(file)) {
-    fmt::print(stderr, "note: conform: {} is not a model case (no q_nope tensor or heads metadata), skipped\n",
-               printable(path.string()));
+  if (!is_model_case(file)) {  // said where --only would have picked the file (its name), else noise
+    if (wanted("model case file", name))
+      fmt::print(stderr, "note: conform: {} is not a model case (no q_nope tensor or heads metadata), skipped\n",
+                 printable(path.string()));
     return out;
   }
   // Both formats at three block sizes over a K and a V pool, and at 16 over one latent pool.
