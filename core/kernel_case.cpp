@@ -602,6 +602,11 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (c.entry.ends_with("_path") && (has_grid || has_block))
     fail(Errc::invalid_argument, "case {}: {} is a path of several launches, shaped by its dispatcher: drop its {}",
          c.name, c.entry, has_grid ? "grid" : "block");
+  // A recorded launch has both; one alone could not be checked against the launch (run_kernel_case
+  // compares both), and an edited one would pass unseen.
+  if (has_grid != has_block)
+    fail(Errc::invalid_argument, "case {}: metadata {} without {} (a recorded launch gives both, or leave out both)",
+         c.name, has_grid ? "grid" : "block", has_grid ? "block" : "grid");
   if (has_grid) c.grid = parse_dims(f.meta("grid"), "grid");
   if (has_block) c.block = parse_dims(f.meta("block"), "block");
   c.shape_recorded = has_grid && has_block;
@@ -760,7 +765,7 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
 }
 
 OutputCheck check_output(const std::string& name, const Tensor& got, const Tensor& want, const Tolerance& tol) {
-  OutputCheck r{name, got.numel(), 0, 0, 0, "", false};
+  OutputCheck r{name, got.numel(), 0, 0, 0, 0, "", false};
   if (got.numel() != want.numel()) {
     r.bad = r.count;
     r.worst = fmt::format("{} values against {} expected", got.numel(), want.numel());
@@ -787,6 +792,11 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
     if (!same) {
       r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);
       if (w[i] != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w[i]));
+      const double inf = std::numeric_limits<double>::infinity(), allowed = tol.abs + rel;
+      double used = !std::isfinite(diff) || !std::isfinite(w[i]) ? inf : allowed > 0 ? diff / allowed : inf;
+      if (ulp_check && std::isfinite(g[i]) && std::isfinite(w[i]))
+        used = std::min(used, static_cast<double>(bf16_ulps(gb[i].bits, wb[i].bits)) / tol.ulps);
+      r.tolerance_used = std::max(r.tolerance_used, used);
     }
     if (!ok) {
       ++r.bad;

@@ -48,15 +48,16 @@ void Block::fault(std::string_view what) const { fail(Errc::device_fault, "{}: {
 
 void Block::over_budget() const {
   fail(Errc::capacity_exceeded,
-       "{}: more than {} checked accesses to device memory, the emulator's limit for one block "
-       "(METRALE_EMU_BLOCK_ACCESSES; a block table that repeats a page can ask for any number of keys): stopped",
+       "{}: more than {} checked accesses to device memory (its arithmetic counted with them), the emulator's "
+       "limit for one block (METRALE_EMU_BLOCK_ACCESSES; a block table that repeats a page can ask for any number "
+       "of keys): stopped",
        who(), max_accesses_);
 }
 
 void Block::over_launch_budget() const {
   fail(Errc::capacity_exceeded,
-       "{}: the launch's blocks made more than {} checked accesses to device memory, the emulator's limit for one "
-       "launch (METRALE_EMU_LAUNCH_ACCESSES; a block table that repeats a page can ask for any number of keys in "
+       "{}: the launch's blocks made more than {} checked accesses to device memory (their arithmetic counted with "
+       "them), the emulator's limit for one launch (METRALE_EMU_LAUNCH_ACCESSES; a block table that repeats a page can ask for any number of keys in "
        "every block): stopped",
        who(), launch_->max);
 }

@@ -58,7 +58,7 @@ struct Partial {
 // `dequant(j, k_row, v_row)` fills key j's rows as the FP16 values the kernel's shared memory
 // holds (exact for both formats).
 template <class Dequant>
-Partial split_partial(const Block& blk, std::uint32_t z, Global<const Bf16> q, std::uint32_t num_q_heads,
+Partial split_partial(Block& blk, std::uint32_t z, Global<const Bf16> q, std::uint32_t num_q_heads,
                       std::uint32_t q_head_dim, std::uint32_t dim, float logit_scale, const KeySet& keys,
                       std::uint32_t keys_per_split, SplitShape shape, Dequant&& dequant) {
   const std::uint32_t G = shape.rows, tile_keys = shape.tile_keys;
@@ -83,6 +83,7 @@ Partial split_partial(const Block& blk, std::uint32_t z, Global<const Bf16> q, s
   std::vector<float> m(G, -std::numeric_limits<float>::infinity()), l(G, 0.0f);
   std::vector<std::vector<float>> k_s(tile_keys, std::vector<float>(dim)), v_s = k_s;  // shared
   for (std::uint32_t tile = begin; tile < end; tile += tile_keys) {
+    blk.count_work(std::uint64_t{G} * tile_keys * (q_head_dim + dim));  // Q·Kᵀ and P·V of every head
     // Phase A: dequantise the tile once (zeros past the end).
     for (std::uint32_t key = 0; key < tile_keys; ++key) {
       if (tile + key < end) {

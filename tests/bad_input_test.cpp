@@ -311,6 +311,13 @@ TEST_CASE("bad input: a kernel case without a grid does not default its launch-s
   SafeTensors f = recorded_decode_case();
   REQUIRE(f.metadata.count("num_seqs") == 0);
   f.metadata.erase("grid");
+  // One of grid and block alone: an edited one could not be checked against the launch.
+  require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
+                {"metadata block without grid (a recorded launch gives both"});
+  SafeTensors g = recorded_decode_case();
+  g.metadata.erase("block");
+  require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument, {"metadata grid without block"});
+  f.metadata.erase("block");
   require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument, {"no value for num_seqs"});
   f.metadata["num_seqs"] = "1";
   CHECK(kernel_case_from(f, "c").scalars.at("num_seqs").as_u32() == 1);

@@ -603,6 +603,28 @@ TEST_CASE("emu: a launch past its checked-access limit stops with capacity_excee
   test::check_case(c);  // and the same case passes under it
 }
 
+// Before: the split ports serve up to 64 heads from each key row they read, and only the reads
+// counted: a 1 MB case within both limits asked for half an hour (a 64-head one for hours;
+// nineteenth session's adversarial run). Their arithmetic now counts too, one access per 64
+// multiply-adds: this 64-head block's one tile reads about 5K accesses' bytes (Q, the tile's K and
+// V rows, its partial) but multiplies 64 heads × 64 keys × (576 + 576) = 73,728 accesses' worth.
+TEST_CASE("emu: the split ports' arithmetic counts against the checked-access limits", "[emu]") {
+  gen::PagedSpec p;
+  p.num_q_heads = 64, p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 64, p.max_blocks_per_seq = 1,
+  p.num_blocks = 1, p.seq_lens = {64};
+  const KernelCase c = gen::split_kernel_case(p, 1, gen::SplitEntry::wgmma);
+  EmulatorOptions o = strict();
+  o.max_block_accesses = 20000;
+  EmulatorBackend tight(o);
+  const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
+  CHECK(e.code() == Errc::capacity_exceeded);
+  CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("more than 20000 checked accesses to device memory "
+                                                              "(its arithmetic counted with them)"));
+  o.max_block_accesses = 90000;  // the arithmetic and the bytes together fit
+  EmulatorBackend roomy(o);
+  CHECK_NOTHROW(run_kernel_case(roomy, c));
+}
+
 // Before: a block added its accesses to the launch's count only in whole batches of 4096, so a
 // launch of many small blocks was never stopped (seventeenth session's adversarial run).
 TEST_CASE("emu: the launch's limit counts blocks of fewer than 4096 accesses", "[emu]") {

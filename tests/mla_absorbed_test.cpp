@@ -201,6 +201,36 @@ TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, 
   CHECK(check_output("x", f32({1e-30f, 0.0f}), f32({0.0f, 0.0f}), tol).bad == 1);  // off an expected 0
 }
 
+// conform's report puts each error beside the fraction of its tolerance it used: the largest
+// |got − want| / (abs + rel·|want|) over the elements, or the ULPs over those allowed where that is
+// less; infinite for a non-finite mismatch; at most 1 exactly when the check passes.
+TEST_CASE("check_output reports the largest fraction of the tolerance used", "[kernel_case]") {
+  auto f32 = [](std::vector<float> v) {
+    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
+    std::memcpy(t.data.data(), v.data(), t.data.size());
+    return t;
+  };
+  const Tolerance tol{0.5, 0.25, 0};
+  // Allowed: 0.5 + 0.25·|want| = 0.5, 1, 3; errors 0.25, 0.5, 1.5: fractions 0.5, 0.5, 0.5 — and 2 / 3.
+  auto r = check_output("x", f32({0.25f, 2.5f, 11.5f, 12.0f}), f32({0.0f, 2.0f, 10.0f, 10.0f}), tol);
+  CHECK(r.tolerance_used == Approx(2.0 / 3.0));
+  CHECK(r.pass);
+  r = check_output("x", f32({0.0f, 13.0f}), f32({0.0f, 10.0f}), tol);  // 3 of 3 allowed: the edge still passes
+  CHECK(r.tolerance_used == Approx(1.0));
+  CHECK(r.pass);
+  r = check_output("x", f32({0.0f, 13.5f}), f32({0.0f, 10.0f}), tol);
+  CHECK(r.tolerance_used == Approx(3.5 / 3.0));
+  CHECK_FALSE(r.pass);
+  CHECK(check_output("x", f32({1.0f}), f32({1.0f}), Tolerance{}).tolerance_used == 0.0);  // exact, nothing allowed
+  CHECK(std::isinf(check_output("x", f32({1.5f}), f32({1.0f}), Tolerance{}).tolerance_used));
+  CHECK(std::isinf(check_output("x", f32({std::numeric_limits<float>::quiet_NaN()}), f32({1.0f}), tol).tolerance_used));
+  // BF16 with 2 ULPs allowed and no absolute part: 1.0 against 1.0078125 (one ULP) uses half.
+  Tensor a{Dtype::bf16, {1}, std::vector<std::byte>(2)}, b = a;
+  const std::uint16_t one = 0x3F80, next = 0x3F81;
+  std::memcpy(a.data.data(), &one, 2), std::memcpy(b.data.data(), &next, 2);
+  CHECK(check_output("o", a, b, Tolerance{0, 0, 2}).tolerance_used == Approx(0.5));
+}
+
 TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kernel_case][recorded]") {
   const auto dir = test::scratch_dir("metrale_recorder_test");
   std::filesystem::remove_all(dir);

@@ -41,6 +41,7 @@ using nlohmann::ordered_json;
 struct Check {
   std::string output, against;  // "reference", "emulator", "file", or a golden tensor
   double max_abs = 0, max_rel = 0, tolerance = 0;
+  double used = 0;  // the worst error as a fraction of its tolerance (OutputCheck::tolerance_used)
   std::size_t bad = 0, count = 0;
   std::string worst;
   bool pass = false;
@@ -56,7 +57,7 @@ struct CaseResult {
 };
 
 Check to_check(const OutputCheck& r, std::string against) {
-  return {r.output, std::move(against), r.max_abs, r.max_rel, 0, r.bad, r.count, r.worst, r.pass};
+  return {r.output, std::move(against), r.max_abs, r.max_rel, 0, r.tolerance_used, r.bad, r.count, r.worst, r.pass};
 }
 
 // The .safetensors files of `dir`. A folder that does not exist is an error when the user named
@@ -129,10 +130,18 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   return std::nullopt;
 }
 
+// A replay metric's rel_l2 as a fraction of its tolerance (infinite where it fails for a
+// non-finite value, as OutputCheck::tolerance_used).
+double tolerance_used(const CaseMetric& m) {
+  if (!std::isfinite(m.rel_l2) || !std::isfinite(m.max_abs)) return std::numeric_limits<double>::infinity();
+  return m.tolerance > 0 ? m.rel_l2 / m.tolerance : m.rel_l2 > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
 // A replay's metrics as checks: max_rel carries the replay's rel_l2.
 void add_metrics(CaseResult& r, const ReplayResult& replay) {
   for (const auto& m : replay.metrics)
-    r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, m.pass ? 0u : 1u, 1, "", m.pass});
+    r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, tolerance_used(m), m.pass ? 0u : 1u, 1, "",
+                        m.pass});
 }
 
 // The replays of one golden file that `wanted(kernel, name)` picks (a file that cannot be read is
@@ -197,6 +206,7 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
                         {"against", c.against},
                         {"max_abs", c.max_abs},
                         {"max_rel", c.max_rel},
+                        {"tolerance_used", c.used},
                         {"bad", c.bad},
                         {"count", c.count},
                         {"worst", c.worst},
@@ -216,19 +226,27 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   const std::string json_text = report.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n';
 
   // report.md: one row per (group, kernel) with the largest errors seen.
+  // Each error column beside the largest fraction of its tolerance that any check used (at most 1
+  // passes): a large absolute error of a large output may be well inside its tolerance.
+  struct Largest {
+    double abs = 0, used = 0;
+  };
   struct Row {
     std::size_t cases = 0, failed = 0;
-    double vs_ref = 0, vs_emu = 0;
+    Largest vs_ref, vs_emu;
   };
+  auto widen = [](double& slot, double v) {
+    slot = std::isnan(slot) || std::isnan(v) ? std::numeric_limits<double>::quiet_NaN() : std::max(slot, v);
+  };  // NaN shown, not hidden
   std::map<std::pair<std::string, std::string>, Row> rows;
   for (const auto& r : results) {
     Row& row = rows[{r.group, r.kernel}];
     ++row.cases;
     row.failed += r.pass() ? 0 : 1;
     for (const auto& c : r.checks) {
-      double& slot = c.against == "emulator" ? row.vs_emu : row.vs_ref;
-      slot = std::isnan(slot) || std::isnan(c.max_abs) ? std::numeric_limits<double>::quiet_NaN()
-                                                       : std::max(slot, c.max_abs);  // NaN shown, not hidden
+      Largest& slot = c.against == "emulator" ? row.vs_emu : row.vs_ref;
+      widen(slot.abs, c.max_abs);
+      widen(slot.used, c.used);
     }
   }
   std::ostringstream md;
@@ -236,11 +254,13 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   for (const auto& [k, v] : device.items())
     md << "- " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
   md << fmt::format("- cases: {} run, {} failed, {:.1f} s\n\n", results.size(), failed, seconds);
-  md << "| group | kernel | cases | failed | max abs error vs reference/golden/file | max abs diff vs emulator |\n";
-  md << "|---|---|---|---|---|---|\n";
+  md << "| group | kernel | cases | failed | max abs error vs reference/golden/file | of its tolerance | "
+        "max abs diff vs emulator | of its tolerance |\n";
+  md << "|---|---|---|---|---|---|---|---|\n";
   for (const auto& [k, row] : rows)
-    md << fmt::format("| {} | {} | {} | {} | {:.3e} | {} |\n", k.first, k.second, row.cases, row.failed, row.vs_ref,
-                      k.first == "sweep" ? fmt::format("{:.3e}", row.vs_emu) : "-");
+    md << fmt::format("| {} | {} | {} | {} | {:.3e} | {:.3g} | {} | {} |\n", k.first, k.second, row.cases, row.failed,
+                      row.vs_ref.abs, row.vs_ref.used, k.first == "sweep" ? fmt::format("{:.3e}", row.vs_emu.abs) : "-",
+                      k.first == "sweep" ? fmt::format("{:.3g}", row.vs_emu.used) : "-");
   for (const auto& r : results) {
     if (r.pass()) continue;
     md << "\n## FAIL " << r.name << "\n\n";

@@ -90,7 +90,11 @@ struct OutputCheck {
   std::string output;
   std::size_t count = 0, bad = 0;
   double max_abs = 0, max_rel = 0;  // over all elements
-  std::string worst;                // the element furthest outside, for the report
+  /// The largest error as a fraction of what its element's tolerance allows (abs + rel·|want|,
+  /// or the ULPs where those are allowed, whichever allows more): at most 1 passes; infinite for
+  /// a non-finite mismatch or an error where nothing is allowed.
+  double tolerance_used = 0;
+  std::string worst;  // the element furthest outside, for the report
   bool pass = false;
 };
 /// Compare an output with its expectation. NaN passes only against NaN; a

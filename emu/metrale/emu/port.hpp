@@ -133,6 +133,15 @@ class Block {
     if ((accesses_ += n) > max_accesses_) over_budget();
     if ((unreported_ += n) >= kLaunchBatch) report_accesses();
   }
+  /// Count `macs` multiply-adds of the port's own arithmetic against the same limits, as one
+  /// access per kMacsPerAccess (about what checking one access costs the emulator): the split
+  /// ports serve up to 64 heads from each key row they read, so their time grows with the work,
+  /// not with the bytes (a repeated page under a huge seq_len would otherwise run for hours).
+  void count_work(std::uint64_t macs) {
+    const std::uint64_t n = macs / kMacsPerAccess;
+    if ((accesses_ += n) > max_accesses_) over_budget();
+    if ((unreported_ += n) >= kLaunchBatch) report_accesses();
+  }
   /// Add the accesses not yet counted to the launch's (every kLaunchBatch, and when the block
   /// ends); past its limit, stop (`capacity_exceeded`).
   void report_accesses() {
@@ -163,6 +172,7 @@ class Block {
   bool log_writes_;
   static constexpr std::uint64_t kLaunchBatch = 4096;  // accesses a block adds to its launch's count at once
   static constexpr std::uint64_t kAccessBytes = 64;    // the bytes one counted access covers
+  static constexpr std::uint64_t kMacsPerAccess = 64;  // the multiply-adds one counted access covers
   std::uint64_t max_accesses_, accesses_ = 0, unreported_ = 0;
   LaunchAccesses* launch_;
   [[noreturn]] void over_budget() const;
