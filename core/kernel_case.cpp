@@ -36,6 +36,12 @@ struct CaseArgs {
   std::uint32_t u32(const std::string& n) const { return scalar(n, ArgKind::u32).as_u32(); }
   std::uint64_t u64(const std::string& n) const { return scalar(n, ArgKind::u64).as_u64(); }
   float f32(const std::string& n) const { return scalar(n, ArgKind::f32).as_f32(); }
+  /// A u32 scalar that is a switch: 0 or 1, anything else refused by name.
+  bool flag(const std::string& n) const {
+    const std::uint32_t v = u32(n);
+    if (v > 1) fail(Errc::invalid_argument, "case {}: {} = {}, but it is a switch (0 or 1)", c.name, n, v);
+    return v == 1;
+  }
   DevicePtr ptr(const std::string& n) const {
     const auto it = ptrs.find(n);
     return it == ptrs.end() ? DevicePtr{} : it->second;
@@ -287,7 +293,7 @@ const std::vector<Adapter>& adapters() {
        [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
          k3_mla_maybe_rope_f32(g, k,
                                {a.ptr("q"), a.ptr("k_new"), a.u32("heads"), a.u32("nope"), a.u32("rope"), a.u32("pos"),
-                                a.f32("theta"), a.u32("use_nope") != 0});
+                                a.f32("theta"), a.flag("use_nope")});
        }},
       {"mla_decode",
        "k3_mla_sdpa_gate_f32",
@@ -296,7 +302,7 @@ const std::vector<Adapter>& adapters() {
        [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
          k3_mla_sdpa_gate_f32(g, k,
                               {a.ptr("q"), a.ptr("k"), a.ptr("v"), a.ptr("g"), a.ptr("out"), a.u32("seq_len"),
-                               a.u32("heads"), a.u32("dq"), a.u32("dv"), a.u32("use_gate") != 0});
+                               a.u32("heads"), a.u32("dq"), a.u32("dv"), a.flag("use_gate")});
        }},
       {"k3_fast",
        "k3_mla_sdpa_split_f32",
@@ -316,7 +322,7 @@ const std::vector<Adapter>& adapters() {
        [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
          k3_mla_sdpa_combine_f32(g, k,
                                  {a.ptr("o_partial"), a.ptr("ml_partial"), a.ptr("g"), a.ptr("out"), a.u32("heads"),
-                                  a.u32("dv"), a.u32("num_chunks"), a.u32("use_gate") != 0});
+                                  a.u32("dv"), a.u32("num_chunks"), a.flag("use_gate")});
        }},
       // The K3 split path as one step (split + combine, workspace inside): the seed SDPA's fields.
       {"k3_fast",
@@ -326,7 +332,7 @@ const std::vector<Adapter>& adapters() {
        [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
          const K3SdpaArgs args{a.ptr("q"),       a.ptr("k"),       a.ptr("v"),  a.ptr("g"),
                                a.ptr("out"),     a.u32("seq_len"), a.u32("heads"), a.u32("dq"),
-                               a.u32("dv"),      a.u32("use_gate") != 0};
+                               a.u32("dv"),      a.flag("use_gate")};
          if (auto why = k3_split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
          DecodeWorkspace ws;
          k3_sdpa(g, K3MlaDecodeKernels::resolve(g), args, ws);

@@ -758,6 +758,45 @@ TEST_CASE("a case run labels each row by its file", "[cli]") {
   CHECK_THAT(out, Catch::Matchers::Contains("2 files on emu: PASS"));
 }
 
+// Nineteenth session's adversarial run: a file named twice ran twice, an empty --only ran the
+// whole set, and a report folder made for a run that then failed was left behind.
+TEST_CASE("bad input: a file named twice runs once; an empty filter is refused; no stray report folder",
+          "[bad_input][cli]") {
+  const std::string dir = std::string(METRALE_SOURCE_DIR) + "/cases/kernels/";
+  const std::string file = dir + "dsv3_h8_t300_fp8_0607_mla_paged_decode_combine.safetensors";
+  std::string out;
+  CHECK(run_cli("case run --backend emu " + file + " " + file + " " + dir + "/../kernels/" +
+                    "dsv3_h8_t300_fp8_0607_mla_paged_decode_combine.safetensors",
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu: PASS"));
+  for (const std::string cmd : {"conform --backend emu --only ''", "bench --only ''"}) {
+    out.clear();
+    INFO(cmd);
+    CHECK(run_cli(cmd, out) != 0);
+    CHECK_THAT(out, Catch::Matchers::Contains("--only: an empty filter (it would match everything)"));
+  }
+  const auto root = test::scratch_dir("metrale_report_folder_test");
+  std::filesystem::remove_all(root);
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / "b").string(), out) ==
+        2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
+  CHECK_FALSE(std::filesystem::exists(root));
+}
+
+// Nineteenth session's adversarial run: use_nope = 2 ran as true and passed.
+TEST_CASE("bad input: a kernel case's switch is 0 or 1", "[bad_input][kernel_case]") {
+  emu::EmulatorBackend gpu;
+  KernelCase rope = gen::k3_rope_case(2, 4, 8, 3, 10000.0f, true, 1);
+  rope.scalars.at("use_nope") = KernelArg::u32(2);
+  require_error([&] { (void)run_kernel_case(gpu, rope); }, Errc::invalid_argument,
+                {"use_nope = 2, but it is a switch (0 or 1)"});
+  KernelCase sdpa = gen::k3_sdpa_case(2, 8, 8, 5, true, 1);
+  sdpa.scalars.at("use_gate") = KernelArg::u32(7);
+  require_error([&] { (void)run_kernel_case(gpu, sdpa); }, Errc::invalid_argument,
+                {"use_gate = 7, but it is a switch (0 or 1)"});
+}
+
 TEST_CASE("bad input: a case run's summary counts the files that had nothing to check", "[bad_input][cli]") {
   SafeTensors f = recorded_decode_case();
   f.tensors.erase("expected.o");

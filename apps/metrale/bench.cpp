@@ -422,7 +422,7 @@ void add_bench(CLI::App& app) {
   axis("--batch", opts->axes.batch, "batch sizes", CLI::Range(1u, 1024u));
   axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));
-  cmd->add_option("--only", opts->only, "run only the rows whose name contains this text");
+  cmd->add_option("--only", opts->only, "run only the rows whose name contains this text")->check(non_empty_filter());
   cmd->add_option("--group", opts->group,
                   "time each launch as a group of this many back to back (default: as many as take 100 us, "
                   "at most 50)")

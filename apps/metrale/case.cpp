@@ -44,7 +44,15 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       // A folder without cases would otherwise pass with nothing run.
       if (files.size() == before) fail(Errc::not_found, "folder {} holds no .safetensors case files", f);
     }
-    std::sort(files.begin(), files.end());
+    // A file named twice (or in a folder named too) runs once: the summary counts files.
+    const auto key = [](const std::filesystem::path& p) {
+      std::error_code ec;
+      const auto canonical = std::filesystem::weakly_canonical(p, ec);
+      return ec ? p.lexically_normal() : canonical;
+    };
+    std::sort(files.begin(), files.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+    files.erase(std::unique(files.begin(), files.end(), [&](const auto& a, const auto& b) { return key(a) == key(b); }),
+                files.end());
     auto gpu = make_backend(opts->backend);
     // Rows are labelled by file, its stem (two formats' recordings of one launch share the case's
     // name); a file name cannot fake a row.

@@ -20,6 +20,13 @@ inline CLI::Validator non_empty_path() {
   return {[](std::string& s) { return s.empty() ? std::string{"an empty path"} : std::string{}; }, ""};
 }
 
+/// The check of a filter option (`--only TEXT`): an empty text, which every name contains, would
+/// select everything (a script's unset variable running the whole set) and is refused.
+inline CLI::Validator non_empty_filter() {
+  return {[](std::string& s) { return s.empty() ? std::string{"an empty filter (it would match everything)"} : std::string{}; },
+          ""};
+}
+
 /// The check of an unsigned 64-bit option: decimal digits whose value fits, so that
 /// 18446744073709551616 is refused instead of clamped to 2^64 − 1.
 inline CLI::Validator uint64_text() {

@@ -309,11 +309,29 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_option("--only", opts->only,
                   "run only the cases whose kernel or name contains this text (sweep, recorded files and golden "
                   "replays alike; e.g. an entry such as wgmma16, or a case file's name)")
-      ->option_text("TEXT");
+      ->option_text("TEXT")
+      ->check(non_empty_filter());
   cmd->callback([opts, set_exit] {
     const auto t0 = std::chrono::steady_clock::now();
+    // The report's folders this run creates: removed again (while empty) if it ends without a report.
+    struct MadeFolders {
+      fs::path leaf, root;  // root: the outermost folder that did not exist
+      bool keep = false;
+      ~MadeFolders() {
+        if (keep || root.empty()) return;
+        std::error_code ec;
+        for (fs::path p = leaf; !p.empty() && fs::remove(p, ec); p = p.parent_path())
+          if (p == root) break;
+      }
+    } made;
     if (!opts->report.empty()) {  // before the run: a report that cannot be written fails first
       std::error_code ec;
+      made.leaf = fs::absolute(opts->report, ec).lexically_normal();
+      if (made.leaf.filename().empty()) made.leaf = made.leaf.parent_path();  // "DIR/"
+      for (fs::path p = made.leaf; !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+        made.root = p;
+        if (p == p.parent_path()) break;
+      }
       fs::create_directories(opts->report, ec);
       if (ec || !fs::is_directory(opts->report))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
@@ -397,7 +415,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     fmt::print("\n{}: {} case{}, {} failed, {:.1f} s — {}{}\n", where, results.size(), results.size() == 1 ? "" : "s",
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
-    if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds);
+    if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds), made.keep = true;
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
     const bool any_error =
         std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return !r.error.empty(); });
