@@ -784,6 +784,24 @@ TEST_CASE("bad input: a file named twice runs once; an empty filter is refused; 
   CHECK_FALSE(std::filesystem::exists(root));
 }
 
+// A recorded step over one latent pool carries no "latent" in its name, only its alias: conform's
+// --only latent picks it all the same, as it picks the sweep's latent cases.
+TEST_CASE("conform --only latent picks a case file whose v_cache is an alias of k_cache", "[cli]") {
+  gen::PagedSpec p;
+  p.num_q_heads = 16, p.q_head_dim = p.kv_cache_dim = 576, p.block_size = 16, p.max_blocks_per_seq = 4,
+  p.num_blocks = 4, p.seq_lens = {40}, p.latent = true;
+  const KernelCase c = gen::split_kernel_case(p, 1, gen::SplitEntry::wgmma16_rs);
+  REQUIRE(c.aliases.at("v_cache") == "k_cache");
+  const auto dir = test::scratch_dir("metrale_conform_latent_file");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  to_safetensors(c).write(dir / "0000_recorded_step.safetensors");
+  std::string out;
+  CHECK(run_cli("conform --backend emu --no-golden --only latent --cases " + dir.string(), out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("file     mla_paged_decode_wgmma16_rs_fp8"));
+  std::filesystem::remove_all(dir);
+}
+
 // Nineteenth session's adversarial run: use_nope = 2 ran as true and passed.
 TEST_CASE("bad input: a kernel case's switch is 0 or 1", "[bad_input][kernel_case]") {
   emu::EmulatorBackend gpu;

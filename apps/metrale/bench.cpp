@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "backends.hpp"
 #include "commands.hpp"
@@ -432,6 +433,8 @@ void add_bench(CLI::App& app) {
       ->needs(sweep_flag);
   cmd->callback([opts] {
     auto gpu = make_backend(opts->backend);
+    if (recorder_made())  // --record DIR: the emulator, writing a case file a launch
+      spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");
     Bench bench(*gpu);
     bench.set_group(opts->group);
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,

@@ -106,8 +106,9 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
 }
 
 // A recorded case file, or nothing: when `wanted(entry, file name)` does not pick it (a file that
-// cannot be read is picked by its name alone), and, with a note and `skipped` counted, when the
-// device cannot run its entry.
+// cannot be read is picked by its name alone; a recorded step over one latent pool, v_cache an
+// alias of k_cache, is also picked by "latent", as the sweep's latent cases are), and, with a note
+// and `skipped` counted, when the device cannot run its entry.
 template <class Wanted>
 std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::size_t& skipped) {
   std::optional<std::string> skip;
@@ -115,7 +116,9 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const KernelCase c = read_kernel_case(path);
     r.kernel = c.entry;
-    if ((unwanted = !wanted(c.entry, r.name))) return;
+    const auto alias = c.aliases.find("v_cache");
+    const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
+    if ((unwanted = !wanted(c.entry, latent ? r.name + " latent" : r.name))) return;
     if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
     const auto out = run_kernel_case(gpu, c);
     for (const auto& [param, want] : c.expected) {
