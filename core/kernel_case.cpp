@@ -330,9 +330,8 @@ const std::vector<Adapter>& adapters() {
        {{{"seq_len", U32}, {"heads", U32}, {"dq", U32}, {"dv", U32}, {"use_gate", U32}}, {"q", "k", "v", "g", "out"}},
        {},
        [](GpuBackend& g, KernelHandle, const CaseArgs& a) {
-         const K3SdpaArgs args{a.ptr("q"),       a.ptr("k"),       a.ptr("v"),  a.ptr("g"),
-                               a.ptr("out"),     a.u32("seq_len"), a.u32("heads"), a.u32("dq"),
-                               a.u32("dv"),      a.flag("use_gate")};
+         const K3SdpaArgs args{a.ptr("q"),       a.ptr("k"),     a.ptr("v"),  a.ptr("g"),  a.ptr("out"),
+                               a.u32("seq_len"), a.u32("heads"), a.u32("dq"), a.u32("dv"), a.flag("use_gate")};
          if (auto why = k3_split_unsupported(args)) fail(Errc::unsupported, "split path: {}", *why);
          DecodeWorkspace ws;
          k3_sdpa(g, K3MlaDecodeKernels::resolve(g), args, ws);

@@ -778,8 +778,8 @@ TEST_CASE("bad input: a file named twice runs once; an empty filter is refused; 
   const auto root = test::scratch_dir("metrale_report_folder_test");
   std::filesystem::remove_all(root);
   out.clear();
-  CHECK(run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / "b").string(), out) ==
-        2);
+  CHECK(run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / "b").string(),
+                out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
   CHECK_FALSE(std::filesystem::exists(root));
 }

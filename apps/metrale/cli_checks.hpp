@@ -23,7 +23,9 @@ inline CLI::Validator non_empty_path() {
 /// The check of a filter option (`--only TEXT`): an empty text, which every name contains, would
 /// select everything (a script's unset variable running the whole set) and is refused.
 inline CLI::Validator non_empty_filter() {
-  return {[](std::string& s) { return s.empty() ? std::string{"an empty filter (it would match everything)"} : std::string{}; },
+  return {[](std::string& s) {
+            return s.empty() ? std::string{"an empty filter (it would match everything)"} : std::string{};
+          },
           ""};
 }
 

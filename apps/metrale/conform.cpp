@@ -143,8 +143,8 @@ double tolerance_used(const CaseMetric& m) {
 // A replay's metrics as checks: max_rel carries the replay's rel_l2.
 void add_metrics(CaseResult& r, const ReplayResult& replay) {
   for (const auto& m : replay.metrics)
-    r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, tolerance_used(m), m.pass ? 0u : 1u, 1, "",
-                        m.pass});
+    r.checks.push_back(
+        {m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, tolerance_used(m), m.pass ? 0u : 1u, 1, "", m.pass});
 }
 
 // The replays of one golden file that `wanted(kernel, name)` picks (a file that cannot be read is
