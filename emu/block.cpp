@@ -58,8 +58,7 @@ void Block::over_launch_budget() const {
   fail(Errc::capacity_exceeded,
        "{}: the launch's blocks made more than {} checked accesses to device memory (their arithmetic counted with "
        "them), the emulator's limit for one launch (METRALE_EMU_LAUNCH_ACCESSES; a block table that repeats a page can "
-       "ask for any number of keys in "
-       "every block): stopped",
+       "ask for any number of keys in every block): stopped",
        who(), launch_->max);
 }
 

@@ -228,9 +228,9 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   // (A case file's name need not be UTF-8: such bytes are written as U+FFFD.)
   const std::string json_text = report.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n';
 
-  // report.md: one row per (group, kernel) with the largest errors seen.
-  // Each error column beside the largest fraction of its tolerance that any check used (at most 1
-  // passes): a large absolute error of a large output may be well inside its tolerance.
+  // report.md: one row per (group, kernel) with the largest errors seen, each beside the largest
+  // fraction of its tolerance any check used (at most 1 passes): a large absolute error of a large
+  // output may be well inside its tolerance.
   struct Largest {
     double abs = 0, used = 0;
   };
@@ -418,7 +418,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     fmt::print("\n{}: {} case{}, {} failed, {:.1f} s — {}{}\n", where, results.size(), results.size() == 1 ? "" : "s",
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
-    if (!opts->report.empty()) write_reports(opts->report, device, opts->seed, results, seconds), made.keep = true;
+    if (!opts->report.empty()) {
+      write_reports(opts->report, device, opts->seed, results, seconds);
+      made.keep = true;
+    }
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
     const bool any_error =
         std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return !r.error.empty(); });

@@ -129,19 +129,13 @@ class Block {
   /// view costs the emulator its bytes' worth of checks); past the block's or the launch's limit,
   /// stop (`capacity_exceeded`).
   void count_access(std::uint64_t bytes) {
-    const std::uint64_t n = bytes <= kAccessBytes ? 1 : (bytes + kAccessBytes - 1) / kAccessBytes;
-    if ((accesses_ += n) > max_accesses_) over_budget();
-    if ((unreported_ += n) >= kLaunchBatch) report_accesses();
+    charge(bytes <= kAccessBytes ? 1 : (bytes + kAccessBytes - 1) / kAccessBytes);
   }
   /// Count `macs` multiply-adds of the port's own arithmetic against the same limits, as one
   /// access per kMacsPerAccess (about what checking one access costs the emulator): the split
   /// ports serve up to 64 heads from each key row they read, so their time grows with the work,
   /// not with the bytes (a repeated page under a huge seq_len would otherwise run for hours).
-  void count_work(std::uint64_t macs) {
-    const std::uint64_t n = macs / kMacsPerAccess;
-    if ((accesses_ += n) > max_accesses_) over_budget();
-    if ((unreported_ += n) >= kLaunchBatch) report_accesses();
-  }
+  void count_work(std::uint64_t macs) { charge(macs / kMacsPerAccess); }
   /// Add the accesses not yet counted to the launch's (every kLaunchBatch, and when the block
   /// ends); past its limit, stop (`capacity_exceeded`).
   void report_accesses() {
@@ -175,6 +169,11 @@ class Block {
   static constexpr std::uint64_t kMacsPerAccess = 64;  // the multiply-adds one counted access covers
   std::uint64_t max_accesses_, accesses_ = 0, unreported_ = 0;
   LaunchAccesses* launch_;
+  // n more accesses, against the block's limit and (in batches) the launch's.
+  void charge(std::uint64_t n) {
+    if ((accesses_ += n) > max_accesses_) over_budget();
+    if ((unreported_ += n) >= kLaunchBatch) report_accesses();
+  }
   [[noreturn]] void over_budget() const;
   [[noreturn]] void over_launch_budget() const;
   std::uint32_t thread_ = kNoThread;
