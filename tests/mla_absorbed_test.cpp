@@ -152,16 +152,20 @@ TEST_CASE("the recorded kernel cases in cases/kernels replay and agree", "[kerne
   CHECK(n >= 10);
 }
 
+namespace {
+// A 1-D FP32 tensor of `v`, for check_output's tests.
+Tensor f32(const std::vector<float>& v) {
+  Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+}  // namespace
+
 // A recorded split kernel's running maxima are −∞ for a chunk with no keys: equal infinities
 // must compare equal (∞ − ∞ is NaN), and nothing else may meet an infinite expectation (a
 // relative tolerance of ∞ once accepted 0 for +∞, and +∞ for −∞).
 TEST_CASE("check_output passes equal infinities and NaN pairs, nothing else non-finite", "[kernel_case]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  auto f32 = [](std::vector<float> v) {
-    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
-    std::memcpy(t.data.data(), v.data(), t.data.size());
-    return t;
-  };
   const Tolerance tol{1e-6, 1e-6, 0};
   CHECK(check_output("x", f32({-inf, inf, nan, 1.0f}), f32({-inf, inf, nan, 1.0f}), tol).pass);
   for (const auto& [got, want] : std::vector<std::pair<float, float>>{
@@ -191,11 +195,6 @@ TEST_CASE("check_output's ULP fallback never meets or passes an infinity or a Na
 
 // A relative tolerance of ∞ (which parse_tolerance accepts) once failed exact zeros: ∞·0 is NaN.
 TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, fails off zero", "[kernel_case]") {
-  auto f32 = [](std::vector<float> v) {
-    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
-    std::memcpy(t.data.data(), v.data(), t.data.size());
-    return t;
-  };
   const Tolerance tol{0, std::numeric_limits<double>::infinity(), 0};
   CHECK(check_output("x", f32({0.0f, 1.0f, -3.0f}), f32({0.0f, 5.0f, 2.0f}), tol).pass);
   CHECK(check_output("x", f32({1e-30f, 0.0f}), f32({0.0f, 0.0f}), tol).bad == 1);  // off an expected 0
@@ -205,11 +204,6 @@ TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, 
 // |got − want| / (abs + rel·|want|) over the elements, or the ULPs over those allowed where that is
 // less; infinite for a non-finite mismatch; at most 1 exactly when the check passes.
 TEST_CASE("check_output reports the largest fraction of the tolerance used", "[kernel_case]") {
-  auto f32 = [](std::vector<float> v) {
-    Tensor t{Dtype::f32, {static_cast<std::int64_t>(v.size())}, std::vector<std::byte>(v.size() * 4)};
-    std::memcpy(t.data.data(), v.data(), t.data.size());
-    return t;
-  };
   const Tolerance tol{0.5, 0.25, 0};
   // Allowed: 0.5 + 0.25·|want| = 0.5, 1, 3; errors 0.25, 0.5, 1.5: fractions 0.5, 0.5, 0.5 — and 2 / 3.
   auto r = check_output("x", f32({0.25f, 2.5f, 11.5f, 12.0f}), f32({0.0f, 2.0f, 10.0f, 10.0f}), tol);

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <new>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,15 +46,20 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       // A folder without cases would otherwise pass with nothing run.
       if (files.size() == before) fail(Errc::not_found, "folder {} holds no .safetensors case files", f);
     }
-    // A file named twice (or in a folder named too) runs once: the summary counts files.
-    const auto key = [](const std::filesystem::path& p) {
+    // A file named twice (or in a folder named too) runs once: the summary counts files. Each
+    // file's canonical path is found once, then the (path, file) pairs sorted and made unique.
+    std::vector<std::pair<std::filesystem::path, std::filesystem::path>> keyed;
+    for (auto& f : files) {
       std::error_code ec;
-      const auto canonical = std::filesystem::weakly_canonical(p, ec);
-      return ec ? p.lexically_normal() : canonical;
-    };
-    std::sort(files.begin(), files.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
-    files.erase(std::unique(files.begin(), files.end(), [&](const auto& a, const auto& b) { return key(a) == key(b); }),
-                files.end());
+      const auto canonical = std::filesystem::weakly_canonical(f, ec);
+      keyed.emplace_back(ec ? f.lexically_normal() : canonical, std::move(f));
+    }
+    std::sort(keyed.begin(), keyed.end());
+    keyed.erase(
+        std::unique(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+        keyed.end());
+    files.clear();
+    for (auto& [key, f] : keyed) files.push_back(std::move(f));
     auto gpu = make_backend(opts->backend);
     // Rows are labelled by file, its stem (two formats' recordings of one launch share the case's
     // name); a file name cannot fake a row.
