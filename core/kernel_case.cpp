@@ -786,10 +786,11 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
     const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
     const bool same = both_nan || g[i] == w[i];  // the same infinity included: no difference to report
     // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
-    // tolerance of ∞ would accept anything); a finite one within the tolerance (its relative part
-    // 0 at an expected 0, also when the relative tolerance is ∞: ∞·0 is NaN).
+    // tolerance of ∞ would accept anything); a finite one only by a finite value within the
+    // tolerance, as numpy's isclose has it (its relative part 0 at an expected 0, also when the
+    // relative tolerance is ∞: ∞·0 is NaN; and ∞ under a relative tolerance of ∞ fails).
     const double rel = w[i] == 0 ? 0.0 : tol.rel * std::fabs(w[i]);
-    bool ok = both_nan || (std::isfinite(w[i]) ? diff <= tol.abs + rel : g[i] == w[i]);
+    bool ok = both_nan || (std::isfinite(w[i]) ? std::isfinite(g[i]) && diff <= tol.abs + rel : g[i] == w[i]);
     // ULPs between finite values only: on the bit line an infinity is one ULP past the largest
     // finite value and NaN payloads lie just past it.
     if (!ok && ulp_check && std::isfinite(g[i]) && std::isfinite(w[i]))

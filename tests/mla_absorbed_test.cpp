@@ -198,6 +198,15 @@ TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, 
   const Tolerance tol{0, std::numeric_limits<double>::infinity(), 0};
   CHECK(check_output("x", f32({0.0f, 1.0f, -3.0f}), f32({0.0f, 5.0f, 2.0f}), tol).pass);
   CHECK(check_output("x", f32({1e-30f, 0.0f}), f32({0.0f, 0.0f}), tol).bad == 1);  // off an expected 0
+  // A finite expectation is never met by an infinity (numpy's isclose), and the report's fraction
+  // of the tolerance used, ∞ there, agrees with the failure.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float got : {inf, -inf}) {
+    INFO("got " << got);
+    const auto r = check_output("x", f32({got}), f32({5.0f}), tol);
+    CHECK(r.bad == 1);
+    CHECK(std::isinf(r.tolerance_used));
+  }
 }
 
 // conform's report puts each error beside the fraction of its tolerance it used: the largest

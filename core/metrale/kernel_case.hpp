@@ -97,8 +97,9 @@ struct OutputCheck {
   std::string worst;  // the element furthest outside, for the report
   bool pass = false;
 };
-/// Compare an output with its expectation. NaN passes only against NaN; a
-/// shape or size mismatch fails.
+/// Compare an output with its expectation. NaN passes only against NaN, an
+/// infinity only against the same infinity, a finite expectation only with a
+/// finite value within `tol` (as numpy's isclose); a size mismatch fails.
 OutputCheck check_output(const std::string& name, const Tensor& got, const Tensor& want, const Tolerance& tol);
 
 /// The tolerance of one backend's result against another's for the same
