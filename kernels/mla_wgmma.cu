@@ -958,7 +958,8 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
 // The two share Q's shared memory and each tile's raw K and V, staged once by the bulk copy
 // engine into one of kStages64 slots; between them there is no barrier, only the slots'
 // mbarriers, so one warpgroup's softmax and conversions run under the other's MMAs (up to a tile
-// apart: a slot is refilled once both are done with it).
+// apart: a slot is refilled once both are done with it). Over one latent pool (FP8, V = K) only
+// the K slots are filled, and P·V reads its V rows there.
 constexpr uint32_t kRows64 = 64, kHeads64 = 32, kStages64 = 2;
 enum : uint32_t { kWgBar64 = 1 };  // named barriers: warpgroup W's is kWgBar64 + W
 // Named barrier `id` of kThreads threads that a warp's lanes may reach apart (barrier.sync, not
@@ -990,7 +991,7 @@ __device__ float fast_exp2(float x) {
 struct Smem64 {
   uint8_t* sq;         // Q, permuted (store_q_permuted), 64-row slabs: warpgroup W's heads rows 32W..
   uint8_t* sp;         // [W] Pᵀ as [32 heads][64 keys] FP16, one slab each
-  uint8_t* sk;         // [kStages64] the raw K tiles
+  uint8_t* sk;         // [kStages64] the raw K tiles (latent: the V tiles too)
   uint8_t* sv;         // [kStages64] the raw V tiles
   uint8_t* sk_scales;  // NVFP4: [kStages64] the scales of K's and of V's rows, [64 keys][36]
   uint8_t* sv_scales;
@@ -1005,12 +1006,13 @@ struct Smem64 {
 // kRescaleSlack: a tile whose logits stay within the slack of their heads' reference maxima —
 // nearly every tile after the first — needs no maximum across the warpgroup's threads, only a
 // vote. Warpgroup 0 also refills the slots: at the start of tile i the one tile i − 1 held (once
-// every thread has released it) with tile i + 1. The partial goes where `out` puts it (PartialOut:
+// every thread has released it) with tile i + 1 (`latent`: its K half alone, which P·V reads for
+// V too). The partial goes where `out` puts it (PartialOut:
 // o_partial and ml_partial; ClusterOut: the block's K and V slots and Q's first bytes, once both
 // warpgroups are done with them, and cluster_combine then runs here).
 template <class Out, class Rows>
 __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, const Out& out, uint32_t num_q_heads,
-                             uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end) {
+                             uint32_t head0, uint32_t s, uint32_t z, uint32_t begin, uint32_t end, bool latent) {
   constexpr bool kNvfp4 = std::is_same_v<Rows, Nvfp4Rows>;
   static_assert(!(kNvfp4 && Out::cluster), "the NVFP4 slots do not hold a cluster's partial rows");
   constexpr uint32_t pitch = kNvfp4 ? kDim / 2 : kDim, scale_pitch = kDim / 16;  // a staged row's bytes
@@ -1065,7 +1067,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, 
       const uint32_t next = (i + 1) % kStages64;
       mbar_wait(released + next, ((i - 1) / kStages64) % 2);
       feed.stage(tile + kTileKeys, 0, next);
-      feed.stage(tile + kTileKeys, 1, next);
+      if (!latent) feed.stage(tile + kTileKeys, 1, next);
       feed.locate(tile + 2 * kTileKeys);
     }
     feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
@@ -1123,12 +1125,14 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, 
     }
     fence_to_async_proxy();             // P, for the tensor cores
     named_barrier<128>(kWgBar64 + wg);  // P written by the warpgroup, the votes read
-    feed.wait(1, i);
     if constexpr (kNvfp4) {
+      feed.wait(1, i);
       vp_tile_rs_nvfp4<16>(o, sm.sv + b * kTileKeys * pitch, sm.sv_scales + b * kTileKeys * scale_pitch, end - tile, j,
                            qrow, p_desc);
     } else {
-      vp_tile_rs<16>(o, feed.layout, sm.sv + b * kTileKeys * kDim, kDim, end - tile, j, qrow, p_desc);
+      if (!latent) feed.wait(1, i);
+      // Over one latent pool V = K: the rows the K slot holds.
+      vp_tile_rs<16>(o, feed.layout, latent ? sk : sm.sv + b * kTileKeys * kDim, kDim, end - tile, j, qrow, p_desc);
     }
     mbar_arrive(released + b);  // this thread's reads of the tile's K and V are done
   }
@@ -1184,8 +1188,9 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, 
 // each (wgmma64_walk), transposed products with A from registers, one block per SM. The raw K
 // and V tiles are staged by the bulk copy engine (HalfFeed, warpgroup 0's warps; NVFP4's scales
 // by cp.async) into two slots each and converted in registers by the threads whose fragments hold
-// them, as in wgmma16_rs_decode — each warpgroup converting every byte for its own heads. With
-// ClusterOut (FP8) the blocks of a cluster then combine their partials (cluster_combine).
+// them, as in wgmma16_rs_decode — each warpgroup converting every byte for its own heads. Over one
+// latent pool (FP8, v_cache = k_cache) each key's row is copied once and read for both products.
+// With ClusterOut (FP8) the blocks of a cluster then combine their partials (cluster_combine).
 template <class Out, class Rows>
 __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                   uint32_t keys_per_split, const Rows& layout) {
@@ -1207,6 +1212,8 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   const uint32_t tid = threadIdx.x;
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows64, s = blockIdx.z;
   const Chunk chunk = chunk_of(layout.keys, z, keys_per_split);
+  bool latent = false;
+  if constexpr (!Feed::kNvfp4) latent = layout.v_is_k();
   if (tid == 0) {
 #pragma unroll
     for (uint32_t b = 0; b < kStages64; ++b) {
@@ -1220,10 +1227,10 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   if (tid < 128) {  // warpgroup 0 stages: the first two tiles on their way
     feed.locate(chunk.begin);
     feed.stage(chunk.begin, 0, 0);
-    feed.stage(chunk.begin, 1, 0);
+    if (!latent) feed.stage(chunk.begin, 1, 0);
     feed.locate(chunk.begin + kTileKeys);
     feed.stage(chunk.begin + kTileKeys, 0, 1);
-    feed.stage(chunk.begin + kTileKeys, 1, 1);
+    if (!latent) feed.stage(chunk.begin + kTileKeys, 1, 1);
     feed.locate(chunk.begin + 2 * kTileKeys);
   }
   load_q_rows_with<kQUnits, 4>(  // eight rows a warp, four loaded together
@@ -1234,7 +1241,7 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   // Each row's unscale (a power of two) times the softmax scale in log2 units, for the walk.
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
-  wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end);
+  wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end, latent);
 }
 
 }  // namespace

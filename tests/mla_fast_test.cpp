@@ -198,9 +198,10 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 
 // One latent pool passed as both caches (v_cache = k_cache: FlashMLA's layout, V = K row for row).
 // The FP8 staged 16-head blocks then copy each key's row once and read it for both products from
-// a ring of two slots; with compressed entries (their V rows follow their K rows) they walk as
-// with two pools, and the 64-head blocks read the row twice. Against the float64 reference on
-// every backend, and bit for bit against the same case with V a copy of the pool. Pages of 7 keys
+// a ring of two slots, the 64-head blocks from their K slots; with compressed entries (their V
+// rows follow their K rows) they walk as with two pools. Against the float64 reference on every
+// backend, and bit for bit against the same case with V a copy of the pool (a 64-head block of
+// five tiles wraps its two slots twice). Pages of 7 keys
 // break the copies' runs inside a warp; the logits rise along the keys, so the maxima move from
 // tile to tile.
 TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
@@ -212,6 +213,7 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
                                                                 {staged, 16, 1, true},
                                                                 {wide, 40, 1, false},
                                                                 {wide, 128, 3, false},
+                                                                {wide, 64, 5, false},
                                                                 {wide, 70, 1, true},
                                                                 {fused, 16, 1, false},
                                                                 {fused, 20, 3, false},
