@@ -527,6 +527,12 @@ struct HalfFeed {
       }
     }
   }
+  // Start both halves of the tile located last into slot b, or only K's where V = K (one latent
+  // pool, whose K rows P·V reads for V).
+  __device__ void stage_tile(uint32_t tile, uint32_t b, bool k_only) {
+    stage(tile, 0, b);
+    if (!k_only) stage(tile, 1, b);
+  }
   // Wait until half h of the block's i-th tile has landed (the mbarrier's completion makes the
   // engine's writes visible to each thread that observes it).
   __device__ void wait(uint32_t h, uint32_t i) const { mbar_wait(bars + 2 * (i % kStages) + h, (i / kStages) % 2); }
@@ -655,8 +661,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   // The first tile's K and V (latent: its rows) on their way, then Q.
   Feed feed{layout, {sk, sv}, bars, end, {}, {sk_scales, sv_scales}};
   feed.locate(begin);
-  feed.stage(begin, 0);
-  if (!latent) feed.stage(begin, 1);
+  feed.stage_tile(begin, 0, latent);
   load_q_rows_with<kQUnits, kRows16 / 4>(  // four rows a warp, loaded together
       q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
       [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted(sq, row, part, w); });
@@ -1066,8 +1071,7 @@ __device__ void wgmma64_walk(const Smem64& sm, HalfFeed<kStages64, Rows>& feed, 
     if (wg == 0 && i >= 1 && tile + kTileKeys < end) {  // tile i + 1 into the slot of tile i − 1
       const uint32_t next = (i + 1) % kStages64;
       mbar_wait(released + next, ((i - 1) / kStages64) % 2);
-      feed.stage(tile + kTileKeys, 0, next);
-      if (!latent) feed.stage(tile + kTileKeys, 1, next);
+      feed.stage_tile(tile + kTileKeys, next, latent);
       feed.locate(tile + 2 * kTileKeys);
     }
     feed.wait(0, i);  // this tile's K (the mbarrier's phase makes it visible to each waiting thread)
@@ -1226,11 +1230,9 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   Feed feed{layout, {sm.sk, sm.sv}, sm.bars, chunk.end, {}, {sm.sk_scales, sm.sv_scales}};
   if (tid < 128) {  // warpgroup 0 stages: the first two tiles on their way
     feed.locate(chunk.begin);
-    feed.stage(chunk.begin, 0, 0);
-    if (!latent) feed.stage(chunk.begin, 1, 0);
+    feed.stage_tile(chunk.begin, 0, latent);
     feed.locate(chunk.begin + kTileKeys);
-    feed.stage(chunk.begin + kTileKeys, 0, 1);
-    if (!latent) feed.stage(chunk.begin + kTileKeys, 1, 1);
+    feed.stage_tile(chunk.begin + kTileKeys, 1, latent);
     feed.locate(chunk.begin + 2 * kTileKeys);
   }
   load_q_rows_with<kQUnits, 4>(  // eight rows a warp, four loaded together

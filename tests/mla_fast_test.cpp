@@ -201,9 +201,8 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 // a ring of two slots, the 64-head blocks from their K slots; with compressed entries (their V
 // rows follow their K rows) they walk as with two pools. Against the float64 reference on every
 // backend, and bit for bit against the same case with V a copy of the pool (a 64-head block of
-// five tiles wraps its two slots twice). Pages of 7 keys
-// break the copies' runs inside a warp; the logits rise along the keys, so the maxima move from
-// tile to tile.
+// five tiles wraps its two slots twice). Pages of 7 keys break the copies' runs inside a warp;
+// the logits rise along the keys, so the maxima move from tile to tile.
 TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
           "[mla_fast][wgmma][latent]") {
   enum Kind { staged, wide, fused, path };
