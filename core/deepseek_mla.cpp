@@ -36,6 +36,37 @@ void expect_size(const char* what, std::size_t got, std::size_t want) {
   if (got != want) fail(Errc::invalid_argument, "deepseek mla: {} has {} values, expected {}", what, got, want);
 }
 
+// What a cache row holds without saturating (SPEC §3, number formats), for a row of `scale`:
+// FP8 is E4M3 (largest 448) times the scale; an NVFP4 group's E4M3 scale (≤ 448) times E2M1's
+// largest, 6. `rounds_to` is where rounding to nearest stops reaching the largest value (E4M3
+// 464, E2M1 7); past it the store clips. The rows enter as BF16, whose largest value bounds both.
+struct CacheRange {
+  double largest, rounds_to;
+  std::string formula;
+};
+
+CacheRange cache_range(const PagedCacheConfig& cc, const char* scale_name, float scale) {
+  constexpr double kBf16Max = 0x1.FEp127;
+  if (cc.format == KvFormat::nvfp4) return {448.0 * 6.0, 448.0 * 7.0, "an NVFP4 group's largest, E4M3 448 x E2M1 6"};
+  return {std::min(448.0 * scale, kBf16Max), std::min(464.0 * scale, kBf16Max),
+          fmt::format("E4M3's 448 x {} {}", scale_name, scale)};
+}
+
+// The first value of `x` past what the cache holds refused. Rotated (`pairs`), a pair (2i, 2i+1)
+// may land on either axis: its length is what must fit.
+void require_storable(const char* what, std::span<const float> x, const CacheRange& range, bool pairs,
+                      KvFormat format) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double magnitude = pairs ? std::hypot(double{x[i]}, double{x[i ^ 1]}) : std::abs(double{x[i]});
+    if (magnitude > range.rounds_to)
+      fail(Errc::invalid_argument,
+           "deepseek mla: {}[{}] is {}{}, more than the {} cache holds: its largest value is {:.6g} ({}), and past "
+           "{:.6g} the store saturates",
+           what, i, x[i], pairs ? fmt::format(" (its rotation pair's length {:.6g})", magnitude) : "",
+           to_string(format), range.largest, range.formula, range.rounds_to);
+  }
+}
+
 }  // namespace
 
 DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk,
@@ -45,20 +76,31 @@ DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, s
     fail(Errc::invalid_argument, "deepseek mla: the paged cache lives on another backend ({}) than the decoder ({})",
          cache.backend().name(), gpu.name());
   const MlaDims& d = cfg_.dims;
-  if (cfg_.heads == 0 || d.kv_lora == 0 || d.nope == 0 || d.v_head == 0)
-    fail(Errc::invalid_argument, "deepseek mla: heads {}, kv_lora {}, nope {} and v_head {} must all be > 0",
-         cfg_.heads, d.kv_lora, d.nope, d.v_head);
+  // The store's assemble kernel takes a rope part of at least one value (DeepSeek's is 64).
+  if (cfg_.heads == 0 || d.kv_lora == 0 || d.rope == 0 || d.nope == 0 || d.v_head == 0)
+    fail(Errc::invalid_argument, "deepseek mla: heads {}, kv_lora {}, rope {}, nope {} and v_head {} must all be > 0",
+         cfg_.heads, d.kv_lora, d.rope, d.nope, d.v_head);
   // hd() and cache_dim() are u32 sums: a wrapped one would pass the checks below with the wrong width.
   constexpr std::uint64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
   if (std::uint64_t{d.kv_lora} + d.rope > kU32Max)
     fail(Errc::invalid_argument, "deepseek mla: kv_lora {} + rope {} exceeds {}", d.kv_lora, d.rope, kU32Max);
   if (std::uint64_t{d.nope} + d.rope > kU32Max)
     fail(Errc::invalid_argument, "deepseek mla: nope {} + rope {} exceeds {}", d.nope, d.rope, kU32Max);
+  // The kernels' own limits, here rather than at the first append: one GEMV block row per head
+  // (grid y), one assemble thread per cache value.
+  if (cfg_.heads > detail::kMaxGridYZ)
+    fail(Errc::invalid_argument, "deepseek mla: heads {} exceeds {} (the GEMV's grid)", cfg_.heads, detail::kMaxGridYZ);
+  if (d.cache_dim() > kMaxKvCacheDim)
+    fail(Errc::invalid_argument, "deepseek mla: kv_lora {} + rope {} = {} exceeds the kernels' kv_cache_dim limit {}",
+         d.kv_lora, d.rope, d.cache_dim(), kMaxKvCacheDim);
+  if (cfg_.rotate && d.rope % 2 != 0)
+    fail(Errc::invalid_argument, "deepseek mla: rope {} is odd; rotation turns pairs (2i, 2i+1)", d.rope);
   if (!std::isfinite(cfg_.softmax_scale) || cfg_.softmax_scale <= 0.0f)
     fail(Errc::invalid_argument, "deepseek mla: softmax_scale {} is not a finite positive number", cfg_.softmax_scale);
-  if (cfg_.rotate && d.rope > 0)  // at position 1 here; each step's positions in the rope launches
+  if (cfg_.rotate)  // at position 1 here; each step's positions in the rope launches
     if (const auto why = detail::rope_theta_problem(cfg_.rope_theta, d.rope, 1))
       fail(Errc::invalid_argument, "deepseek mla: rope_{}", *why);
+  // heads ≤ 2^16 and kv_lora ≤ 2^10 (above): these products stay below 2^58.
   expect_size("w_uk", w_uk.size(), std::size_t{cfg_.heads} * d.nope * d.kv_lora);
   expect_size("w_uv", w_uv.size(), std::size_t{cfg_.heads} * d.v_head * d.kv_lora);
   const PagedCacheConfig& cc = cache.config();
@@ -89,10 +131,40 @@ void DeepseekMlaDecoder::check_new_tokens(std::size_t n, std::span<const float> 
   expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
   expect_size("k_rope", k_rope.size(), n * d.rope);
   expect_size("positions", positions.size(), n);
-  // The rows enter the cache, where a NaN would poison every later step of the sequence (and an
-  // infinity saturate silently): refused before anything is reserved.
+  // The rows enter the cache, where a NaN would poison every later step of the sequence and a
+  // value past the format's range would be clipped without a word: refused before anything is
+  // reserved. kv_latent goes into the K row and (unless latent) the V row, k_rope into K alone.
   detail::require_finite("deepseek mla: kv_latent", kv_latent, "a token stored in the cache must be finite");
   detail::require_finite("deepseek mla: k_rope", k_rope, "a token stored in the cache must be finite");
+  const PagedCacheConfig& cc = cache_.config();
+  const bool v_smaller = !cc.latent && cc.v_scale < cc.k_scale;
+  require_storable("kv_latent", kv_latent,
+                   v_smaller ? cache_range(cc, "v_scale", cc.v_scale) : cache_range(cc, "k_scale", cc.k_scale), false,
+                   cc.format);
+  require_storable("k_rope", k_rope, cache_range(cc, "k_scale", cc.k_scale), cfg_.rotate, cc.format);
+}
+
+void DeepseekMlaDecoder::check_step_output(const StepOutput& out) const {
+  // A score is softmax_scale x q_absorbed . K over FP32; |K| is at most the cache's largest value,
+  // so below this bound on every row no score can overflow (to +inf, a NaN output; to -inf, a
+  // key silently dropped).
+  const PagedCacheConfig& cc = cache_.config();
+  const double k_largest = cache_range(cc, "k_scale", cc.k_scale).largest;
+  const std::uint32_t H = cfg_.heads, cd = cfg_.dims.cache_dim();
+  for (std::size_t r = 0; r < out.q_absorbed.size() / cd; ++r) {
+    double l1 = 0.0;
+    for (std::size_t i = 0; i < cd; ++i) l1 += std::abs(double{out.q_absorbed[r * cd + i]});
+    const double bound = double{cfg_.softmax_scale} * l1 * k_largest;
+    if (!(bound <= 0x1p126))
+      fail(Errc::invalid_argument,
+           "deepseek mla: sequence {} head {}: softmax_scale {} x |q_absorbed|_1 {:.6g} x the cache's largest value "
+           "{:.6g} = {:.6g} reaches 2^126, so its attention scores could overflow FP32; the step was not applied",
+           r / H, r % H, cfg_.softmax_scale, l1, k_largest, bound);
+  }
+  constexpr std::string_view why = "the step overflowed its BF16 outputs; it was not applied";
+  detail::require_finite("deepseek mla: q_absorbed", out.q_absorbed, why);
+  detail::require_finite("deepseek mla: o_latent", out.o_latent, why);
+  detail::require_finite("deepseek mla: attn_out", out.attn_out, why);
 }
 
 SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent,
@@ -109,8 +181,7 @@ SlotReservation DeepseekMlaDecoder::stage_kv(std::span<const SeqId> seqs, std::s
   const auto slot_mapping = DeviceBuffer::from_host(gpu_, slots.slot_mapping());
   for (std::size_t i = 0; i < n; ++i) {
     const DevicePtr k_rope_i = rope.ptr() + i * d.rope * kBf16;
-    if (cfg_.rotate && d.rope > 0)
-      rope_pairs_bf16(gpu_, k_.rope_pairs_bf16, {k_rope_i, 1, d.rope, positions[i], cfg_.rope_theta});
+    if (cfg_.rotate) rope_pairs_bf16(gpu_, k_.rope_pairs_bf16, {k_rope_i, 1, d.rope, positions[i], cfg_.rope_theta});
     mla_cache_assemble(gpu_, k_.cache_assemble,
                        {latent.ptr() + i * d.kv_lora * kBf16, k_rope_i, k_rows.ptr() + i * cd * kBf16,
                         v_rows.ptr() + i * cd * kBf16, d.kv_lora, d.rope, cd});
@@ -179,6 +250,8 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
     fail(Errc::invalid_argument, "deepseek mla: a sequence is listed twice in one decode step");
   expect_size("q_nope", in.q_nope.size(), S * H * d.nope);
   expect_size("q_rope", in.q_rope.size(), S * H * d.rope);
+  detail::require_finite("deepseek mla: q_nope", in.q_nope, "a query must be finite");
+  detail::require_finite("deepseek mla: q_rope", in.q_rope, "a query must be finite");
   check_new_tokens(S, in.kv_latent, in.k_rope, in.positions);  // before the q stages, which index positions
   times_.clear();
   last_mark_ = now_ms();
@@ -204,15 +277,13 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
                   d.nope, H, hd, cd},
                  0, GemvStart::early);
   mark("absorb q (gemv W_UK)");
-  if (d.rope > 0) {
-    mla_q_rope_scatter(gpu_, k_.q_rope_scatter,
-                       {q_full_d.ptr(), q_abs.ptr(), q_rope.ptr(), nq, hd, d.nope, d.rope, d.kv_lora, cd});
-    if (cfg_.rotate) {
-      for (std::size_t s = 0; s < S; ++s)
-        rope_pairs_bf16(gpu_, k_.rope_pairs_bf16,
-                        {q_rope.ptr() + s * H * d.rope * kBf16, H, d.rope, in.positions[s], cfg_.rope_theta});
-      mla_q_rope_writeback(gpu_, k_.q_rope_writeback, {q_rope.ptr(), q_abs.ptr(), nq, d.rope, d.kv_lora, cd});
-    }
+  mla_q_rope_scatter(gpu_, k_.q_rope_scatter,
+                     {q_full_d.ptr(), q_abs.ptr(), q_rope.ptr(), nq, hd, d.nope, d.rope, d.kv_lora, cd});
+  if (cfg_.rotate) {
+    for (std::size_t s = 0; s < S; ++s)
+      rope_pairs_bf16(gpu_, k_.rope_pairs_bf16,
+                      {q_rope.ptr() + s * H * d.rope * kBf16, H, d.rope, in.positions[s], cfg_.rope_theta});
+    mla_q_rope_writeback(gpu_, k_.q_rope_writeback, {q_rope.ptr(), q_abs.ptr(), nq, d.rope, d.kv_lora, cd});
   }
   mark("rope q (scatter, rope, writeback)");
 
@@ -236,6 +307,7 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
                 out.o_latent.begin() + static_cast<std::ptrdiff_t>(r * d.kv_lora));
   out.attn_out = to_f32(attn.to_host<Bf16>());
   mark("download");
+  check_step_output(out);
   slots.commit();  // the step succeeded: the new tokens stay in the cache
   return out;
 }

@@ -22,9 +22,36 @@ std::atomic<unsigned long long> g_next_part{0};
   fail(Errc::invalid_argument, "cannot write {} ({})", target.string(), std::strerror(err));
 }
 
+const char* describe_type(std::filesystem::file_type type) {
+  switch (type) {
+    case std::filesystem::file_type::directory:
+      return "a folder";
+    case std::filesystem::file_type::symlink:
+      return "a symbolic link";
+    case std::filesystem::file_type::block:
+      return "a block device";
+    case std::filesystem::file_type::character:
+      return "a character device";
+    case std::filesystem::file_type::fifo:
+      return "a FIFO";
+    case std::filesystem::file_type::socket:
+      return "a socket";
+    default:
+      return "something";
+  }
+}
+
 }  // namespace
 
 StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> bytes) : target_(std::move(target)) {
+  // The rename would put a regular file where a link, a FIFO or a device was: refused instead.
+  std::error_code ec;
+  const auto type = std::filesystem::symlink_status(target_, ec).type();
+  if (!ec && type != std::filesystem::file_type::not_found && type != std::filesystem::file_type::regular)
+    fail(Errc::invalid_argument,
+         "cannot write {} ({}, not a regular file; the file is written whole and renamed "
+         "into place, which would replace it)",
+         target_.string(), describe_type(type));
   staged_ = target_;
   staged_ += fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies

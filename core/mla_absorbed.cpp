@@ -170,7 +170,7 @@ void mla_cache_assemble(GpuBackend& gpu, KernelHandle kernel, const CacheAssembl
   v.positive({{"kv_lora", a.kv_lora}});
   v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
           a.rope, a.mla_cache_dim);
-  v.at_most("mla_cache_dim", a.mla_cache_dim, 1024);  // one thread per element
+  v.at_most("mla_cache_dim", a.mla_cache_dim, kMaxKvCacheDim);  // one thread per element
   KernelLaunch(gpu, kernel)
       .grid({1, 1, 1})
       .block({std::max(a.mla_cache_dim, 256u), 1, 1})

@@ -61,10 +61,21 @@ void check_token(const MlaConfig& cfg, std::size_t q, std::size_t k, std::size_t
 }
 
 // The token's K and V rows enter the history, where a NaN or an infinity would poison every later
-// token's output: refused before anything is stored, naming the first such element.
-void check_new_rows(std::span<const float> k, std::span<const float> v) {
+// token's output, and q and g make this one's: refused before anything is stored, naming the
+// first such element.
+void check_token_values(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                        std::span<const float> g) {
+  detail::require_finite("k3 mla: q", q, "a query must be finite");
   detail::require_finite("k3 mla: k", k, "a row of the history must be finite");
   detail::require_finite("k3 mla: v", v, "a row of the history must be finite");
+  detail::require_finite("k3 mla: g", g, "a gate must be finite");
+}
+
+// out is a softmax-weighted mean of finite V rows (times a sigmoid): a value that is not finite
+// means a score overflowed FP32. Checked before the token is kept.
+void check_output(std::span<const float> out) {
+  detail::require_finite("k3 mla: out", out,
+                         "its attention scores overflowed FP32 (q . k / sqrt(dq)); the token was not added");
 }
 
 void check_history_len(std::size_t seq_len) {
@@ -170,7 +181,7 @@ std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std:
                                     float theta) {
   // The launchers' checks, all before q and k are rotated in place: an error changes nothing.
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
-  check_new_rows(k, v);
+  check_token_values(q, k, v, g);
   check_host_history(kv, cfg);
   if (!cfg.mla_use_nope)
     if (const auto why = detail::rope_theta_problem(theta, cfg.qk_rope_head_dim, pos))
@@ -338,7 +349,7 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
                                               MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos, float theta,
                                               Stream stream) {
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
-  check_new_rows(k, v);
+  check_token_values(q, k, v, g);
   check_host_history(kv, cfg);
   return with_context(fmt::format("k3 mla decode (host KV) at position {}", pos), [&] {
     const auto dq = with_context("upload q", [&] { return DeviceBuffer::from_host<float>(gpu, q); });
@@ -363,6 +374,7 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });
+    check_output(result);
     undo.dismiss();
     std::copy(q_rot.begin(), q_rot.end(), q.begin());
     std::copy(k_rot.begin(), k_rot.end(), k.begin());
@@ -376,7 +388,7 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
                                                         MlaDeviceKv& kv, const MlaConfig& cfg, std::uint32_t pos,
                                                         float theta, Stream stream) {
   check_token(cfg, q.size(), k.size(), v.size(), g.size());
-  check_new_rows(k, v);
+  check_token_values(q, k, v, g);
   kv.validate_cfg(cfg);
   if (&kv.backend() != &gpu) fail(Errc::invalid_argument, "k3 mla: the device KV was allocated on another backend");
   if (kv.seq_len() >= kv.cap()) fail(Errc::capacity_exceeded, "k3 mla: device KV cap {} full", kv.cap());
@@ -401,6 +413,7 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
       gpu.synchronize(stream);
     });
     auto result = with_context("download out", [&] { return out.to_host<float>(); });
+    check_output(result);
     undo.dismiss();
     return result;
   });

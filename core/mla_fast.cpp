@@ -280,7 +280,9 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k) {
 }
 
 std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiprocessors) {
-  const std::uint64_t heads = std::uint64_t{a.num_q_heads} * a.num_seqs, slots = 8ull * std::max(1u, multiprocessors);
+  // At least one (sequence, head) and one SM: the launcher refuses zero counts, a caller may not.
+  const std::uint64_t heads = std::max<std::uint64_t>(1, std::uint64_t{a.num_q_heads} * a.num_seqs);
+  const std::uint64_t slots = 8ull * std::max(1u, multiprocessors);
   const std::uint32_t tiles = (a.kv_cache_dim + 63) / 64;  // 64-dim tiles
   return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((slots + heads - 1) / heads, 1, std::max(1u, tiles)));
 }

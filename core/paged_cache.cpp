@@ -49,6 +49,11 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
     if (cfg.cache_stride > std::numeric_limits<std::uint64_t>::max() / slots)
       fail(Errc::invalid_argument, "paged cache: cache_stride {} x {} slots does not fit 64 bits", cfg.cache_stride,
            slots);
+    // The decode kernels' row offsets (slot x stride) must stay inside int64 for any int32 slot.
+    if (cfg.cache_stride >= (std::uint64_t{1} << 32) / cfg.block_size)
+      fail(Errc::invalid_argument,
+           "paged cache: block_size {} x cache_stride {} reaches 2^32, past what the decode kernels address",
+           cfg.block_size, cfg.cache_stride);
     if (!std::isfinite(cfg.k_scale) || cfg.k_scale <= 0)
       fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
     if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)
@@ -85,6 +90,12 @@ PagedKvCache::PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg) : gpu_(gpu), c
   } else {
     data_section_bytes_ = align16(std::uint64_t{cfg_.block_size} * row_width / 2);
     block_stride_bytes_ = align16(data_section_bytes_ + std::uint64_t{cfg_.block_size} * row_width / 16);
+    // The decode kernels' block offsets (block x stride) must stay inside int64 for any int32 block.
+    if (block_stride_bytes_ >= (std::uint64_t{1} << 32))
+      fail(Errc::invalid_argument,
+           "paged cache: an nvfp4 block of block_size {} x row width {} takes {} bytes, reaching 2^32, past what the "
+           "decode kernels address",
+           cfg_.block_size, row_width, block_stride_bytes_);
     pool = std::uint64_t{cfg_.num_blocks} * block_stride_bytes_;
   }
   k_pool_ = DeviceBuffer(gpu_, pool);

@@ -27,7 +27,8 @@ namespace metrale::detail {
 inline void require_finite(std::string_view what, std::span<const float> values, std::string_view why) {
   const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
   if (bad != values.end())
-    fail(Errc::invalid_argument, "{}[{}] is {}; {}", what, std::distance(values.begin(), bad), *bad, why);
+    fail(Errc::invalid_argument, "{}[{}] is {}; {}", what, std::distance(values.begin(), bad),
+         std::isnan(*bad) ? std::abs(*bad) : *bad, why);  // a NaN's sign bit means nothing: "nan", never "-nan"
 }
 
 /// Why rope over `rope` dims at position `pos` with base `theta` cannot be computed in FP32, or

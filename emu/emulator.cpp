@@ -475,6 +475,7 @@ struct EmulatorBackend::Impl {
       Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races,
                 options.max_block_accesses, &launch);
       blk.clusterDim = cluster;
+      blk.count_start();
       e.run(blk, args, e.params);
       blk.report_accesses();  // the accesses since its last batch
       if (blk.writes().empty()) return;

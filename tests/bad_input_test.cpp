@@ -626,6 +626,81 @@ TEST_CASE("bad input: a DeepSeek step checks every size before its first launch"
   CHECK(t.gpu.live_allocations().size() == live);
 }
 
+// Before: a value past the cache format's range was clipped without a word (FP8 stored 1000 as
+// 448), a NaN in q ran, and a step whose scores overflowed FP32 returned NaN or dropped keys
+// (twentieth session's adversarial run). Each is now refused, and the cache keeps what it had.
+TEST_CASE("bad input: a DeepSeek value the cache cannot hold, a NaN query or overflowing scores change nothing",
+          "[bad_input][deepseek]") {
+  const MlaDims d = SmallDeepseek::kDims;
+  constexpr std::uint32_t H = SmallDeepseek::kHeads;
+  SmallDeepseek t;
+  DeepseekMlaConfig cfg = t.config();
+  const bool overflow = GENERATE(false, true);
+  if (overflow) cfg.softmax_scale = 1e30f;  // finite and positive, so the config is accepted
+  DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache);
+  const SeqId s = t.cache.add_sequence();
+  std::vector<float> latent(d.kv_lora, 0.3f), k_rope(d.rope, 0.2f);
+  latent[1] = 460.0f;  // rounds to E4M3's 448: accepted
+  const std::uint32_t p0 = 0, p1 = 1;
+  dec.append_kv(std::span(&s, 1), latent, k_rope, std::span(&p0, 1));
+  const auto table = std::vector<std::int32_t>(t.cache.block_table(s).begin(), t.cache.block_table(s).end());
+  const auto free_blocks = t.cache.free_blocks();
+  const auto live = t.gpu.live_allocations().size();
+  std::vector<float> q_nope(H * d.nope, 0.5f), q_rope(H * d.rope, 0.5f);
+  const auto step = [&] { dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, std::span(&p1, 1)}); };
+  if (!overflow) {
+    SECTION("a latent value past the FP8 cache's range") {
+      latent[3] = 1000.0f;
+      require_error(step, Errc::invalid_argument,
+                    {"kv_latent[3] is 1000, more than the fp8 cache holds: its largest value is 448 (E4M3's 448 x "
+                     "k_scale 1), and past 464 the store saturates"});
+    }
+    SECTION("a rope pair whose rotation can leave the range") {
+      k_rope[0] = k_rope[1] = 400.0f;  // each fits, but rotated, one may reach 565.7
+      require_error(step, Errc::invalid_argument, {"k_rope[0] is 400 (its rotation pair's length 565.685)"});
+    }
+    SECTION("a NaN or an infinity in q") {
+      q_rope[2] = std::numeric_limits<float>::infinity();
+      require_error(step, Errc::invalid_argument, {"deepseek mla: q_rope[2] is inf; a query must be finite"});
+      q_rope[2] = 0.5f, q_nope[7] = std::nanf("");
+      require_error(step, Errc::invalid_argument, {"deepseek mla: q_nope[7] is nan; a query must be finite"});
+    }
+  } else {
+    SECTION("scores that could pass FP32's range") {
+      std::fill(q_nope.begin(), q_nope.end(), 1e5f);
+      require_error(step, Errc::invalid_argument,
+                    {"sequence 0 head 0: softmax_scale 1e+30 x |q_absorbed|_1", "could overflow FP32",
+                     "the step was not applied"});
+    }
+  }
+  CHECK(t.cache.seq_len(s) == 1);
+  CHECK(std::vector<std::int32_t>(t.cache.block_table(s).begin(), t.cache.block_table(s).end()) == table);
+  CHECK(t.cache.free_blocks() == free_blocks);
+  CHECK(t.gpu.live_allocations().size() == live);
+}
+
+TEST_CASE("bad input: an NVFP4 cache refuses a value past 448 x 6, rounding included", "[bad_input][deepseek]") {
+  constexpr MlaDims d{12, 4, 8, 8};  // a row of 16 values: one NVFP4 group
+  emu::EmulatorBackend gpu;
+  PagedCacheConfig pc;
+  pc.format = KvFormat::nvfp4, pc.num_blocks = 2, pc.block_size = 2, pc.kv_cache_dim = d.cache_dim();
+  PagedKvCache cache(gpu, pc);
+  const std::vector<Bf16> w_uk(2 * d.nope * d.kv_lora, Bf16::from_float(0.1f)),
+      w_uv(2 * d.v_head * d.kv_lora, Bf16::from_float(0.1f));
+  DeepseekMlaDecoder dec(gpu, {2, d, 0.25f, 10000.0f, true}, w_uk, w_uv, cache);
+  const SeqId s = cache.add_sequence();
+  std::vector<float> latent(d.kv_lora, 0.3f), k_rope(d.rope, 0.2f);
+  const std::uint32_t p0 = 0;
+  latent[0] = -3000.0f;  // E4M3(3000 / 6) = 448 and E2M1(3000 / 448) = 6: rounding, not clipping
+  dec.append_kv(std::span(&s, 1), latent, k_rope, std::span(&p0, 1));
+  latent[0] = 4000.0f;
+  const std::uint32_t p1 = 1;
+  require_error([&] { dec.append_kv(std::span(&s, 1), latent, k_rope, std::span(&p1, 1)); }, Errc::invalid_argument,
+                {"kv_latent[0] is 4000, more than the nvfp4 cache holds: its largest value is 2688 (an NVFP4 "
+                 "group's largest, E4M3 448 x E2M1 6), and past 3136 the store saturates"});
+  CHECK(cache.seq_len(s) == 1);
+}
+
 TEST_CASE("bad input: a DeepSeek decoder config is checked when the decoder is built", "[bad_input][deepseek]") {
   SmallDeepseek t;
   SECTION("softmax_scale") {
@@ -643,6 +718,33 @@ TEST_CASE("bad input: a DeepSeek decoder config is checked when the decoder is b
                   {"rope_theta -1 is not a finite positive number"});
     cfg.rotate = false;  // unused then
     DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache);
+  }
+  // Before: each was accepted, then refused at the first append by a kernel's limit (or, for
+  // weight sizes past 2^64, wrapped to 0 so that empty weights passed and the copy crashed).
+  SECTION("a config the kernels cannot run") {
+    const auto refused = [&](std::uint32_t heads, MlaDims dims, bool rotate, std::string needle) {
+      DeepseekMlaConfig cfg = t.config();
+      cfg.heads = heads, cfg.dims = dims, cfg.rotate = rotate;
+      require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, {}, {}, t.cache); }, Errc::invalid_argument,
+                    {"deepseek mla: " + needle});
+    };
+    refused(2, {16, 0, 8, 8}, true, "heads 2, kv_lora 16, rope 0, nope 8 and v_head 8 must all be > 0");
+    refused(2, {16, 5, 8, 8}, true, "rope 5 is odd; rotation turns pairs (2i, 2i+1)");
+    refused(2, {1000, 40, 8, 8}, true, "kv_lora 1000 + rope 40 = 1040 exceeds the kernels' kv_cache_dim limit 1024");
+    refused(70000, {16, 4, 8, 8}, true, "heads 70000 exceeds 65535");
+    refused(1u << 22, {1u << 21, 64, 1u << 21, 1u << 21}, true, "heads 4194304 exceeds 65535");
+    // Without rotation an odd rope is only a width.
+    std::vector<float> w_uk(2 * 8 * 15), w_uv(2 * 8 * 15);
+    PagedCacheConfig pc;
+    pc.num_blocks = 2, pc.block_size = 2, pc.kv_cache_dim = 20;
+    PagedKvCache odd_cache(t.gpu, pc);
+    DeepseekMlaConfig cfg{2, {15, 5, 8, 8}, 0.25f, 10000.0f, false};
+    const auto bf16 = [](const std::vector<float>& x) {
+      std::vector<Bf16> out(x.size());
+      std::transform(x.begin(), x.end(), out.begin(), Bf16::from_float);
+      return out;
+    };
+    CHECK_NOTHROW(DeepseekMlaDecoder(t.gpu, cfg, bf16(w_uk), bf16(w_uv), odd_cache));
   }
   SECTION("dimension sums past 32 bits") {
     // kv_lora + rope would wrap to 20 = the cache's kv_cache_dim and pass the cache check.
@@ -781,6 +883,12 @@ TEST_CASE("bad input: a file named twice runs once; an empty filter is refused; 
   CHECK(run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / "b").string(),
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
+  CHECK_FALSE(std::filesystem::exists(root));
+  // Before: "a/../b" created a as well, and the cleanup, measuring the normal path, left it.
+  out.clear();
+  CHECK(
+      run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / ".." / "b").string(),
+              out) == 2);
   CHECK_FALSE(std::filesystem::exists(root));
 }
 

@@ -18,6 +18,7 @@
 #include "metrale/emu/emulator.hpp"
 #include "metrale/kernel_case.hpp"
 #include "metrale/launch.hpp"
+#include "metrale/mla_absorbed.hpp"
 #include "support.hpp"
 
 namespace {
@@ -558,7 +559,8 @@ TEST_CASE("emu: more than 1024 worker threads is an error naming the value", "[e
 TEST_CASE("emu: a block past its checked-access limit stops the launch with capacity_exceeded", "[emu]") {
   // Before: a 657 KB case file whose block table repeats one page under a seq_len of 2^31 − 1 ran
   // for hours. Each of this GEMV's blocks reads 8 weight rows and the input, and stores 8 values;
-  // a thread's 256-byte weight row counts as 4 accesses (one per 64 bytes), so thread 2 passes 16.
+  // the block's start counts 8 accesses (one per warp) and a thread's 256-byte weight row and
+  // input 4 each (one per 64 bytes), so thread 1 passes 16.
   const KernelCase c = gen::gemv_case(64, 128, 2, 0, 0, 5);
   EmulatorOptions o = strict();
   o.max_block_accesses = 16;
@@ -566,7 +568,7 @@ TEST_CASE("emu: a block past its checked-access limit stops the launch with capa
   const Error e = error_of([&] { (void)run_kernel_case(tight, c); });
   CHECK(e.code() == Errc::capacity_exceeded);
   CHECK_THAT(std::string(e.what()),
-             Catch::Matchers::Contains("mla_batched_gemv block (0,0,0) thread 2: more than 16 checked "
+             Catch::Matchers::Contains("mla_batched_gemv block (0,0,0) thread 1: more than 16 checked "
                                        "accesses to device memory"));
   CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("METRALE_EMU_BLOCK_ACCESSES"));
   ::setenv("METRALE_EMU_BLOCK_ACCESSES", "16", 1);
@@ -639,6 +641,37 @@ TEST_CASE("emu: the launch's limit counts blocks of fewer than 4096 accesses", "
   o.max_launch_accesses = 1u << 20;
   EmulatorBackend roomy(o);
   CHECK_NOTHROW(run_kernel_case(roomy, c));
+}
+
+// Before: a block that touched no memory counted nothing, so a raw launch of 2^31 such blocks
+// (the GEMV's rows past n_out) ran for a quarter of an hour within every limit (twentieth
+// session's adversarial run). Each block's start now counts one access per warp.
+TEST_CASE("emu: blocks that touch no memory count against the launch's limit", "[emu]") {
+  EmulatorOptions o = strict();
+  o.max_launch_accesses = 4096;
+  EmulatorBackend tight(o);
+  const auto k = MlaAbsorbedKernels::resolve(tight);
+  const std::vector<Bf16> x(8, Bf16::from_float(1.0f));
+  const auto in = DeviceBuffer::from_host<Bf16>(tight, x), w = DeviceBuffer::from_host<Bf16>(tight, x);
+  const DeviceBuffer out(tight, 16);
+  const auto launch = [&](std::uint32_t blocks) {
+    // n_out 8: block 0 computes the 8 rows, every other block returns at once.
+    KernelLaunch(tight, k.batched_gemv)
+        .grid({blocks, 1, 1})
+        .block({256, 1, 1})
+        .arg_ptr(in.ptr())
+        .arg_ptr(w.ptr())
+        .arg_ptr(out.ptr())
+        .arg_u32(8)
+        .arg_u32(1)
+        .arg_u32(1)
+        .arg_u32(8)
+        .launch();
+  };
+  CHECK_NOTHROW(launch(64));  // 64 blocks x 8 warps and block 0's rows fit 4096
+  const Error e = error_of([&] { launch(1024); });
+  CHECK(e.code() == Errc::capacity_exceeded);
+  CHECK_THAT(std::string(e.what()), Contains("the launch's blocks made more than 4096 checked accesses"));
 }
 
 TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have", "[emu]") {

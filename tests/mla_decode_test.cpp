@@ -553,6 +553,34 @@ TEST_CASE("device KV capacity rules: cap < history, cap 0, empty download, free"
 
 // ---- rank checks -------------------------------------------------------------------------
 
+// Before: a NaN in q or g ran, and a huge but finite stored k (1e30) turned every later token
+// whose q·k passed FP32's range into NaN output (twentieth session's adversarial run). Now q and g
+// are checked with k and v, and an output that is not finite is refused before the row is kept.
+TEST_CASE("a NaN query or gate is refused, and so is a token whose scores overflow FP32", "[mla_decode][validation]") {
+  const MlaKvPlacement placement = GENERATE(MlaKvPlacement::host, MlaKvPlacement::device);
+  emu::EmulatorBackend gpu;
+  const MlaConfig cfg{1, 4, 0, 2, true, true};  // NoPE: q and k are used as given
+  K3MlaDecoder dec(gpu, cfg, 8, placement);
+  std::vector<float> q{1, 0, 0, 0}, k{1e30f, 0, 0, 0}, v{1, 2}, g{0.5f, -0.5f};
+  dec.decode(q, k, v, g, 0, 1e4f);  // q·k = 1e30 is finite: accepted
+  const MlaKv before = dec.history();
+  q = {0, 0, 1, 0}, k = {0, 1, 0, 0};
+  q[1] = std::nanf("");
+  test::require_error([&] { dec.decode(q, k, v, g, 1, 1e4f); }, Errc::invalid_argument,
+                      {"k3 mla: q[1] is nan; a query must be finite"});
+  q[1] = 0, g[1] = std::numeric_limits<float>::infinity();
+  test::require_error([&] { dec.decode(q, k, v, g, 1, 1e4f); }, Errc::invalid_argument,
+                      {"k3 mla: g[1] is inf; a gate must be finite"});
+  g[1] = -0.5f, q[0] = 1e9f;  // q·k0 = 1e39 passes FP32's range
+  test::require_error([&] { dec.decode(q, k, v, g, 1, 1e4f); }, Errc::invalid_argument,
+                      {"k3 mla: out[0] is nan; its attention scores overflowed FP32", "the token was not added"});
+  CHECK(dec.history() == before);
+  q[0] = 0;  // the same token with a q the history can take is kept
+  const auto out = dec.decode(q, k, v, g, 1, 1e4f);
+  CHECK(std::isfinite(out[0]));
+  CHECK(dec.seq_len() == 2);
+}
+
 TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
   std::mt19937_64 rng(37);
   emu::EmulatorBackend gpu;

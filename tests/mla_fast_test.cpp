@@ -647,6 +647,9 @@ TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_f
   CHECK(combine_dim_blocks({{}, {}, {}, {}, 16, 576, 12, 1.0f, 1}, 132) == 9);    // 16 heads: a block per tile
   CHECK(combine_dim_blocks({{}, {}, {}, {}, 16, 576, 12, 1.0f, 32}, 132) == 3);   // 512 heads: 1056 / 512 → 3
   CHECK(combine_dim_blocks({{}, {}, {}, {}, 128, 576, 12, 1.0f, 128}, 132) == 1);
+  // A public helper: zero counts (which the launcher refuses) give one block, not a division by
+  // zero (twentieth session's adversarial run: SIGFPE).
+  CHECK(combine_dim_blocks(CombineArgs{}, 132) == 1);
   for (const auto& name : test::backends()) {
     INFO("backend " << name);
     auto gpu = test::make_backend(name);

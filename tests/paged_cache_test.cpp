@@ -157,6 +157,15 @@ TEST_CASE("paged cache: config validation names the field", "[paged_cache]") {
     cfg.cache_stride = (std::uint64_t{1} << 63) + 8;
     reject({"cache_stride 9223372036854775816", "2 slots"});
   }
+  // Before: accepted, then refused at the first decode by a limit the user never set.
+  SECTION("fp8 block_size x cache_stride reaching 2^32") {
+    cfg.num_blocks = 1, cfg.block_size = 1u << 22, cfg.cache_stride = 1024;
+    reject({"block_size 4194304 x cache_stride 1024 reaches 2^32"});
+  }
+  SECTION("an nvfp4 block of 2^32 bytes") {
+    cfg.format = KvFormat::nvfp4, cfg.num_blocks = 1, cfg.block_size = 1u << 23, cfg.kv_cache_dim = 1024;
+    reject({"an nvfp4 block of block_size 8388608 x row width 1024", "reaching 2^32"});
+  }
   SECTION("fp8 cache_stride < row width") {
     cfg.num_kv_heads = 2;  // row width 32
     cfg.cache_stride = 31;

@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "metrale/files.hpp"
@@ -477,5 +479,20 @@ TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[
   require_error([&] { metrale::check_writable(dir / "no" / "d.txt"); }, Errc::invalid_argument,
                 {"cannot write " + (dir / "no" / "d.txt").string(), "No such file or directory"});
   CHECK(entries() == 3);
+  // Before: the rename put a regular file where a symbolic link or a FIFO was (twentieth
+  // session's adversarial run: `bench --json` and `conform --report` destroyed them).
+  std::filesystem::create_symlink(dir / "b.txt", dir / "link.txt");
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  for (const auto& [name, kind] : {std::pair{"link.txt", "a symbolic link"}, std::pair{"fifo", "a FIFO"}}) {
+    INFO(name);
+    require_error([&] { metrale::check_writable(dir / name); }, Errc::invalid_argument,
+                  {"cannot write " + (dir / name).string(), std::string(kind) + ", not a regular file"});
+    require_error([&] { metrale::StagedFile(dir / name, std::string_view("x")).commit(); }, Errc::invalid_argument,
+                  {std::string(kind)});
+  }
+  CHECK(std::filesystem::is_symlink(dir / "link.txt"));
+  CHECK(std::filesystem::is_fifo(dir / "fifo"));
+  CHECK(slurp(dir / "b.txt") == "b");
+  CHECK(entries() == 5);  // nothing staged left behind
   std::filesystem::remove_all(dir);
 }

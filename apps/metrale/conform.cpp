@@ -335,12 +335,13 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         made.root = p;
         if (p == p.parent_path()) break;
       }
-      fs::create_directories(opts->report, ec);
-      if (ec || !fs::is_directory(opts->report))
+      // The folder the cleanup measures: "R/x/../y" must not create R/x.
+      fs::create_directories(made.leaf, ec);
+      if (ec || !fs::is_directory(made.leaf))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
              ec ? ec.message() : "a file is in the way");
       with_context("conform --report", [&] {
-        for (const char* name : {"report.json", "report.md"}) check_writable(fs::path(opts->report) / name);
+        for (const char* name : {"report.json", "report.md"}) check_writable(made.leaf / name);
       });
     }
     auto gpu = make_backend(opts->backend);
@@ -419,7 +420,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) {
-      write_reports(opts->report, device, opts->seed, results, seconds);
+      write_reports(made.leaf, device, opts->seed, results, seconds);
       made.keep = true;
     }
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.

@@ -46,7 +46,9 @@ class DeepseekMlaDecoder {
   /// `w_uk` [heads, nope, kv_lora] and `w_uv` [heads, v_head, kv_lora], BF16
   /// (rows of HF's kv_b_proj). W_UK is kept transposed per head so absorption
   /// is one batched GEMV. Errors: `invalid_argument` for a weight size, a zero
-  /// dimension, kv_lora + rope or nope + rope past 2^32 − 1, a softmax_scale (or,
+  /// dimension (rope included), kv_lora + rope or nope + rope past 2^32 − 1,
+  /// kv_lora + rope past kMaxKvCacheDim (1024), heads past 65535, an odd rope
+  /// when rotating, a softmax_scale (or,
   /// when rotating, a rope_theta) that is not finite and > 0, a cache whose
   /// kv_cache_dim is not kv_lora + rope, that has more than one KV head or that
   /// lives on another backend; the backend's.
@@ -57,8 +59,10 @@ class DeepseekMlaDecoder {
   /// (rope, assemble, store). Token i belongs to `seqs[i]` at `positions[i]`:
   /// kv_latent [n, kv_lora], k_rope [n, rope] (before rotation). All or
   /// nothing: on any error the cache is unchanged. Errors: `invalid_argument`
-  /// for sizes or a NaN or infinite value in kv_latent or k_rope (named by
-  /// index), `capacity_exceeded`, `not_found`, the backend's.
+  /// for sizes, a NaN or infinite value in kv_latent or k_rope, or one past
+  /// what the cache format holds (SPEC §3: E4M3's 448 × the row's scale, NVFP4's
+  /// 448 × 6, up to where rounding reaches them; rotated, a k_rope pair's
+  /// length), each named by index; `capacity_exceeded`, `not_found`, the backend's.
   void append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
                  std::span<const std::uint32_t> positions);
 
@@ -77,8 +81,11 @@ class DeepseekMlaDecoder {
   };
   /// One decode step: each sequence's new token enters the cache and attends
   /// over it. On any error the cache is unchanged. Errors: as append_kv, plus
-  /// `invalid_argument` for a sequence listed twice; every size is checked
-  /// before the first launch.
+  /// `invalid_argument` for a sequence listed twice or a NaN or infinity in q
+  /// (every size and value checked before the first launch), and, after the
+  /// kernels ran and before the token is kept, for a row whose scores could
+  /// overflow FP32 (softmax_scale × ‖q_absorbed‖₁ × the cache's largest value
+  /// reaches 2^126) or an output that is not finite.
   StepOutput step(const StepInput& in);
 
   const StageTimes& stage_times() const { return times_; }
@@ -88,6 +95,8 @@ class DeepseekMlaDecoder {
   // The new tokens' sizes and values (append_kv's and step's rules), before any backend call.
   void check_new_tokens(std::size_t n, std::span<const float> kv_latent, std::span<const float> k_rope,
                         std::span<const std::uint32_t> positions) const;
+  // Before a step commits: no row's scores can have overflowed FP32 and every output is finite.
+  void check_step_output(const StepOutput& out) const;
   // Rope, assemble and store the new tokens (checked by the caller) into reserved slots.
   SlotReservation stage_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
                            std::span<const std::uint32_t> positions);

@@ -79,7 +79,7 @@ struct MlaKv {
 /// times V, times sigmoid(g) when cfg.mla_use_output_gate. Float64 arithmetic,
 /// FP32 storage. q, k [heads, qk_head_dim]; v, g [heads, v_head_dim] (g may be
 /// empty without the gate). Errors: as `launch_k3_mla_decode_token`'s checks
-/// (theta not finite or ≤ 0 when rotating included), all made before q and k
+/// of its inputs (theta not finite or ≤ 0 when rotating included), all made before q and k
 /// are rotated, so on error q, k and `kv` are unchanged.
 std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std::span<const float> v,
                                     std::span<const float> g, MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos,
@@ -215,9 +215,10 @@ class MlaDeviceKv {
 /// success only, so a retry after an error is exact. g [heads, v_head_dim]
 /// (may be empty without the gate). Errors: `invalid_argument` for the config
 /// (`validate`), a q/k/v/g length (naming it and the expected heads × dim), a
-/// NaN or infinity in k or v (the new history row; named by index), a
+/// NaN or infinity in q, k, v or g (named by index), a
 /// history whose K/V sizes are not seq_len rows of the config's widths, more
-/// than 2^32 − 1 tokens; the backend's, with context "k3 mla decode (host KV) at
+/// than 2^32 − 1 tokens, an output that is not finite (scores past FP32's
+/// range; checked before the row is kept); the backend's, with context "k3 mla decode (host KV) at
 /// position P: <stage>". On any error `kv` is unchanged and no temporary stays
 /// allocated.
 std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecodeKernels& kernels, std::span<float> q,
@@ -231,7 +232,7 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
 /// is copied back. Shapes as for `launch_k3_mla_decode_token` (q, k are not
 /// modified). Errors: `capacity_exceeded` when kv is full (before any backend
 /// call); `invalid_argument` for the config, a q/k/v/g length, a NaN or
-/// infinity in k or v, a resident KV
+/// infinity in q, k, v or g, an output that is not finite, a resident KV
 /// whose rows do not fit the config (`validate_cfg`), a KV of another backend;
 /// the backend's, with context "k3 mla decode (device KV) at position P:
 /// <stage>". On any error kv.seq_len() and its rows are unchanged and no

@@ -224,7 +224,8 @@ struct CombineArgs {
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
 /// Blocks per (sequence, head) of the combine, each taking a run of the 64-dim tiles: enough for
 /// eight 256-thread blocks per SM (at one sequence of 16 heads on 132 SMs, 9 for 576 dims), at
-/// most one per tile, at least one. The result does not depend on it.
+/// most one per tile, at least one (also for zero counts, which the launcher refuses). The result
+/// does not depend on it.
 std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiprocessors);
 
 /// When the wide GEMV may start: after the kernel ahead of it on the stream (`after`), or while

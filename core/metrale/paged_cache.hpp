@@ -76,8 +76,10 @@ class PagedKvCache {
   /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; max_blocks_per_seq
   /// past num_blocks; row width past
   /// UINT32_MAX; NVFP4 row width not a multiple of 16; cache_stride < row width;
-  /// an FP8 pool past 2^64 bytes; a scale not finite or ≤ 0; latent FP8 with
-  /// k_scale ≠ v_scale; a slot index past INT32_MAX); `out_of_memory`.
+  /// an FP8 pool past 2^64 bytes; block_size × cache_stride (FP8) or an NVFP4
+  /// block's bytes reaching 2^32, past what the decode kernels address; a scale
+  /// not finite or ≤ 0; latent FP8 with k_scale ≠ v_scale; a slot index past
+  /// INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
 
   const PagedCacheConfig& config() const { return cfg_; }

@@ -136,6 +136,10 @@ class Block {
   /// ports serve up to 64 heads from each key row they read, so their time grows with the work,
   /// not with the bytes (a repeated page under a huge seq_len would otherwise run for hours).
   void count_work(std::uint64_t macs) { charge(macs / kMacsPerAccess); }
+  /// Count the block's start against the same limits, as one access per warp: a block that
+  /// touches no memory still costs the emulator about that much, so a grid of 2^31 of them stops
+  /// at the launch's limit instead of running for a quarter of an hour.
+  void count_start() { charge((num_threads() + 31) / 32); }
   /// Add the accesses not yet counted to the launch's (every kLaunchBatch, and when the block
   /// ends); past its limit, stop (`capacity_exceeded`).
   void report_accesses() {
