@@ -70,7 +70,8 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
 
 CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
-    spdlog::info("recorder: wrote {} kernel case{} to {}", written_, written_ == 1 ? "" : "s", printable(dir_.string()));
+    spdlog::info("recorder: wrote {} kernel case{} ({:.1f} MB) to {}", written_, written_ == 1 ? "" : "s",
+                 static_cast<double>(bytes_) / 1e6, printable(dir_.string()));
   } else {
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
                  printable(dir_.string()));
@@ -135,6 +136,9 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     c.name = fmt::format("{:04}_{}", next_, c.entry);
     if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
   }
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(dir_ / (c.name + ".safetensors"), ec);
+  bytes_ += ec ? 0 : size;
   ++next_, ++written_;  // only once the file is complete
   spdlog::debug("recorder: wrote {}", printable((dir_ / (c.name + ".safetensors")).string()));
 }

@@ -42,6 +42,7 @@ class CaseRecorder {
   std::filesystem::path dir_;
   std::uint64_t next_ = 0;  // the next case's number
   std::uint64_t written_ = 0;
+  std::uintmax_t bytes_ = 0;  // the written files' sizes, for the closing note
 };
 
 }  // namespace metrale::emu

@@ -246,14 +246,18 @@ int run(int argc, char** argv, const std::string& family) {
       ->excludes(secs);
   app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")
       ->check(metrale::cli::uint64_text());  // (CLI11 alone clamps 2^64 to 2^64 − 1)
-  app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")->check(CLI::Range(1, 1000));
-  app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")->check(CLI::Range(0, 1000));
+  app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app.add_option("--property", o.property, "only this property")->check([](const std::string& v) {
     return v.empty() ? "a property name is not empty (--list names them)" : "";
   });
-  app.add_option("--out", o.out, "where a failing input is written")->check([](const std::string& v) {
-    return v.empty() ? "an empty path" : "";
-  });
+  app.add_option("--out", o.out, "folder a failing input's case files and repro are written under")
+      ->check([](const std::string& v) { return v.empty() ? "an empty path" : ""; })
+      ->capture_default_str();
   app.add_flag("--list", o.list, "print the properties and exit");
   try {
     app.parse(argc, argv);

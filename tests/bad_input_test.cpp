@@ -1103,6 +1103,26 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, Catch::Matchers::Contains("recorder: wrote no kernel case to " + dir.path.string()));
 }
 
+TEST_CASE("backend auto says when it runs on the emulator, and why", "[cli]") {
+  std::string info;
+  REQUIRE(run_cli("info", info) == 0);
+  const bool cuda_runs = info.find("runs here: yes  NVIDIA") != std::string::npos ||
+                         info.find("cuda   built: yes  runs here: yes") != std::string::npos;
+  std::string out;
+  const std::string file =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";
+  CHECK(run_cli("case run " + file, out, "METRALE_BACKEND=auto") == 0);
+  if (cuda_runs) {
+    CHECK_THAT(out, !Catch::Matchers::Contains("backend auto: the emulator"));
+  } else {  // the reason is the one info gives for cuda
+    const auto at = info.find("runs here: no   ");
+    REQUIRE(at != std::string::npos);
+    const auto from = at + std::string("runs here: no   ").size();
+    const std::string why = info.substr(from, info.find('\n', from) - from);
+    CHECK_THAT(out, Catch::Matchers::Contains("backend auto: the emulator (cuda: " + why + ")"));
+  }
+}
+
 TEST_CASE("bad input: an unknown command is named, at the top and under case", "[bad_input][cli]") {
   // Before: `metrale case bogus` said only "A subcommand is required".
   for (const std::string args : {"bogus", "case bogus"}) {
@@ -1249,7 +1269,10 @@ TEST_CASE("bad input: the recorder stops before a case number it could not read 
   std::string out;
   const std::string run = "--record " + dir.path.string() + " case run --backend emu " + last.string();
   CHECK(run_cli(run, out) == 0);  // number 9999999999999999999, the last
-  CHECK(std::filesystem::exists(dir.path / "9999999999999999999_mla_paged_decode_fp8.safetensors"));
+  const auto made = dir.path / "9999999999999999999_mla_paged_decode_fp8.safetensors";
+  REQUIRE(std::filesystem::exists(made));
+  CHECK_THAT(out, Catch::Matchers::Contains(fmt::format("recorder: wrote 1 kernel case ({:.1f} MB) to {}",
+                                                        std::filesystem::file_size(made) / 1e6, dir.path.string())));
   out.clear();
   CHECK(run_cli(run, out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("holds case number 9999999999999999999; numbers stop at"));

@@ -15,6 +15,9 @@ namespace metrale::cli {
 namespace {
 std::string g_record_dir;      // --record
 bool g_recorder_made = false;  // a backend made since, which records
+#ifndef METRALE_WITH_CUDA
+constexpr const char* kNotBuilt = "not built (no CUDA toolkit at configure time)";
+#endif
 }  // namespace
 
 void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
@@ -42,13 +45,18 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
   if (choice == "emu") return std::make_unique<emu::EmulatorBackend>();
 #ifdef METRALE_WITH_CUDA
   if (choice == "cuda") return std::make_unique<CudaBackend>();
-  if (choice == "auto")
-    return CudaBackend::available() ? std::unique_ptr<GpuBackend>(std::make_unique<CudaBackend>())
-                                    : std::make_unique<emu::EmulatorBackend>();
+  if (choice == "auto") {
+    if (CudaBackend::available()) return std::make_unique<CudaBackend>();
+    spdlog::info("backend auto: the emulator (cuda: {})", CudaBackend::unavailable_reason());
+    return std::make_unique<emu::EmulatorBackend>();
+  }
 #else
   if (choice == "cuda")
     fail(Errc::unsupported, "backend cuda: this build has no CUDA backend (no toolkit at configure time)");
-  if (choice == "auto") return std::make_unique<emu::EmulatorBackend>();
+  if (choice == "auto") {
+    spdlog::info("backend auto: the emulator (cuda: {})", kNotBuilt);
+    return std::make_unique<emu::EmulatorBackend>();
+  }
 #endif
   fail(Errc::invalid_argument, "unknown backend '{}'{} (expected emu, cuda or auto)", printable(choice),
        from_env ? " from METRALE_BACKEND" : "");
@@ -66,7 +74,7 @@ std::vector<BackendStatus> backend_status() {
     out.push_back({"cuda", true, false, CudaBackend::unavailable_reason()});
   }
 #else
-  out.push_back({"cuda", false, false, "not built (no CUDA toolkit at configure time)"});
+  out.push_back({"cuda", false, false, kNotBuilt});
 #endif
   return out;
 }
