@@ -154,11 +154,14 @@ void MlaKv::append(std::span<const float> k_row, std::span<const float> v_row) {
     fail(Errc::invalid_argument,
          "k3 mla: host KV of {} tokens holds {} K and {} V values; rows of {} and {} values do not fit it", seq_len,
          k.size(), v.size(), k_row.size(), v_row.size());
-  // Reserve both first: the inserts below then cannot throw, so a failed append changes nothing.
-  k.reserve(k.size() + k_row.size());
-  v.reserve(v.size() + v_row.size());
-  k.insert(k.end(), k_row.begin(), k_row.end());
-  v.insert(v.end(), v_row.begin(), v_row.end());
+  // The rows copied first: they may lie in k or v themselves (the last token again), which the
+  // reserve below would free. Then both reserved: the inserts cannot throw, so a failed append
+  // changes nothing.
+  const std::vector<float> k_new(k_row.begin(), k_row.end()), v_new(v_row.begin(), v_row.end());
+  k.reserve(k.size() + k_new.size());
+  v.reserve(v.size() + v_new.size());
+  k.insert(k.end(), k_new.begin(), k_new.end());
+  v.insert(v.end(), v_new.begin(), v_new.end());
   ++seq_len;
 }
 

@@ -105,6 +105,9 @@ PagedKvCache::PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg) : gpu_(gpu), c
 
 SeqId PagedKvCache::add_sequence() {
   if (reservation_open_) fail(Errc::internal, "paged cache: add_sequence while a slot reservation is outstanding");
+  if (seqs_.size() > std::numeric_limits<SeqId>::max())
+    fail(Errc::capacity_exceeded, "paged cache: all {} sequence ids are live", seqs_.size());
+  while (seqs_.count(next_seq_) != 0) ++next_seq_;  // (wraps; ends: some id is free)
   const SeqId id = next_seq_++;
   seqs_.emplace(id, Seq{});
   return id;

@@ -396,6 +396,56 @@ void check_races(std::vector<BlockWrite>& writes, std::string_view entry, Dim3 g
   }
 }
 
+/// Report a block reading bytes that another block writes (`reads` holds only reads of the
+/// allocations the launch writes). After sorting both by start, each range is compared with the
+/// furthest-reaching range of the other kind among blocks other than its own: the furthest two of
+/// distinct blocks seen so far give that.
+void check_read_races(std::vector<BlockWrite>& writes, std::vector<BlockWrite>& reads, std::string_view entry,
+                      Dim3 grid) {
+  if (reads.empty() || writes.empty()) return;
+  struct Range {
+    const BlockWrite* r;
+    bool write;
+  };
+  std::vector<Range> all;
+  all.reserve(writes.size() + reads.size());
+  for (const auto& w : writes) all.push_back({&w, true});
+  for (const auto& r : reads) all.push_back({&r, false});
+  std::sort(all.begin(), all.end(), [](const Range& a, const Range& b) {
+    return std::tie(a.r->range.alloc->serial, a.r->range.begin, a.r->block, a.r->range.end, a.write) <
+           std::tie(b.r->range.alloc->serial, b.r->range.begin, b.r->block, b.r->range.end, b.write);
+  });
+  struct Reach {  // the two furthest-reaching ranges of distinct blocks
+    const BlockWrite* top[2] = {nullptr, nullptr};
+    void add(const BlockWrite* r) {
+      if (top[0] == nullptr || r->range.end > top[0]->range.end) {
+        if (top[0] != nullptr && top[0]->block != r->block) top[1] = top[0];
+        top[0] = r;
+      } else if (r->block != top[0]->block && (top[1] == nullptr || r->range.end > top[1]->range.end)) {
+        top[1] = r;
+      }
+    }
+    const BlockWrite* other_than(std::uint64_t block) const { return top[0] != nullptr && top[0]->block != block ? top[0] : top[1]; }
+  };
+  Reach reach[2];  // [0] reads, [1] writes
+  const detail::Allocation* alloc = nullptr;
+  for (const auto& [r, write] : all) {
+    if (r->range.alloc != alloc) alloc = r->range.alloc, reach[0] = reach[1] = Reach{};
+    const BlockWrite* o = reach[write ? 0 : 1].other_than(r->block);
+    if (o != nullptr && o->range.end > r->range.begin) {
+      const BlockWrite& w = write ? *r : *o;
+      const BlockWrite& rd = write ? *o : *r;
+      fail(Errc::device_fault,
+           "read-write race in {}: block {} writes bytes [{}, {}) of parameter {} ({}) that block {} reads through "
+           "parameter {} (blocks run in no set order: an output overlaps an input)",
+           entry, dims(block_index(w.block, grid)), std::max(w.range.begin, rd.range.begin),
+           std::min(w.range.end, rd.range.end), w.range.param, detail::describe(*w.range.alloc),
+           dims(block_index(rd.block, grid)), rd.range.param);
+    }
+    reach[write ? 1 : 0].add(r);
+  }
+}
+
 }  // namespace
 
 // ---- the backend ------------------------------------------------------------------
@@ -469,20 +519,29 @@ struct EmulatorBackend::Impl {
   /// Run the port once per block of the grid, then look for write races.
   void execute(const Registry::Entry& e, Dim3 grid, Dim3 block, Dim3 cluster, std::span<const KernelArg> args) {
     std::mutex writes_mutex;
-    std::vector<BlockWrite> writes;
+    std::vector<BlockWrite> writes, reads;
+    std::vector<const detail::Allocation*> written;  // what the writable parameters point into
+    for (std::size_t i = 0; i < e.params.size() && i < args.size(); ++i)
+      if (e.params[i].kind == ArgKind::ptr && e.params[i].writable)
+        if (const auto* a = memory.resolve(args[i].as_ptr()); a != nullptr) written.push_back(a);
     LaunchAccesses launch{{}, options.max_launch_accesses};
     pool.run(grid.count(), [&](std::uint64_t i) {
       Block blk(e.entry, block_index(i, grid), block, grid, memory, options.check_uninitialized, options.detect_races,
                 options.max_block_accesses, &launch);
       blk.clusterDim = cluster;
+      blk.watch_reads(written);
       blk.count_start();
       e.run(blk, args, e.params);
       blk.report_accesses();  // the accesses since its last batch
-      if (blk.writes().empty()) return;
+      if (blk.writes().empty() && blk.reads().empty()) return;
       std::lock_guard lock(writes_mutex);
       for (const auto& w : blk.writes()) writes.push_back({w, i});
+      for (const auto& r : blk.reads()) reads.push_back({r, i});
     });
-    if (options.detect_races) check_races(writes, e.entry, grid);
+    if (options.detect_races) {
+      check_races(writes, e.entry, grid);
+      check_read_races(writes, reads, e.entry, grid);
+    }
   }
 };
 

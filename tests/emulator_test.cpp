@@ -63,6 +63,15 @@ void overlap(Block& blk, Global<float> out) {
   blk.threads([&](std::uint32_t t) { out[blk.blockIdx.x * 16 + t] = 2.0f; });
 }
 
+// out[32b + t] = in[(32b + 32 + t) mod n]: block b reads the slots block b + 1 writes when in is
+// out. Grid: n / 32. Block: 32.
+void next_block(Block& blk, Global<const float> in, Global<float> out, std::uint32_t n) {
+  blk.threads([&](std::uint32_t t) {
+    const std::uint32_t i = blk.blockIdx.x * 32 + t;
+    out[i] = in[(i + 32) % n];
+  });
+}
+
 // out[linear block * threads + t] = x << 24 | y << 16 | z << 8 | t. Grid, block: any.
 void where_am_i(Block& blk, Global<std::uint32_t> out) {
   const Dim3 b = blk.blockIdx, g = blk.gridDim;
@@ -89,6 +98,7 @@ void add_test_ports(Registry& r) {
   r.add<&sum_span>("test", "sum_span", {"in", "out", "n"}, block_is({1, 1, 1}));
   r.add<&same_slot>("test", "same_slot", {"out"}, block_is({32, 1, 1}));
   r.add<&overlap>("test", "overlap", {"out"}, block_is({32, 1, 1}));
+  r.add<&next_block>("test", "next_block", {"in", "out", "n"}, block_is({32, 1, 1}));
   r.add<&where_am_i>("test", "where_am_i", {"out"}, {});
   r.add<&poke_peek>("test", "poke_peek", {"pool", "index", "value", "out"}, block_is({1, 1, 1}));
   r.add<&kinds>("test", "kinds", {"p", "u", "i", "f", "w"}, {});
@@ -367,6 +377,39 @@ TEST_CASE("emu: two blocks writing the same bytes is a race, disjoint writes are
     DeviceBuffer buf(quiet.backend, 128);
     quiet.launch("same_slot").grid({3, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr()).launch();
     CHECK(buf.to_host<float>() == std::vector<float>(32, 1.0f));
+  }
+}
+
+TEST_CASE("emu: a block reading bytes another block writes is a race, reading its own is not", "[emu]") {
+  // Before: an output overlapping an input gave a different answer on every run, without a word.
+  Gpu gpu;
+  auto& b = gpu.backend;
+  const auto values = iota_floats(128);
+  DeviceBuffer buf = DeviceBuffer::from_host(b, std::span<const float>(values)), other(b, 128 * sizeof(float));
+  SECTION("in is out: block 0 reads what block 1 writes") {
+    const Error e = error_of([&] {
+      gpu.launch("next_block").grid({4, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr()).arg_ptr(buf.ptr()).arg_u32(128).launch();
+    });
+    // The first pair by offset: block 3 reads slots 0..31 (it wraps), which block 0 writes.
+    require_fault(e, {"read-write race in next_block: block (0,0,0) writes bytes [0, 128) of parameter out",
+                      "that block (3,0,0) reads through parameter in", "an output overlaps an input"});
+  }
+  SECTION("in lies in out's allocation at another offset") {  // block 1 reads out[16..48), block 0 writes out[0..32)
+    const Error e = error_of([&] {
+      gpu.launch("next_block").grid({2, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr() + 16 * sizeof(float))
+          .arg_ptr(buf.ptr()).arg_u32(64).launch();
+    });
+    require_fault(e, {"read-write race in next_block: block (0,0,0) writes bytes [64, 128) of parameter out",
+                      "that block (1,0,0) reads through parameter in"});
+  }
+  SECTION("separate buffers") {
+    gpu.launch("next_block").grid({4, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr()).arg_ptr(other.ptr()).arg_u32(128).launch();
+    const auto got = other.to_host<float>();
+    for (std::uint32_t i = 0; i < 128; ++i) CHECK(got[i] == static_cast<float>((i + 32) % 128 + 1));
+  }
+  SECTION("one block copying in place") {
+    gpu.launch("copy_n").grid({1, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr()).arg_ptr(buf.ptr()).arg_u32(128).launch();
+    CHECK(buf.to_host<float>() == iota_floats(128));
   }
 }
 

@@ -118,6 +118,17 @@ struct GemvCase : Emu {
   void launch(const BatchedGemvArgs& a) { mla_batched_gemv(gpu, kernels.batched_gemv, a); }
 };
 
+TEST_CASE("mla_batched_gemv: an output over its own input is a read-write race on the emulator", "[validation]") {
+  // Before: accepted, and the output differed from run to run (blocks read input rows that
+  // other blocks were overwriting).
+  GemvCase c;
+  auto a = c.valid();
+  a.output = a.input;  // output_stride 12 < in_stride 48: rows of head h at h·48 in both
+  test::require_error([&] { c.launch(a); }, Errc::device_fault,
+                {"read-write race in mla_batched_gemv: block", "of parameter output", "reads through parameter input"});
+  REQUIRE_NOTHROW(c.launch(c.valid()));  // apart: no race
+}
+
 TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
   GemvCase c;
   REQUIRE_NOTHROW(c.launch(c.valid()));

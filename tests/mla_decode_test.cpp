@@ -581,6 +581,21 @@ TEST_CASE("a NaN query or gate is refused, and so is a token whose scores overfl
   CHECK(dec.seq_len() == 2);
 }
 
+TEST_CASE("MlaKv::append copies a row that lies in the history itself", "[mla_decode][validation]") {
+  // Before: the reserve freed the storage the row was read from (the last token again).
+  MlaKv kv;
+  const std::vector<float> k0(64, 1.5f), v0(48, 2.5f);
+  kv.append(k0, v0);
+  for (int i = 0; i < 3; ++i) {
+    kv.k.shrink_to_fit();  // capacity == size: the next reserve reallocates
+    kv.v.shrink_to_fit();
+    kv.append(std::span<const float>(kv.k).last(64), std::span<const float>(kv.v).last(48));
+  }
+  REQUIRE(kv.seq_len == 4);
+  CHECK(kv.k == std::vector<float>(4 * 64, 1.5f));
+  CHECK(kv.v == std::vector<float>(4 * 48, 2.5f));
+}
+
 TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
   std::mt19937_64 rng(37);
   emu::EmulatorBackend gpu;

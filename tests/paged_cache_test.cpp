@@ -27,6 +27,13 @@
 #include "metrale/paged_cache.hpp"
 #include "support.hpp"
 
+namespace metrale {
+// The cache's friend for tests: the next sequence id, to reach the wrap without 2^32 calls.
+struct PagedKvCacheTestPeer {
+  static void set_next_seq(PagedKvCache& c, SeqId id) { c.next_seq_ = id; }
+};
+}  // namespace metrale
+
 namespace {
 
 using namespace metrale;
@@ -324,6 +331,25 @@ TEST_CASE("paged cache: add, reserve, commit and free", "[paged_cache]") {
     r.commit();
   }
   CHECK(snapshot(c) == before);
+}
+
+TEST_CASE("paged cache: sequence ids wrap past 2^32 - 1 and never reuse a live one", "[paged_cache]") {
+  // Before: the counter wrapped to a live id, add_sequence returned it (its tokens and blocks
+  // included), and freeing the "new" sequence freed the old one.
+  emu::EmulatorBackend gpu(test_options());
+  PagedKvCache c(gpu, small_config(6, 4));
+  const SeqId a = c.add_sequence(), b = c.add_sequence();  // 0, 1
+  REQUIRE((a == 0 && b == 1));
+  c.reserve(std::vector<SeqId>{a, a}).commit();
+  PagedKvCacheTestPeer::set_next_seq(c, std::numeric_limits<SeqId>::max());
+  const SeqId last = c.add_sequence();
+  CHECK(last == std::numeric_limits<SeqId>::max());
+  const SeqId d = c.add_sequence();  // wraps past 0 (a) and 1 (b), both live
+  CHECK(d == 2);
+  CHECK(c.seq_len(d) == 0);
+  c.free_sequence(d);
+  CHECK(c.seq_len(a) == 2);  // a untouched
+  CHECK(c.contains(b));
 }
 
 TEST_CASE("paged cache: free_list_seed 0 hands blocks out in descending order", "[paged_cache]") {

@@ -100,7 +100,8 @@ class PagedKvCache {
   DevicePtr v_pool() const { return cfg_.latent ? k_pool_.ptr() : v_pool_.ptr(); }
   std::uint32_t max_blocks_per_seq() const { return cfg_.max_blocks_per_seq; }
 
-  /// A new empty sequence.
+  /// A new empty sequence. Ids count up from 0, wrap past 2^32 − 1 and skip the live ones, so an
+  /// id is never two sequences'. Errors: `capacity_exceeded` when all 2^32 ids are live.
   SeqId add_sequence();
   /// Return a sequence's blocks to the free list. Errors: `not_found`.
   void free_sequence(SeqId seq);
@@ -131,6 +132,7 @@ class PagedKvCache {
 
  private:
   friend class SlotReservation;
+  friend struct PagedKvCacheTestPeer;  // tests: the next id, to reach the wrap without 2^32 calls
   struct Seq {
     std::uint32_t len = 0;
     std::vector<std::int32_t> table;

@@ -12,6 +12,7 @@
 // that two blocks writing the same byte are reported as a race.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -58,7 +59,8 @@ class AddressSpace {
 
 enum class Access : std::uint8_t { read, write };
 
-/// One range of bytes a block wrote, for the cross-block race check.
+/// One range of bytes a block wrote (or read, of an allocation the launch writes), for the
+/// cross-block race check.
 struct WriteRange {
   const Allocation* alloc;
   std::uint64_t begin, end;  // byte offsets in the allocation
@@ -159,6 +161,21 @@ class Block {
     writes_.push_back({alloc, begin, end, param});
   }
   std::vector<detail::WriteRange>& writes() { return writes_; }
+  /// Log reads of these allocations too (those the launch's writable parameters point into): a
+  /// block reading bytes another block writes is a race, as two writing them are.
+  void watch_reads(std::span<const detail::Allocation* const> allocs) { watched_ = allocs; }
+  void log_read(const detail::Allocation* alloc, std::uint64_t begin, std::uint64_t end, const char* param) {
+    if (!log_writes_ || std::find(watched_.begin(), watched_.end(), alloc) == watched_.end()) return;
+    if (!reads_.empty()) {
+      auto& last = reads_.back();
+      if (last.alloc == alloc && last.begin <= end && begin <= last.end && last.param == param) {
+        last.begin = std::min(last.begin, begin), last.end = std::max(last.end, end);
+        return;
+      }
+    }
+    reads_.push_back({alloc, begin, end, param});
+  }
+  std::vector<detail::WriteRange>& reads() { return reads_; }
   std::string_view kernel() const { return kernel_; }
 
  private:
@@ -182,6 +199,8 @@ class Block {
   [[noreturn]] void over_launch_budget() const;
   std::uint32_t thread_ = kNoThread;
   std::vector<detail::WriteRange> writes_;
+  std::span<const detail::Allocation* const> watched_;
+  std::vector<detail::WriteRange> reads_;
 };
 
 /// A checked device pointer to T (const T for read-only parameters), with the
@@ -299,6 +318,7 @@ class Global {
       blk_->fault("misaligned " + std::string(verb), alloc_, addr_, param_, off, len);
     const auto uoff = static_cast<std::uint64_t>(off);
     if (access == detail::Access::read) {
+      blk_->log_read(alloc_, uoff, uoff + len, param_);
       if (blk_->check_written()) {
         const std::uint8_t* w = alloc_->written + uoff;
         // memchr: the shadow scan is most of a port's cost, and memchr is vectorised.
