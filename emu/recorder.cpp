@@ -64,14 +64,16 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
     next_ = std::max<std::uint64_t>(next_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
   }
   if (files > 0)
-    spdlog::warn("recorder: {} already holds {} case files; new ones are numbered from {:04}", printable(dir_.string()),
-                 files, next_);
+    spdlog::warn("recorder: {} already holds {} case file{}; new ones are numbered from {:04}",
+                 printable(dir_.string()), files, files == 1 ? "" : "s", next_);
 }
 
 CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
-    spdlog::info("recorder: wrote {} kernel case{} ({:.1f} MB) to {}", written_, written_ == 1 ? "" : "s",
-                 static_cast<double>(bytes_) / 1e6, printable(dir_.string()));
+    const double mb = static_cast<double>(bytes_) / 1e6;
+    spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
+                 mb >= 1.0 ? fmt::format("{:.1f} MB", mb) : fmt::format("{:.1f} kB", mb * 1e3),
+                 printable(dir_.string()));
   } else {
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
                  printable(dir_.string()));

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <vector>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -152,21 +154,19 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   // The environment's emulator settings (METRALE_EMU_*), checked before any case runs: a bad
   // value is the run's error, not every property's failure.
   { const emu::EmulatorBackend probe(props::emulator_options()); }
-  // Where a failure goes, checked (created) before any case runs; the folders this made are
-  // removed again when the run ends without a failure, so a clean run leaves nothing behind.
-  std::error_code ec;
-  std::vector<fs::path> made;  // the folders create_directories will make, innermost first
-  for (fs::path p = fs::absolute(o.out, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-    made.push_back(p);
-    if (p == p.parent_path()) break;
+  // Where a failure goes, checked before any case runs but made only when a property fails, so a
+  // clean run, an interrupted one or one killed by a signal leaves nothing behind: the folder, or
+  // the nearest folder above it that exists, must be a folder this process can write into.
+  {
+    std::error_code ec;
+    fs::path p = fs::absolute(o.out, ec);
+    while (!ec && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+    if (ec || !fs::is_directory(p) || ::access(p.c_str(), W_OK | X_OK) != 0)
+      fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
+           ec                       ? ec.message()
+           : !fs::is_directory(p)   ? quoted(p.string()) + " is not a folder"
+                                    : quoted(p.string()) + " is not writable");
   }
-  fs::create_directories(o.out, ec);
-  if (ec || !fs::is_directory(o.out))
-    fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
-         ec ? ec.message() : "a file is in the way");
-  const auto remove_made = [&] {
-    for (const auto& p : made) fs::remove(p, ec);  // only when empty; stops mattering at the first non-empty
-  };
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),
                            properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
@@ -224,7 +224,6 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
                                                                std::numeric_limits<std::uint64_t>::max(), last);
         std::cout << fmt::format("fuzz_{}: {} case{} in {} batch{}, {:.1f} s, {}: no failure\n", family, cases,
                                  cases == 1 ? "" : "s", batches, batches == 1 ? "" : "es", elapsed(), seeds);
-        remove_made();
         return 0;
       }
     }

@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -910,6 +911,36 @@ TEST_CASE("conform --only latent picks a case file whose v_cache is an alias of 
   std::filesystem::remove_all(dir);
 }
 
+// Twenty-first session's adversarial run: METRALE_GOLDEN_DIR pointing nowhere passed (exit 0), and
+// a folder named twice ran its cases twice.
+TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder and runs a file once", "[bad_input][cli]") {
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/nonexistent") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: no folder /nonexistent"));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/dev/null") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: not a folder: /dev/null"));
+  out.clear();
+  const std::string dir = std::string(METRALE_SOURCE_DIR) + "/cases/kernels";
+  CHECK(run_cli("conform --backend emu --no-golden --only 0599_mla_batched_gemv --cases " + dir + " " + dir + "/ " +
+                    dir + "/../kernels",
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("file     mla_batched_gemv                              1      0"));
+}
+
+// Twenty-first session's new user: a fuzz run killed by a signal left an empty --out folder.
+TEST_CASE("a fuzz driver killed mid-run leaves no --out folder", "[cli]") {
+  const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
+  const auto out_dir = test::scratch_dir("metrale_fuzz_killed") / "failures";
+  std::filesystem::remove_all(out_dir.parent_path());
+  const std::string cmd =
+      "timeout -s TERM 1 " + fuzz.string() + " --seconds 30 --seed 7 --out " + out_dir.string() + " >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 124);  // timeout's: the driver was still running
+  CHECK(!std::filesystem::exists(out_dir.parent_path()));
+}
+
 // Nineteenth session's adversarial run: use_nope = 2 ran as true and passed.
 TEST_CASE("bad input: a kernel case's switch is 0 or 1", "[bad_input][kernel_case]") {
   emu::EmulatorBackend gpu;
@@ -1101,6 +1132,17 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("--record " + dir.path.string() + " case run --backend emu " + wgmma16, out,
                 "METRALE_EMU_SHARED_BYTES=101376") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("recorder: wrote no kernel case to " + dir.path.string()));
+  // --record runs on the emulator: over METRALE_BACKEND=cuda with a note, never over --backend cuda.
+  const std::string gemv =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0599_mla_batched_gemv.safetensors";
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() + " case run " + gemv, out, "METRALE_BACKEND=cuda") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("the emulator, not METRALE_BACKEND's cuda"));
+  CHECK_THAT(out, Catch::Matchers::Contains("recorder: wrote 1 kernel case"));
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() + " case run --backend cuda " + gemv, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("needs the emulator, not backend cuda"));
+  std::filesystem::remove_all(dir.path);
 }
 
 TEST_CASE("backend auto says when it runs on the emulator, and why", "[cli]") {
@@ -1271,8 +1313,10 @@ TEST_CASE("bad input: the recorder stops before a case number it could not read 
   CHECK(run_cli(run, out) == 0);  // number 9999999999999999999, the last
   const auto made = dir.path / "9999999999999999999_mla_paged_decode_fp8.safetensors";
   REQUIRE(std::filesystem::exists(made));
-  CHECK_THAT(out, Catch::Matchers::Contains(fmt::format("recorder: wrote 1 kernel case ({:.1f} MB) to {}",
-                                                        std::filesystem::file_size(made) / 1e6, dir.path.string())));
+  const double kb = std::filesystem::file_size(made) / 1e3;  // the case is under a megabyte
+  REQUIRE(kb < 1000);
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      fmt::format("recorder: wrote 1 kernel case ({:.1f} kB) to {}", kb, dir.path.string())));
   out.clear();
   CHECK(run_cli(run, out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("holds case number 9999999999999999999; numbers stop at"));

@@ -34,8 +34,11 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
   if (choice.empty()) choice = "auto";
   spdlog::debug("backend: asked for '{}'{}", choice, g_record_dir.empty() ? "" : ", recording to " + g_record_dir);
   if (!g_record_dir.empty()) {
-    if (choice != "emu" && choice != "auto")
-      fail(Errc::invalid_argument, "--record {} needs the emulator, not backend {}", g_record_dir, choice);
+    if (choice != "emu" && choice != "auto") {
+      if (!from_env || choice != "cuda")  // (an unknown name stays an error)
+        fail(Errc::invalid_argument, "--record {} needs the emulator, not backend {}", g_record_dir, choice);
+      spdlog::info("--record {}: the emulator, not METRALE_BACKEND's {}", g_record_dir, printable(choice));
+    }
     emu::EmulatorOptions o;
     o.record_dir = g_record_dir;
     auto gpu = std::make_unique<emu::EmulatorBackend>(o);

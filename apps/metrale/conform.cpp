@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -66,9 +67,11 @@ Check to_check(const OutputCheck& r, std::string against) {
 std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vector<std::string>& missing) {
   std::vector<fs::path> out;
   if (!fs::is_directory(dir)) {
-    if (named) fail(Errc::not_found, "conform: no folder {}", dir.string());
-    fmt::print(stderr, "warning: conform: no folder {} (relative to {}), skipped\n", dir.string(),
-               fs::current_path().string());
+    std::error_code ec;
+    const bool exists = fs::exists(dir, ec);
+    if (named) fail(Errc::not_found, "conform: {} {}", exists ? "not a folder:" : "no folder", dir.string());
+    fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", exists ? "not a folder:" : "no folder", dir.string(),
+               dir.is_relative() ? fmt::format(" (relative to {})", fs::current_path().string()) : "");
     missing.push_back(dir.string());
     return out;
   }
@@ -350,18 +353,28 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::size_t skipped = 0;           // cases the device cannot run
     std::vector<std::string> missing;  // default folders not found
     // The folders listed first: a named one that is missing or empty fails before the sweep runs.
+    // METRALE_GOLDEN_DIR counts as named: a folder the user set that is missing is an error.
     const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
     const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
-    auto golden_dirs = named_golden ? opts->golden_dirs : std::vector<std::string>{"cases/golden"};
+    std::vector<std::pair<std::string, bool>> golden_dirs;  // folder, named
+    if (named_golden)
+      for (const auto& d : opts->golden_dirs) golden_dirs.emplace_back(d, true);
+    else
+      golden_dirs.emplace_back("cases/golden", false);
     if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0' && !named_golden)
-      golden_dirs.emplace_back(env);
+      golden_dirs.emplace_back(env, true);
     if (opts->no_golden) golden_dirs.clear();
     std::vector<fs::path> case_files, golden_files;
+    std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
     for (const auto& dir : case_dirs)
-      for (auto& f : safetensors_in(dir, named_cases, missing)) case_files.push_back(std::move(f));
+      for (auto& f : safetensors_in(dir, named_cases, missing)) {
+        std::error_code ec;
+        const fs::path canonical = fs::weakly_canonical(f, ec);
+        if (case_seen.insert(ec ? f : canonical).second) case_files.push_back(std::move(f));
+      }
     std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
-    for (const auto& dir : golden_dirs)
-      for (auto& f : safetensors_in(dir, named_golden, missing)) {
+    for (const auto& [dir, named] : golden_dirs)
+      for (auto& f : safetensors_in(dir, named, missing)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
           fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n", printable(f.string()),
                      printable(it->second.string()));
