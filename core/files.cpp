@@ -52,8 +52,11 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
          "cannot write {} ({}, not a regular file; the file is written whole and renamed "
          "into place, which would replace it)",
          target_.string(), describe_type(type));
-  staged_ = target_;
-  staged_ += fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
+  // Beside the target under its name and a suffix, or, where that would pass the file-name limit
+  // (255 bytes) that the target's own name keeps, under a short hidden name.
+  const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
+  staged_ = target_.filename().native().size() + suffix.size() <= 255 ? std::filesystem::path(target_) += suffix
+                                                                      : target_.parent_path() / (".metrale" + suffix);
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
   if (fd < 0) cannot_write(target_, errno);
   const auto* p = reinterpret_cast<const char*>(bytes.data());

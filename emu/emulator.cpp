@@ -425,7 +425,9 @@ void check_read_races(std::vector<BlockWrite>& writes, std::vector<BlockWrite>& 
         top[1] = r;
       }
     }
-    const BlockWrite* other_than(std::uint64_t block) const { return top[0] != nullptr && top[0]->block != block ? top[0] : top[1]; }
+    const BlockWrite* other_than(std::uint64_t block) const {
+      return top[0] != nullptr && top[0]->block != block ? top[0] : top[1];
+    }
   };
   Reach reach[2];  // [0] reads, [1] writes
   const detail::Allocation* alloc = nullptr;

@@ -163,9 +163,9 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
     while (!ec && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
     if (ec || !fs::is_directory(p) || ::access(p.c_str(), W_OK | X_OK) != 0)
       fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
-           ec                       ? ec.message()
-           : !fs::is_directory(p)   ? quoted(p.string()) + " is not a folder"
-                                    : quoted(p.string()) + " is not writable");
+           ec                     ? ec.message()
+           : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder"
+                                  : quoted(p.string()) + " is not writable");
   }
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),

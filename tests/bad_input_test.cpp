@@ -913,7 +913,8 @@ TEST_CASE("conform --only latent picks a case file whose v_cache is an alias of 
 
 // Twenty-first session's adversarial run: METRALE_GOLDEN_DIR pointing nowhere passed (exit 0), and
 // a folder named twice ran its cases twice.
-TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder and runs a file once", "[bad_input][cli]") {
+TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder and runs a file once",
+          "[bad_input][cli]") {
   std::string out;
   CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/nonexistent") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("conform: no folder /nonexistent"));

@@ -124,8 +124,9 @@ TEST_CASE("mla_batched_gemv: an output over its own input is a read-write race o
   GemvCase c;
   auto a = c.valid();
   a.output = a.input;  // output_stride 12 < in_stride 48: rows of head h at h·48 in both
-  test::require_error([&] { c.launch(a); }, Errc::device_fault,
-                {"read-write race in mla_batched_gemv: block", "of parameter output", "reads through parameter input"});
+  test::require_error(
+      [&] { c.launch(a); }, Errc::device_fault,
+      {"read-write race in mla_batched_gemv: block", "of parameter output", "reads through parameter input"});
   REQUIRE_NOTHROW(c.launch(c.valid()));  // apart: no race
 }
 

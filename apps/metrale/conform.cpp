@@ -9,8 +9,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <set>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <system_error>
