@@ -100,6 +100,12 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
   StagedFile(path, bytes).commit();
 }
 
+std::filesystem::path file_key(const std::filesystem::path& path) {
+  std::error_code ec;
+  auto canonical = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path.lexically_normal() : canonical;
+}
+
 void check_writable(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "metrale/error.hpp"
+#include "validate.hpp"
 
 namespace metrale {
 
@@ -49,11 +50,8 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
     if (cfg.cache_stride > std::numeric_limits<std::uint64_t>::max() / slots)
       fail(Errc::invalid_argument, "paged cache: cache_stride {} x {} slots does not fit 64 bits", cfg.cache_stride,
            slots);
-    // The decode kernels' row offsets (slot x stride) must stay inside int64 for any int32 slot.
-    if (cfg.cache_stride >= (std::uint64_t{1} << 32) / cfg.block_size)
-      fail(Errc::invalid_argument,
-           "paged cache: block_size {} x cache_stride {} reaches 2^32, past what the decode kernels address",
-           cfg.block_size, cfg.cache_stride);
+    // The decode launchers' rule, here rather than at the first decode.
+    detail::validate_row_offsets(detail::Validator{"paged cache"}, cfg.block_size, cfg.cache_stride, "cache_stride");
     if (!std::isfinite(cfg.k_scale) || cfg.k_scale <= 0)
       fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
     if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)

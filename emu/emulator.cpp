@@ -366,77 +366,51 @@ Dim3 block_index(std::uint64_t linear, Dim3 grid) {
 
 // ---- the race check ---------------------------------------------------------------
 
-struct BlockWrite {
-  detail::WriteRange range;
+struct BlockRange {
+  detail::AccessRange range;
   std::uint64_t block;  // linear index in the grid
+  bool write;
 };
 
-/// Report two different blocks writing the same byte. After sorting by start,
-/// each range is compared with the one reaching furthest so far: if any two
-/// ranges of different blocks overlap, some range overlaps that one.
-void check_races(std::vector<BlockWrite>& writes, std::string_view entry, Dim3 grid) {
-  std::sort(writes.begin(), writes.end(), [](const BlockWrite& a, const BlockWrite& b) {
+/// Report two different blocks writing the same byte, or one block reading a byte another writes
+/// (the reads are those of the allocations the launch writes). After sorting by start, each range
+/// is compared with the furthest-reaching write — and, a write, with the furthest-reaching read —
+/// of a block other than its own: the furthest two of distinct blocks so far give that.
+void check_races(std::vector<BlockRange>& ranges, std::string_view entry, Dim3 grid) {
+  std::sort(ranges.begin(), ranges.end(), [](const BlockRange& a, const BlockRange& b) {
     // A total order, so the report does not depend on the order blocks ran in.
-    return std::tie(a.range.alloc->serial, a.range.begin, a.block, a.range.end) <
-           std::tie(b.range.alloc->serial, b.range.begin, b.block, b.range.end);
-  });
-  const BlockWrite* reach = nullptr;
-  for (const auto& w : writes) {
-    if (reach == nullptr || reach->range.alloc != w.range.alloc) {
-      reach = &w;
-      continue;
-    }
-    if (w.range.begin < reach->range.end && w.block != reach->block) {
-      const auto [first, second] = std::minmax(w.block, reach->block);
-      fail(Errc::device_fault, "write race in {}: blocks {} and {} both write bytes [{}, {}) of parameter {} ({})",
-           entry, dims(block_index(first, grid)), dims(block_index(second, grid)), w.range.begin,
-           std::min(w.range.end, reach->range.end), w.range.param, detail::describe(*w.range.alloc));
-    }
-    if (w.range.end > reach->range.end) reach = &w;
-  }
-}
-
-/// Report a block reading bytes that another block writes (`reads` holds only reads of the
-/// allocations the launch writes). After sorting both by start, each range is compared with the
-/// furthest-reaching range of the other kind among blocks other than its own: the furthest two of
-/// distinct blocks seen so far give that.
-void check_read_races(std::vector<BlockWrite>& writes, std::vector<BlockWrite>& reads, std::string_view entry,
-                      Dim3 grid) {
-  if (reads.empty() || writes.empty()) return;
-  struct Range {
-    const BlockWrite* r;
-    bool write;
-  };
-  std::vector<Range> all;
-  all.reserve(writes.size() + reads.size());
-  for (const auto& w : writes) all.push_back({&w, true});
-  for (const auto& r : reads) all.push_back({&r, false});
-  std::sort(all.begin(), all.end(), [](const Range& a, const Range& b) {
-    return std::tie(a.r->range.alloc->serial, a.r->range.begin, a.r->block, a.r->range.end, a.write) <
-           std::tie(b.r->range.alloc->serial, b.r->range.begin, b.r->block, b.r->range.end, b.write);
+    return std::tie(a.range.alloc->serial, a.range.begin, a.block, a.range.end, a.write) <
+           std::tie(b.range.alloc->serial, b.range.begin, b.block, b.range.end, b.write);
   });
   struct Reach {  // the two furthest-reaching ranges of distinct blocks
-    const BlockWrite* top[2] = {nullptr, nullptr};
-    void add(const BlockWrite* r) {
-      if (top[0] == nullptr || r->range.end > top[0]->range.end) {
-        if (top[0] != nullptr && top[0]->block != r->block) top[1] = top[0];
-        top[0] = r;
-      } else if (r->block != top[0]->block && (top[1] == nullptr || r->range.end > top[1]->range.end)) {
-        top[1] = r;
+    const BlockRange* top[2] = {nullptr, nullptr};
+    void add(const BlockRange& r) {
+      if (top[0] == nullptr || r.range.end > top[0]->range.end) {
+        if (top[0] != nullptr && top[0]->block != r.block) top[1] = top[0];
+        top[0] = &r;
+      } else if (r.block != top[0]->block && (top[1] == nullptr || r.range.end > top[1]->range.end)) {
+        top[1] = &r;
       }
     }
-    const BlockWrite* other_than(std::uint64_t block) const {
-      return top[0] != nullptr && top[0]->block != block ? top[0] : top[1];
+    // The furthest-reaching range of a block other than `r`'s, when it overlaps r.
+    const BlockRange* overlapping(const BlockRange& r) const {
+      const BlockRange* o = top[0] != nullptr && top[0]->block != r.block ? top[0] : top[1];
+      return o != nullptr && o->range.end > r.range.begin ? o : nullptr;
     }
   };
-  Reach reach[2];  // [0] reads, [1] writes
+  Reach reads, writes;
   const detail::Allocation* alloc = nullptr;
-  for (const auto& [r, write] : all) {
-    if (r->range.alloc != alloc) alloc = r->range.alloc, reach[0] = reach[1] = Reach{};
-    const BlockWrite* o = reach[write ? 0 : 1].other_than(r->block);
-    if (o != nullptr && o->range.end > r->range.begin) {
-      const BlockWrite& w = write ? *r : *o;
-      const BlockWrite& rd = write ? *o : *r;
+  for (const BlockRange& r : ranges) {
+    if (r.range.alloc != alloc) alloc = r.range.alloc, reads = writes = Reach{};
+    if (const BlockRange* o = r.write ? writes.overlapping(r) : nullptr) {
+      const auto [first, second] = std::minmax(r.block, o->block);
+      fail(Errc::device_fault, "write race in {}: blocks {} and {} both write bytes [{}, {}) of parameter {} ({})",
+           entry, dims(block_index(first, grid)), dims(block_index(second, grid)), r.range.begin,
+           std::min(r.range.end, o->range.end), r.range.param, detail::describe(*r.range.alloc));
+    }
+    if (const BlockRange* o = r.write ? reads.overlapping(r) : writes.overlapping(r)) {
+      const BlockRange& w = r.write ? r : *o;
+      const BlockRange& rd = r.write ? *o : r;
       fail(Errc::device_fault,
            "read-write race in {}: block {} writes bytes [{}, {}) of parameter {} ({}) that block {} reads through "
            "parameter {} (blocks run in no set order: an output overlaps an input)",
@@ -444,7 +418,7 @@ void check_read_races(std::vector<BlockWrite>& writes, std::vector<BlockWrite>& 
            std::min(w.range.end, rd.range.end), w.range.param, detail::describe(*w.range.alloc),
            dims(block_index(rd.block, grid)), rd.range.param);
     }
-    reach[write ? 1 : 0].add(r);
+    (r.write ? writes : reads).add(r);
   }
 }
 
@@ -518,10 +492,10 @@ struct EmulatorBackend::Impl {
     log.push_back(std::move(r));
   }
 
-  /// Run the port once per block of the grid, then look for write races.
+  /// Run the port once per block of the grid, then look for races between its blocks.
   void execute(const Registry::Entry& e, Dim3 grid, Dim3 block, Dim3 cluster, std::span<const KernelArg> args) {
-    std::mutex writes_mutex;
-    std::vector<BlockWrite> writes, reads;
+    std::mutex ranges_mutex;
+    std::vector<BlockRange> ranges;
     std::vector<const detail::Allocation*> written;  // what the writable parameters point into
     for (std::size_t i = 0; i < e.params.size() && i < args.size(); ++i)
       if (e.params[i].kind == ArgKind::ptr && e.params[i].writable)
@@ -536,14 +510,11 @@ struct EmulatorBackend::Impl {
       e.run(blk, args, e.params);
       blk.report_accesses();  // the accesses since its last batch
       if (blk.writes().empty() && blk.reads().empty()) return;
-      std::lock_guard lock(writes_mutex);
-      for (const auto& w : blk.writes()) writes.push_back({w, i});
-      for (const auto& r : blk.reads()) reads.push_back({r, i});
+      std::lock_guard lock(ranges_mutex);
+      for (const auto& w : blk.writes()) ranges.push_back({w, i, true});
+      for (const auto& r : blk.reads()) ranges.push_back({r, i, false});
     });
-    if (options.detect_races) {
-      check_races(writes, e.entry, grid);
-      check_read_races(writes, reads, e.entry, grid);
-    }
+    if (options.detect_races) check_races(ranges, e.entry, grid);
   }
 };
 

@@ -386,41 +386,22 @@ TEST_CASE("emu: a block reading bytes another block writes is a race, reading it
   auto& b = gpu.backend;
   const auto values = iota_floats(128);
   DeviceBuffer buf = DeviceBuffer::from_host(b, std::span<const float>(values)), other(b, 128 * sizeof(float));
+  const auto next_block = [&](std::uint32_t blocks, DevicePtr in, DevicePtr out, std::uint32_t n) {
+    gpu.launch("next_block").grid({blocks, 1, 1}).block({32, 1, 1}).arg_ptr(in).arg_ptr(out).arg_u32(n).launch();
+  };
   SECTION("in is out: block 0 reads what block 1 writes") {
-    const Error e = error_of([&] {
-      gpu.launch("next_block")
-          .grid({4, 1, 1})
-          .block({32, 1, 1})
-          .arg_ptr(buf.ptr())
-          .arg_ptr(buf.ptr())
-          .arg_u32(128)
-          .launch();
-    });
+    const Error e = error_of([&] { next_block(4, buf.ptr(), buf.ptr(), 128); });
     // The first pair by offset: block 3 reads slots 0..31 (it wraps), which block 0 writes.
     require_fault(e, {"read-write race in next_block: block (0,0,0) writes bytes [0, 128) of parameter out",
                       "that block (3,0,0) reads through parameter in", "an output overlaps an input"});
   }
   SECTION("in lies in out's allocation at another offset") {  // block 1 reads out[16..48), block 0 writes out[0..32)
-    const Error e = error_of([&] {
-      gpu.launch("next_block")
-          .grid({2, 1, 1})
-          .block({32, 1, 1})
-          .arg_ptr(buf.ptr() + 16 * sizeof(float))
-          .arg_ptr(buf.ptr())
-          .arg_u32(64)
-          .launch();
-    });
+    const Error e = error_of([&] { next_block(2, buf.ptr() + 16 * sizeof(float), buf.ptr(), 64); });
     require_fault(e, {"read-write race in next_block: block (0,0,0) writes bytes [64, 128) of parameter out",
                       "that block (1,0,0) reads through parameter in"});
   }
   SECTION("separate buffers") {
-    gpu.launch("next_block")
-        .grid({4, 1, 1})
-        .block({32, 1, 1})
-        .arg_ptr(buf.ptr())
-        .arg_ptr(other.ptr())
-        .arg_u32(128)
-        .launch();
+    next_block(4, buf.ptr(), other.ptr(), 128);
     const auto got = other.to_host<float>();
     for (std::uint32_t i = 0; i < 128; ++i) CHECK(got[i] == static_cast<float>((i + 32) % 128 + 1));
   }

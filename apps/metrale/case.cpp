@@ -12,6 +12,7 @@
 #include "backends.hpp"
 #include "commands.hpp"
 #include "metrale/error.hpp"
+#include "metrale/files.hpp"
 #include "metrale/kernel_case.hpp"
 #include "metrale/mla_fast.hpp"  // entry_unavailable
 
@@ -49,11 +50,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     // A file named twice (or in a folder named too) runs once: the summary counts files. Each
     // file's canonical path is found once, then the (path, file) pairs sorted and made unique.
     std::vector<std::pair<std::filesystem::path, std::filesystem::path>> keyed;
-    for (auto& f : files) {
-      std::error_code ec;
-      const auto canonical = std::filesystem::weakly_canonical(f, ec);
-      keyed.emplace_back(ec ? f.lexically_normal() : canonical, std::move(f));
-    }
+    for (auto& f : files) keyed.emplace_back(file_key(f), std::move(f));
     std::sort(keyed.begin(), keyed.end());
     keyed.erase(
         std::unique(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),

@@ -367,11 +367,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<fs::path> case_files, golden_files;
     std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
     for (const auto& dir : case_dirs)
-      for (auto& f : safetensors_in(dir, named_cases, missing)) {
-        std::error_code ec;
-        const fs::path canonical = fs::weakly_canonical(f, ec);
-        if (case_seen.insert(ec ? f : canonical).second) case_files.push_back(std::move(f));
-      }
+      for (auto& f : safetensors_in(dir, named_cases, missing))
+        if (case_seen.insert(file_key(f)).second) case_files.push_back(std::move(f));
     std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
     for (const auto& [dir, named] : golden_dirs)
       for (auto& f : safetensors_in(dir, named, missing)) {

@@ -40,6 +40,11 @@ class StagedFile {
 /// `StagedFile(path, bytes).commit()`: `path` then holds `bytes`, or, on an error, what it held.
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
 
+/// The path that names `path`'s file when two paths are compared: `weakly_canonical`, or the
+/// lexically normal path where that fails, so that `d/x`, `d/./x`, `e/../d/x` and a link to `d`
+/// give one key. Errors: none.
+std::filesystem::path file_key(const std::filesystem::path& path);
+
 /// Whether a file could be written at `path`: no folder there, and a staged file created beside
 /// it and removed. Errors: `invalid_argument` "cannot write <path> (<reason>)" when not; nothing
 /// is changed.

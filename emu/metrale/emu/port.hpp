@@ -8,8 +8,9 @@
 // The registry derives each parameter's kind from the port's own signature, so
 // the declared list cannot disagree with the port. Every access through a
 // `Global` is checked against the allocation its parameter points into:
-// bounds, alignment, use after free, bytes never written; stores are logged so
-// that two blocks writing the same byte are reported as a race.
+// bounds, alignment, use after free, bytes never written; stores (and loads of
+// what the launch writes) are logged so that two blocks writing the same byte, or
+// one reading a byte another writes, are reported as a race.
 #pragma once
 
 #include <algorithm>
@@ -61,7 +62,7 @@ enum class Access : std::uint8_t { read, write };
 
 /// One range of bytes a block wrote (or read, of an allocation the launch writes), for the
 /// cross-block race check.
-struct WriteRange {
+struct AccessRange {
   const Allocation* alloc;
   std::uint64_t begin, end;  // byte offsets in the allocation
   const char* param;
@@ -160,7 +161,7 @@ class Block {
     }
     writes_.push_back({alloc, begin, end, param});
   }
-  std::vector<detail::WriteRange>& writes() { return writes_; }
+  std::vector<detail::AccessRange>& writes() { return writes_; }
   /// Log reads of these allocations too (those the launch's writable parameters point into): a
   /// block reading bytes another block writes is a race, as two writing them are.
   void watch_reads(std::span<const detail::Allocation* const> allocs) { watched_ = allocs; }
@@ -175,7 +176,7 @@ class Block {
     }
     reads_.push_back({alloc, begin, end, param});
   }
-  std::vector<detail::WriteRange>& reads() { return reads_; }
+  std::vector<detail::AccessRange>& reads() { return reads_; }
   std::string_view kernel() const { return kernel_; }
 
  private:
@@ -198,9 +199,9 @@ class Block {
   [[noreturn]] void over_budget() const;
   [[noreturn]] void over_launch_budget() const;
   std::uint32_t thread_ = kNoThread;
-  std::vector<detail::WriteRange> writes_;
+  std::vector<detail::AccessRange> writes_;
   std::span<const detail::Allocation* const> watched_;
-  std::vector<detail::WriteRange> reads_;
+  std::vector<detail::AccessRange> reads_;
 };
 
 /// A checked device pointer to T (const T for read-only parameters), with the
