@@ -70,6 +70,13 @@ void k3_mla_sdpa_split_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaSpl
   v.check(std::uint64_t{a.num_chunks} * a.keys_per_chunk >= a.seq_len,
           "num_chunks {} x keys_per_chunk {} covers fewer keys than seq_len {}: keys would be dropped", a.num_chunks,
           a.keys_per_chunk, a.seq_len);
+  using detail::saturating_product;
+  const std::uint64_t rows = std::uint64_t{a.num_chunks} * a.heads;
+  const Validator::Extent q{"q", a.q, saturating_product({a.heads, a.dq, 4})},
+      k{"k", a.k, saturating_product({a.seq_len, a.heads, a.dq, 4})},
+      v_{"v", a.v, saturating_product({a.seq_len, a.heads, a.dv, 4})}, ml{"ml_partial", a.ml_partial, rows * 2 * 4};
+  v.disjoint({"o_partial", a.o_partial, rows * a.dv * 4}, {q, k, v_, ml});
+  v.disjoint(ml, {q, k, v_});
   validate_entry(v, gpu, kernel, {"k3_mla_sdpa_split_f32"});
   KernelLaunch(gpu, kernel)
       .grid({a.num_chunks / kK3ChunkWarps, a.heads, 1})
@@ -96,6 +103,11 @@ void k3_mla_sdpa_combine_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaC
   v.at_most("heads", a.heads, detail::kMaxGridX);
   v.at_most("dv", a.dv, std::uint64_t{detail::kMaxGridYZ} * 32);  // blocks of 32 dims: the grid's y
   validate_chunks(v, a.num_chunks);
+  using detail::saturating_product;
+  v.disjoint({"out", a.out, saturating_product({a.heads, a.dv, 4})},
+             {{"o_partial", a.o_partial, saturating_product({a.num_chunks, a.heads, a.dv, 4})},
+              {"ml_partial", a.ml_partial, saturating_product({a.num_chunks, a.heads, 2, 4})},
+              {"g", a.use_gate ? a.g : DevicePtr{}, saturating_product({a.heads, a.dv, 4})}});
   validate_entry(v, gpu, kernel, {"k3_mla_sdpa_combine_f32"});
   KernelLaunch(gpu, kernel)
       .grid({a.heads, div_ceil(a.dv, 32u), 1})

@@ -105,12 +105,23 @@ MlaAbsorbedKernels MlaAbsorbedKernels::resolve(GpuBackend& gpu) {
           k("rope_pairs_bf16"),    k("mla_paged_cache_store_fp8"), k("mla_paged_cache_store_nvfp4")};
 }
 
-void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
-  const Validator v{"mla_batched_gemv"};
+void detail::validate_gemv(const Validator& v, const BatchedGemvArgs& a) {
   v.non_null({{"input", a.input}, {"weight", a.weight}, {"output", a.output}});
   v.positive({{"n_out", a.n_out}, {"k", a.k}, {"num_heads", a.num_heads}});
   v.at_most("num_heads", a.num_heads, detail::kMaxGridYZ);
   v.check(a.output_stride >= a.n_out, "output_stride {} < n_out {} (heads would overlap)", a.output_stride, a.n_out);
+}
+
+void detail::validate_gemv_buffers(const Validator& v, const BatchedGemvArgs& a) {
+  v.disjoint({"output", a.output, detail::strided_bytes(a.num_heads, a.output_stride, a.n_out, 2)},
+             {{"input", a.input, detail::strided_bytes(a.num_heads, a.input_stride, a.k, 2)},
+              {"weight", a.weight, detail::saturating_product({a.num_heads, a.n_out, a.k, 2})}});
+}
+
+void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
+  const Validator v{"mla_batched_gemv"};
+  detail::validate_gemv(v, a);
+  detail::validate_gemv_buffers(v, a);
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.n_out, 8u), a.num_heads, 1})  // 8 warps, one output row each
       .block(kBlock256)

@@ -232,7 +232,11 @@ void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArg
   v.non_null({{"q", a.q}, {"k_new", a.k_new}});
   v.positive({{"heads", a.heads}});
   v.at_most("nope + rope", std::uint64_t{a.nope} + a.rope, kU32Max);
-  if (!a.use_nope) v.rope_theta(a.theta, a.rope, a.pos);
+  if (!a.use_nope) {  // under NoPE the kernel touches neither
+    v.rope_theta(a.theta, a.rope, a.pos);
+    const std::uint64_t bytes = detail::saturating_product({a.heads, std::uint64_t{a.nope} + a.rope, 4});
+    v.disjoint({"k_new", a.k_new, bytes}, {{"q", a.q, bytes}});
+  }
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.heads, kRopeBlock), 1, 1})
       .block({kRopeBlock, 1, 1})
@@ -254,6 +258,12 @@ void validate(const K3SdpaArgs& a) {
   if (a.use_gate) v.non_null({{"g", a.g}});
   v.positive({{"heads", a.heads}, {"dq", a.dq}, {"dv", a.dv}});
   v.at_most("heads", a.heads, detail::kMaxGridX);
+  using detail::saturating_product;
+  v.disjoint({"out", a.out, saturating_product({a.heads, a.dv, 4})},
+             {{"q", a.q, saturating_product({a.heads, a.dq, 4})},
+              {"k", a.k, saturating_product({a.seq_len, a.heads, a.dq, 4})},
+              {"v", a.v, saturating_product({a.seq_len, a.heads, a.dv, 4})},
+              {"g", a.use_gate ? a.g : DevicePtr{}, saturating_product({a.heads, a.dv, 4})}});
 }
 
 void k3_mla_sdpa_gate_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaArgs& a, Stream stream) {

@@ -583,12 +583,10 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
 void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream,
                            GemvStart start) {
   const Validator v{"mla_batched_gemv_wide"};
-  v.non_null({{"input", a.input}, {"weight", a.weight}, {"output", a.output}});
-  v.positive({{"n_out", a.n_out}, {"k", a.k}, {"num_heads", a.num_heads}});
-  v.at_most("num_heads", a.num_heads, detail::kMaxGridYZ);
-  v.check(a.output_stride >= a.n_out, "output_stride {} < n_out {} (heads would overlap)", a.output_stride, a.n_out);
+  detail::validate_gemv(v, a);
   v.check(a.k % 8 == 0 && a.input_stride % 8 == 0, "k {} and input_stride {} must be multiples of 8 (16-byte loads)",
           a.k, a.input_stride);
+  detail::validate_gemv_buffers(v, a);
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.n_out, gemv_wide_rows_per_block(a.k)), a.num_heads, 1})
       .block({256, 1, 1})

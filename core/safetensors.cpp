@@ -33,6 +33,10 @@ using Json = nlohmann::json;
 // The Rust reference implementation's bound is 100 MB; a header is a few KiB in
 // practice, and the bound keeps a hostile length from allocating gigabytes.
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
+// A tensor's entry holds about eight JSON values (dtype, a few dims, two offsets), so a million
+// values is a hundred thousand tensors, past any model shard; 100 MB of one-byte values would be
+// fifty million, which the parsed JSON holds in gigabytes. Counted before anything is built.
+constexpr std::uint64_t kMaxJsonValues = 1'000'000;
 // A valid header nests three deep (object → entry → shape array); anything much
 // deeper is hostile and is refused before it can cost stack or memory.
 constexpr int kMaxJsonDepth = 8;
@@ -138,14 +142,15 @@ std::optional<std::uint64_t> json_u64(const Json& j) {
 class HeaderChecks final : public nlohmann::json_sax<Json> {
  public:
   explicit HeaderChecks(std::string_view name) : name_(name) {}
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
   bool start_object(std::size_t) override {
+    value();
     open(true);
     return true;
   }
@@ -155,6 +160,7 @@ class HeaderChecks final : public nlohmann::json_sax<Json> {
   }
   bool end_object() override { return close(); }
   bool start_array(std::size_t) override {
+    value();
     open(false);
     return true;
   }
@@ -164,6 +170,12 @@ class HeaderChecks final : public nlohmann::json_sax<Json> {
   }
 
  private:
+  bool value() {
+    if (++values_ > kMaxJsonValues)
+      fail(Errc::invalid_argument, "{}: header holds more than {} json values (a tensor's entry needs about 8)", name_,
+           kMaxJsonValues);
+    return true;
+  }
   void open(bool object) {
     if (++depth_ > kMaxJsonDepth)
       fail(Errc::invalid_argument, "{}: header json nests deeper than {} levels", name_, kMaxJsonDepth);
@@ -178,6 +190,7 @@ class HeaderChecks final : public nlohmann::json_sax<Json> {
   }
   std::string_view name_;
   int depth_ = 0;
+  std::uint64_t values_ = 0;
   std::vector<bool> objects_;                          // each open container: an object?
   std::vector<std::unordered_set<std::string>> keys_;  // one set per open object, innermost last
 };
@@ -215,7 +228,17 @@ std::map<std::string, std::string> parse_metadata(const Json& j, std::string_vie
 // shape array of millions of entries.
 std::string brief(const Json& j) {
   constexpr std::size_t kMax = 80;
-  std::string s = j.dump();
+  std::string s;
+  if (j.is_array()) {  // element by element, up to the cut: never the whole array
+    s = "[";
+    for (const Json& e : j) {
+      if (s.size() > kMax) break;
+      s += (s.size() > 1 ? "," : "") + brief(e);
+    }
+    s += "]";
+  } else {
+    s = j.dump();  // a scalar, or an object (the shape and offsets readers name arrays)
+  }
   if (s.size() > kMax) s = s.substr(0, kMax) + "...";
   return s;
 }

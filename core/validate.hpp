@@ -20,6 +20,10 @@
 #include "metrale/device.hpp"
 #include "metrale/error.hpp"
 
+namespace metrale {
+struct BatchedGemvArgs;
+}
+
 namespace metrale::detail {
 
 /// `what`'s first NaN or infinity refused (`invalid_argument`): "<what>[i] is <value>; <why>".
@@ -71,11 +75,46 @@ struct Validator {
     if (!std::isfinite(value) || value <= 0.0f)
       fail(Errc::invalid_argument, "{}: {} {} is not a finite positive number", kernel, name, value);
   }
+  /// A buffer's bytes [ptr, ptr + bytes), for `disjoint`.
+  struct Extent {
+    const char* name;
+    DevicePtr ptr;
+    std::uint64_t bytes;
+  };
+  /// `out` shares no byte with any of `ins` (null pointers and empty extents never overlap): a
+  /// kernel whose blocks write what others read gives an answer that depends on their order.
+  /// "<out> [a, b) overlaps <in> [c, d)", both ranges in bytes.
+  void disjoint(const Extent& out, std::initializer_list<Extent> ins) const {
+    const auto end = [](const Extent& e) { return e.bytes > ~e.ptr.addr ? ~std::uint64_t{0} : e.ptr.addr + e.bytes; };
+    for (const auto& in : ins)
+      if (out.ptr && in.ptr && out.bytes && in.bytes && out.ptr.addr < end(in) && in.ptr.addr < end(out))
+        fail(Errc::invalid_argument,
+             "{}: {} [{:#x}, {:#x}) overlaps {} [{:#x}, {:#x}) (blocks would read what others write)", kernel, out.name,
+             out.ptr.addr, end(out), in.name, in.ptr.addr, end(in));
+  }
   template <class... Args>
   void check(bool ok, fmt::format_string<Args...> format, Args&&... args) const {
     if (!ok) throw Error(Errc::invalid_argument, fmt::format("{}: ", kernel) + fmt::format(format, std::forward<Args>(args)...));
   }
 };
+
+/// The product of `factors`, saturated at 2^64 − 1 (an extent that large overlaps everything).
+inline std::uint64_t saturating_product(std::initializer_list<std::uint64_t> factors) {
+  std::uint64_t p = 1;
+  for (const std::uint64_t f : factors) {
+    if (f != 0 && p > ~std::uint64_t{0} / f) return ~std::uint64_t{0};
+    p *= f;
+  }
+  return p;
+}
+
+/// Bytes spanned by `rows` rows of `row` elements at a pitch of `stride` elements, `elem` bytes
+/// each (saturated): [rows − 1 pitches, then one row].
+inline std::uint64_t strided_bytes(std::uint64_t rows, std::uint64_t stride, std::uint64_t row, std::uint64_t elem) {
+  if (rows == 0) return 0;
+  const std::uint64_t pitches = saturating_product({rows - 1, stride});
+  return saturating_product({pitches > ~row ? ~std::uint64_t{0} : pitches + row, elem});
+}
 
 /// Keys per sequence, compressed entries included: the kernels index them with 32 bits.
 inline constexpr std::uint64_t kMaxKeys = 0x7FFF'FFFF;
@@ -113,5 +152,12 @@ inline void validate_entry(const Validator& v, const GpuBackend& gpu, KernelHand
   v.check(std::find(entries.begin(), entries.end(), entry) != entries.end(), "kernel {} is not {}", name,
           fmt::join(entries, " or "));
 }
+
+/// mla_batched_gemv's rules, which the wide GEMV keeps too: non-null buffers, positive counts,
+/// heads within the grid's y, heads apart in the output (defined in mla_absorbed.cpp).
+void validate_gemv(const Validator& v, const BatchedGemvArgs& a);
+/// The output apart from the input and the weights: a launcher's last rule, once the counts that
+/// size the buffers are known to be right.
+void validate_gemv_buffers(const Validator& v, const BatchedGemvArgs& a);
 
 }  // namespace metrale::detail

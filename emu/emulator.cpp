@@ -335,6 +335,9 @@ std::uint64_t default_launch_accesses() {
   return positive_env<std::uint64_t>("METRALE_EMU_LAUNCH_ACCESSES", std::uint64_t{1} << 30, "1073741824");
 }
 
+// EmulatorOptions::record_limit_bytes' default: 4 GB of case files.
+constexpr std::uint64_t kDefaultRecordLimit = 4'000'000'000;
+
 // ---- launch checks --------------------------------------------------------------
 
 // The device's limits, so that a launch that would fail on hardware fails here.
@@ -437,6 +440,9 @@ struct EmulatorBackend::Impl {
     if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
+    if (options.record_limit_bytes == 0 && !options.record_dir.empty())
+      options.record_limit_bytes =
+          positive_env<std::uint64_t>("METRALE_RECORD_LIMIT", kDefaultRecordLimit, "4000000000 bytes, 4 GB");
   }
 
   EmulatorOptions options;
@@ -520,7 +526,8 @@ struct EmulatorBackend::Impl {
 
 EmulatorBackend::EmulatorBackend(EmulatorOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   register_all_ports(impl_->registry);
-  if (!impl_->options.record_dir.empty()) impl_->recorder = std::make_unique<CaseRecorder>(impl_->options.record_dir);
+  if (!impl_->options.record_dir.empty())
+    impl_->recorder = std::make_unique<CaseRecorder>(impl_->options.record_dir, impl_->options.record_limit_bytes);
 }
 
 EmulatorBackend::~EmulatorBackend() {

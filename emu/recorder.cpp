@@ -44,11 +44,20 @@ std::optional<Tensor> snapshot(std::size_t i, std::span<const KernelArg> args, c
   return t;
 }
 
+// "12.3 kB", "4.5 MB", "6.7 GB" (decimal units).
+std::string format_bytes(std::uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  return fmt::format("{:.1f} kB", b / 1e3);
+}
+
 }  // namespace
 
 constexpr std::uint64_t kMaxCases = 10'000'000'000'000'000'000ULL;
 
-CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
+CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
+    : dir_(std::move(dir)), limit_bytes_(limit_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
@@ -70,10 +79,8 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir) : dir_(std::move(dir)) {
 
 CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
-    const double mb = static_cast<double>(bytes_) / 1e6;
     spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
-                 mb >= 1.0 ? fmt::format("{:.1f} MB", mb) : fmt::format("{:.1f} kB", mb * 1e3),
-                 printable(dir_.string()));
+                 format_bytes(bytes_), printable(dir_.string()));
   } else {
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
                  printable(dir_.string()));
@@ -107,6 +114,16 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
       c.inputs[p.name] = std::move(*t);
     }
   }
+  // The file holds the inputs and, for what the launch writes, as many bytes again at most.
+  std::uint64_t bound = 1 << 16;  // the header
+  for (const auto& [name, t] : c.inputs) bound += 2 * t.data.size();
+  if (bytes_ + bound > limit_bytes_)
+    fail(Errc::capacity_exceeded,
+         "recorder: {} (up to {}) would take the recording in {} past its limit of {} ({} already written in {} "
+         "case{}); the launch did not run. Raise the limit (--record-limit, METRALE_RECORD_LIMIT) or record fewer "
+         "launches",
+         c.entry, format_bytes(bound), printable(dir_.string()), format_bytes(limit_bytes_), format_bytes(bytes_),
+         written_, written_ == 1 ? "" : "s");
   return c;
 }
 

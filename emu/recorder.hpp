@@ -15,8 +15,10 @@ namespace metrale::emu {
 
 class CaseRecorder {
  public:
-  /// Errors: `invalid_argument` when `dir` cannot be created (names it).
-  explicit CaseRecorder(std::filesystem::path dir);
+  /// Records into `dir`, at most `limit_bytes` of case files in all (a recording grows with
+  /// every launch: a long replay's can fill a disk). Errors: `invalid_argument` when `dir`
+  /// cannot be created (names it).
+  CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes);
   /// Says how many cases it wrote, and where (a warning when none).
   ~CaseRecorder();
   CaseRecorder(const CaseRecorder&) = delete;
@@ -24,7 +26,10 @@ class CaseRecorder {
 
   /// Snapshot a launch before it runs. A pointer argument records the bytes
   /// from its address to the end of its allocation, typed by the port's
-  /// declared element type; null or unmapped pointers record nothing.
+  /// declared element type; null or unmapped pointers record nothing. Errors:
+  /// `capacity_exceeded` when the case could take the files written past the limit (its
+  /// inputs, and its expectations at most as large): the launch then does not run, and the
+  /// cases written so far stay.
   KernelCase before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                     const detail::AddressSpace& memory) const;
   /// After it ran: the outputs (the port's writable pointers, changed or not) and any other
@@ -42,7 +47,8 @@ class CaseRecorder {
   std::filesystem::path dir_;
   std::uint64_t next_ = 0;  // the next case's number
   std::uint64_t written_ = 0;
-  std::uintmax_t bytes_ = 0;  // the written files' sizes, for the closing note
+  std::uint64_t limit_bytes_;
+  std::uintmax_t bytes_ = 0;  // the written files' sizes, for the closing note and the limit
 };
 
 }  // namespace metrale::emu

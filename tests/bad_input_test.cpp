@@ -3,6 +3,7 @@
 // stored changes. One test per fixed finding of the adversarial review.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -287,6 +288,13 @@ TEST_CASE("bad input: a small K3 case whose metadata asks for terabytes is refus
     require_error([&] { (void)replay_kimi_case(gpu, f, "bomb", device); }, Errc::invalid_argument,
                   {"tokens 1000000 x heads 1000000", "(qk_head_dim 2 + v_head_dim 1) = 3000000000000",
                    "exceed the replay's limit"});
+  }
+  // A million one-dim tokens fit in memory but would take days: each attends to all before it.
+  f.metadata["heads"] = "1";
+  for (const bool device : {true, false}) {
+    require_error([&] { (void)replay_kimi_case(gpu, f, "slow", device); }, Errc::invalid_argument,
+                  {"tokens 1000000 attend to 5e+11 keys in all", "x heads 1 x (qk_head_dim 2 + v_head_dim 1 + 64",
+                   "= 3.35e+13, past the replay's work limit of 1.374e+11"});
   }
   CHECK(gpu.calls() == 0);
 }
@@ -1083,6 +1091,31 @@ TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are ref
   CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
 }
 
+TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli]") {
+  TempPath dir("_rec_limit");
+  const std::string some_case =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0603_rope_pairs_bf16.safetensors";
+  const std::string run = "--record " + dir.path.string() + " case run --backend emu " + some_case;
+  std::string out;
+  // A case bigger than the limit: refused before it runs, nothing written.
+  CHECK(run_cli("--record-limit 1kb " + run, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB (0.0 kB already written in 0 cases); the "
+                                            "launch did not run"));
+  CHECK(std::filesystem::is_empty(dir.path));
+  for (const char* bad : {"0", "-5", "lots", "1zb"}) {
+    out.clear();
+    CHECK(run_cli(fmt::format("--record-limit {} {}", bad, run), out) != 0);
+    CHECK_THAT(out, Catch::Matchers::Contains("--record-limit"));
+  }
+  out.clear();
+  CHECK(run_cli(run, out, "METRALE_RECORD_LIMIT=4GB") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("METRALE_RECORD_LIMIT='4GB' is not a positive 64-bit integer"));
+  CHECK(std::filesystem::is_empty(dir.path));
+  out.clear();
+  CHECK(run_cli("--record-limit 1gb info", out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("--record-limit without --record: nothing is recorded"));
+}
+
 // Each was once silent: spdlog skips a level it does not know, `info` makes no emulator to record,
 // and a recording emulator that ran nothing wrote nothing.
 TEST_CASE("bad input: an unknown log level and a --record that records nothing are said", "[bad_input][cli]") {
@@ -1196,6 +1229,21 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
   std::ifstream in(dir.path / "report.json");
   const auto report = nlohmann::json::parse(in);
   CHECK(report.at("seed").get<std::uint64_t>() == 18446744073709551615ull);
+  // And what else the run was asked for (before: neither report said which folders ran, what
+  // --only kept, or how many cases were skipped).
+  CHECK(report.at("only") == "one.safetensors");
+  CHECK(report.at("case_folders") == nlohmann::json::array({cases.path.string()}));
+  CHECK(report.at("golden_folders") == nlohmann::json::array());
+  CHECK(report.at("folders_not_found") == nlohmann::json::array());
+  CHECK(report.at("cases_skipped") == 0);
+  CHECK(report.at("cases_run") == 1);
+  std::ifstream md_in(dir.path / "report.md");
+  const std::string md((std::istreambuf_iterator<char>(md_in)), std::istreambuf_iterator<char>());
+  for (const std::string& line : std::vector<std::string>{
+           "- seed: 18446744073709551615\n", "- only: cases whose kernel or name holds 'one.safetensors'\n",
+           "- case folders: " + cases.path.string() + "\n", "- golden folders: none\n",
+           "- cases: 1 run, 0 failed, 0 skipped (the device cannot run them), "})
+    CHECK_THAT(md, Catch::Matchers::Contains(line));
 }
 
 TEST_CASE("bad input: conform says a golden folder's file that is not a model case is skipped", "[bad_input][cli]") {
@@ -1251,7 +1299,11 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
            {R"({"matmul_tflops": 700, "rows": [{"L": 1024}]})", "rows[0] has no unsigned integer B"},
            {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3}]})",
             "rows[1] has no best_us (a number or null)"},
-           {R"({"matmul_tflops": "fast"})", "matmul_tflops \"fast\" is not a positive number"},
+           {R"({"matmul_tflops": "fast"})", "matmul_tflops (a json string) is not a positive number"},
+           {R"({"matmul_tflops": -2.5})", "matmul_tflops -2.5 is not a positive number"},
+           // Before: a SIGSEGV (the value dumped into the message recursed off the stack).
+           {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
+            "JSON nests deeper than 8 levels"},
            {R"({"rows": {}})", "rows is not an array"},
            {R"([1, 2])", "not a JSON object"}}) {
     INFO(text);
@@ -1260,6 +1312,12 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
     CHECK(run_cli("bench --backend emu --sweep --torch " + json.path.string(), out) == 2);
     CHECK_THAT(out, Catch::Matchers::Contains("bench --torch " + json.path.string() + ": " + want));
   }
+  // Before: a FIFO blocked the read for ever.
+  std::filesystem::remove(json.path);
+  REQUIRE(mkfifo(json.path.c_str(), 0600) == 0);
+  std::string out;
+  CHECK(run_cli("bench --backend emu --sweep --torch " + json.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("bench --torch " + json.path.string() + ": not a regular file"));
 }
 
 TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "[bad_input][cli]") {

@@ -224,8 +224,8 @@ TEST_CASE("NaN or inf in V reaches the output on the K3 split path even where it
 
 TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed kernel", "[k3_fast][dispatch]") {
   const std::uint32_t seq_len = GENERATE(0x8000'0000u, 0xFFFF'FFFFu);
-  K3SdpaArgs a{
-      DevicePtr{0x1000}, DevicePtr{0x2000}, DevicePtr{0x3000}, {}, DevicePtr{0x4000}, seq_len, 2000, 1, 1, false};
+  const auto at = [](std::uint64_t i) { return DevicePtr{i << 48}; };  // apart: k spans 2^45 bytes
+  K3SdpaArgs a{at(1), at(2), at(3), {}, at(4), seq_len, 2000, 1, 1, false};
   REQUIRE(k3_split_unsupported(a).has_value());
   CHECK_THAT(*k3_split_unsupported(a), Catch::Matchers::Contains(fmt::format("seq_len {}", seq_len)));
   test::require_error([&] { plan_k3_sdpa_split(seq_len, 2000, 1, 132); }, Errc::invalid_argument,
@@ -239,7 +239,7 @@ TEST_CASE("the K3 split path leaves histories past 2^31 - 1 keys to the seed ker
   test::require_error(
       [&] {
         k3_mla_sdpa_split_f32(gpu, K3MlaDecodeKernels::resolve(gpu).sdpa_split,
-                              {a.q, a.k, a.v, DevicePtr{0x5000}, DevicePtr{0x6000}, seq_len, 1, 1, 1, 1u << 20, 4096});
+                              {a.q, a.k, a.v, at(5), at(6), seq_len, 1, 1, 1, 1u << 20, 4096});
       },
       Errc::invalid_argument, {fmt::format("seq_len {} exceeds 2147483647", seq_len)});
 }
@@ -271,7 +271,7 @@ TEST_CASE("the K3 split launchers pass their arguments under the ports' paramete
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
-  const DevicePtr a{0x1000}, b{0x2000}, c{0x3000}, d{0x4000}, e{0x5000};
+  const DevicePtr a{1ull << 32}, b{2ull << 32}, c{3ull << 32}, d{4ull << 32}, e{5ull << 32};
   k3_mla_sdpa_split_f32(gpu, kernels.sdpa_split, {a, b, c, d, e, 300, 7, 192, 128, 19, 16});
   k3_mla_sdpa_combine_f32(gpu, kernels.sdpa_combine, {a, b, c, d, 9, 100, 12, true});
   const auto& log = gpu.launch_log();
@@ -300,9 +300,10 @@ TEST_CASE("the K3 split launchers pass their arguments under the ports' paramete
 TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing", "[k3_fast][validation]") {
   emu::EmulatorBackend gpu;
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
-  const DevicePtr p{0x1000};
+  // Apart: the largest buffer, ok's k, spans 64 x 2 x 192 x 4 bytes.
+  const auto p = [](std::uint64_t i) { return DevicePtr{i << 20}; };
   const std::uint64_t before = gpu.calls(emu::Op::launch);
-  const K3SdpaSplitArgs ok{p, p, p, p, p, 64, 2, 192, 128, 16, 4};
+  const K3SdpaSplitArgs ok{p(1), p(2), p(3), p(4), p(5), 64, 2, 192, 128, 16, 4};
   auto split = [&](auto edit, KernelHandle k = {}) {
     K3SdpaSplitArgs a = ok;
     edit(a);
@@ -326,10 +327,18 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { split([](auto& a) { a.num_chunks = 4100; }); }, bad, {"num_chunks 4100"});
   require_error([&] { split([](auto& a) { a.seq_len = 65; }); }, bad,
                 {"num_chunks 4 x keys_per_chunk 16 covers fewer keys than seq_len 65"});
+  // Outputs apart from what the blocks read: o_partial [4, 2, 128] f32 = 4096 bytes, ml_partial
+  // [4, 2, 2] f32 = 64 bytes, q [2, 192] f32, v [64, 2, 128] f32.
+  require_error([&] { split([&](auto& a) { a.o_partial = a.q + 1532; }); }, bad,
+                {"o_partial [0x1005fc, 0x1015fc) overlaps q [0x100000, 0x100600)"});
+  require_error([&] { split([&](auto& a) { a.ml_partial = a.o_partial + 4032; }); }, bad,
+                {"o_partial [0x400000, 0x401000) overlaps ml_partial [0x400fc0, 0x401000)"});
+  require_error([&] { split([&](auto& a) { a.ml_partial = a.v + 65532; }); }, bad,
+                {"ml_partial [0x30fffc, 0x31003c) overlaps v [0x300000, 0x310000)"});
   require_error([&] { split([](auto&) {}, kernels.sdpa); }, bad,
                 {"kernel mla_decode.k3_mla_sdpa_gate_f32 is not k3_mla_sdpa_split_f32"});
 
-  const K3SdpaCombineArgs cok{p, p, p, p, 2, 128, 8, true};
+  const K3SdpaCombineArgs cok{p(1), p(2), p(3), p(4), 2, 128, 8, true};
   auto combine = [&](auto edit, KernelHandle k = {}) {
     K3SdpaCombineArgs a = cok;
     edit(a);
@@ -344,12 +353,18 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { combine([](auto& a) { a.dv = 0; }); }, bad, {"dv is 0"});
   require_error([&] { combine([](auto& a) { a.dv = 65535 * 32 + 1; }); }, bad, {"dv 2097121 exceeds 2097120"});
   require_error([&] { combine([](auto& a) { a.num_chunks = 0; }); }, bad, {"num_chunks 0"});
+  require_error([&] { combine([](auto& a) { a.out = a.g; }); }, bad,
+                {"out [0x300000, 0x300400) overlaps g [0x300000, 0x300400)"});
+  require_error([&] { combine([](auto& a) { a.out = a.o_partial + (8 * 2 * 128 * 4 - 4); }); }, bad,
+                {"out [0x101ffc, 0x1023fc) overlaps o_partial"});
+  require_error([&] { combine([](auto& a) { a.out = a.ml_partial; }); }, bad,
+                {"out [0x200000, 0x200400) overlaps ml_partial"});
   require_error([&] { combine([](auto&) {}, kernels.sdpa_split); }, bad,
                 {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_combine_f32"});
   // The seed launcher refuses the split entry, which shares its signature.
   require_error(
       [&] {
-        k3_mla_sdpa_gate_f32(gpu, kernels.sdpa_split, {p, p, p, p, p, 1, 1, 1, 1, true});
+        k3_mla_sdpa_gate_f32(gpu, kernels.sdpa_split, {p(1), p(2), p(3), p(4), p(5), 1, 1, 1, 1, true});
       },
       bad, {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_gate_f32"});
   CHECK(gpu.calls(emu::Op::launch) == before);

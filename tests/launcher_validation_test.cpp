@@ -118,16 +118,28 @@ struct GemvCase : Emu {
   void launch(const BatchedGemvArgs& a) { mla_batched_gemv(gpu, kernels.batched_gemv, a); }
 };
 
-TEST_CASE("mla_batched_gemv: an output over its own input is a read-write race on the emulator", "[validation]") {
-  // Before: accepted, and the output differed from run to run (blocks read input rows that
-  // other blocks were overwriting).
+TEST_CASE("mla_batched_gemv: an output over its input or weights is refused on every backend", "[validation]") {
+  // Before: accepted; the emulator reported a read-write race, and the CUDA backend gave an
+  // output that differed from run to run (blocks read input rows that others overwrote).
   GemvCase c;
   auto a = c.valid();
   a.output = a.input;  // output_stride 12 < in_stride 48: rows of head h at h·48 in both
-  test::require_error(
-      [&] { c.launch(a); }, Errc::device_fault,
-      {"read-write race in mla_batched_gemv: block", "of parameter output", "reads through parameter input"});
-  REQUIRE_NOTHROW(c.launch(c.valid()));  // apart: no race
+  // The input spans 2 x 48 + 40 values, the weights 3 x 12 x 40, the output 2 x 12 + 12 (bf16).
+  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument,
+                     {fmt::format("mla_batched_gemv: output [{:#x}, {:#x}) overlaps input [{:#x}, {:#x})", a.input.addr,
+                                  a.input.addr + 72, a.input.addr, a.input.addr + 272)});
+  a.output = a.weight + 2878;  // the last weight
+  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"output", "overlaps weight"});
+  // Sentinels in a dry run: an output that starts where the input ends, or ends where the
+  // weights start, touches neither.
+  a.input = DevicePtr{1ull << 40};
+  a.weight = DevicePtr{2ull << 40};
+  for (const DevicePtr out : {a.input + 272, DevicePtr{a.weight.addr - 72}}) {
+    a.output = out;
+    c.require_accepted_dry([&] { c.launch(a); });
+  }
+  a.output = DevicePtr{a.weight.addr - 71};
+  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"overlaps weight"});
 }
 
 TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
@@ -167,7 +179,8 @@ TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
   SECTION("num_heads past the grid's y limit") {
     a.num_heads = 65536;
     reject(bad, {"mla_batched_gemv", "num_heads", "65536", "65535"});
-    a.num_heads = 65535;
+    a.num_heads = 65535;  // (buffers of 65535 heads: sentinels far apart, in a dry run)
+    a.input = DevicePtr{1ull << 40}, a.weight = DevicePtr{2ull << 40}, a.output = DevicePtr{3ull << 40};
     c.require_accepted_dry([&] { c.launch(a); });
   }
   SECTION("output_stride < n_out") {
@@ -841,7 +854,7 @@ TEST_CASE("mla_paged_cache_store_nvfp4: every validation rule", "[validation]") 
 // ---- every argument reaches the parameter of its name -------------------------
 
 // Distinct non-null sentinel pointers; never dereferenced (dry run).
-DevicePtr sentinel(std::uint64_t i) { return DevicePtr{0x1000'0000 + i * 0x100}; }
+DevicePtr sentinel(std::uint64_t i) { return DevicePtr{i << 44}; }
 
 using Expected = std::vector<std::pair<std::string, KernelArg>>;
 

@@ -269,6 +269,30 @@ TEST_CASE("the recorder writes a launch that replays to the same bytes", "[kerne
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the recorder stops at its size limit before the launch that would pass it", "[kernel_case][recorded]") {
+  // Before: no limit; a recording grows with every launch (a long replay's fills a disk).
+  const auto dir = test::scratch_dir("metrale_recorder_limit_test");
+  std::filesystem::remove_all(dir);
+  const auto files = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
+  };
+  emu::EmulatorOptions o;
+  o.record_dir = dir;
+  o.record_limit_bytes = 1'000'000;
+  emu::EmulatorBackend gpu(o);
+  run_kernel_case(gpu, gen::gemv_case(19, 33, 3, 1, 2, 5));  // a few kB
+  REQUIRE(files() == 1);
+  const std::uint64_t launches = gpu.calls(emu::Op::launch);
+  // 4 heads x 256 x 512 bf16 weights: 1 MB, recorded as input and bounded again as output.
+  test::require_error([&] { run_kernel_case(gpu, gen::gemv_case(256, 512, 4, 0, 0, 6)); }, Errc::capacity_exceeded,
+                      {"recorder: mla_batched_gemv (up to", "past its limit of 1.0 MB", "in 1 case)",
+                       "the launch did not run", "--record-limit, METRALE_RECORD_LIMIT"});
+  CHECK(gpu.calls(emu::Op::launch) == launches + 1);  // asked for, refused before it ran
+  CHECK(files() == 1);                                // the first case stays, no second one begun
+  CHECK(read_kernel_case(dir / "0000_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
+  std::filesystem::remove_all(dir);
+}
+
 // An output the launch left as it was is still an expectation: a GEMV over zero weights writes
 // zeros into a zeroed output, which a replay on hardware must reproduce (before: no expectation,
 // so any bytes there passed).

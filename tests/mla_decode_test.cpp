@@ -203,7 +203,7 @@ TEST_CASE("each launcher passes its arguments under the port's parameter names",
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
-  const DevicePtr a{0x1000}, b{0x2000}, c{0x3000}, d{0x4000}, e{0x5000};
+  const DevicePtr a{1ull << 32}, b{2ull << 32}, c{3ull << 32}, d{4ull << 32}, e{5ull << 32};
   k3_mla_maybe_rope_f32(gpu, kernels.rope, {a, b, 300, 11, 13, 17, 500.0f, true});
   k3_mla_sdpa_gate_f32(gpu, kernels.sdpa, {a, b, c, d, e, 19, 23, 29, 31, true});
   const auto& log = gpu.launch_log();
@@ -255,11 +255,31 @@ TEST_CASE("launcher validation: every rule", "[mla_decode][launch]") {
   require_error([&] { sdpa({p, p, p, p, p, 1, 1, 0, 1, true}); }, bad, {"dq is 0"});
   require_error([&] { sdpa({p, p, p, p, p, 1, 1, 1, 0, true}); }, bad, {"dv is 0"});
   require_error([&] { sdpa({p, p, p, p, p, 1, 0x8000'0000u, 1, 1, true}); }, bad, {"heads 2147483648 exceeds"});
+  // Outputs apart from what is read: rope rotates q and k_new [1, 3] f32 (12 bytes) in place;
+  // sdpa's out [2, 3] f32 (24 bytes) apart from q [2, 5], k and v [4, 2, 5 and 3], g [2, 3].
+  const DevicePtr q{0x10000}, k{0x20000}, v{0x30000}, g{0x40000};
+  require_error(
+      [&] {
+        rope({q, q + 8, 1, 1, 2, 0, 1e4f, false});
+      },
+      bad, {"k3_mla_maybe_rope_f32: k_new [0x10008, 0x10014) overlaps q [0x10000, 0x1000c)"});
+  require_error(
+      [&] {
+        sdpa({q, k, v, g, q + 36, 4, 2, 5, 3, true});
+      },
+      bad, {"k3_mla_sdpa_gate_f32: out [0x10024, 0x1003c) overlaps q [0x10000, 0x10028)"});
+  require_error([&] { sdpa({q, k, v, g, k + 152, 4, 2, 5, 3, true}); }, bad, {"out [0x20098, 0x200b0) overlaps k"});
+  require_error(
+      [&] {
+        sdpa({q, k, v, g, DevicePtr{0x30000 - 20}, 4, 2, 5, 3, true});
+      },
+      bad, {"overlaps v [0x30000, 0x30060)"});
+  require_error([&] { sdpa({q, k, v, g, g, 4, 2, 5, 3, true}); }, bad, {"out [0x40000, 0x40018) overlaps g"});
   CHECK(gpu.calls(emu::Op::launch) == before);  // nothing was launched
 
   SECTION("what the rules allow: theta unused under NoPE, no keys without k/v, no gate without g") {
     const auto x = DeviceBuffer::from_host<float>(gpu, std::vector<float>{1, 2, 3});
-    rope({x.ptr(), x.ptr(), 1, 1, 2, 5, 0.0f, true});
+    rope({x.ptr(), x.ptr(), 1, 1, 2, 5, 0.0f, true});  // under NoPE q and k_new may even coincide
     const DeviceBuffer out(gpu, 2 * sizeof(float));
     sdpa({x.ptr(), {}, {}, {}, out.ptr(), 0, 2, 1, 1, false});
     CHECK(out.to_host<float>() == std::vector<float>{0, 0});

@@ -353,6 +353,17 @@ TEST_CASE("safetensors rejects bad json", "[safetensors][malformed]") {
   require_malformed(R"({"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]}})",
                     1, {"'a'", "twice"});
   require_malformed(R"({"m":)" + std::string(10000, '[') + std::string(10000, ']') + "}", 0, {"nests deeper"});
+  // Before: a shape of 49 million zeros (a 98 MB header) took 2.3 GB and 25 s before its refusal.
+  std::string zeros;
+  for (int i = 0; i < 1'000'000; ++i) zeros += "0,";
+  require_malformed(R"({"t": {"dtype": "U8", "data_offsets": [0, 0], "shape": [)" + zeros + "0]}}", 0,
+                    {"header holds more than 1000000 json values (a tensor's entry needs about 8)"});
+  // 1,000,001 dims and 7 more values (the header, the entry, dtype, the offsets and theirs, the
+  // shape) above; 8 dims fewer is 1,000,000 values in all, which are parsed (and the entry's
+  // next error, with its shape cut short, is reported).
+  zeros.resize(zeros.size() - 2 * 8);
+  require_malformed(R"({"t": {"dtype": "U8", "data_offsets": [0, 1], "shape": [)" + zeros + "0]}}", 1,
+                    {"'t' data_offsets [0, 1] hold 1 bytes but shape [0,0,0,"});
   // Before: the parser stopped at a NUL (trailing garbage accepted) and skipped a byte-order mark.
   require_malformed(std::string("{}\0 this is garbage {{{", 24), 0, {"header holds a NUL byte at offset 2"});
   require_malformed("\xEF\xBB\xBF{}", 0, {"byte-order mark"});

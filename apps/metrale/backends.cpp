@@ -14,6 +14,7 @@ namespace metrale::cli {
 
 namespace {
 std::string g_record_dir;      // --record
+std::uint64_t g_record_limit = 0;  // --record-limit (0: the emulator's default)
 bool g_recorder_made = false;  // a backend made since, which records
 #ifndef METRALE_WITH_CUDA
 constexpr const char* kNotBuilt = "not built (no CUDA toolkit at configure time)";
@@ -21,6 +22,7 @@ constexpr const char* kNotBuilt = "not built (no CUDA toolkit at configure time)
 }  // namespace
 
 void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
+void limit_recording_to(std::uint64_t bytes) { g_record_limit = bytes; }
 bool recorder_made() { return g_recorder_made; }
 
 std::string backend_from_env() {
@@ -41,6 +43,7 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice) {
     }
     emu::EmulatorOptions o;
     o.record_dir = g_record_dir;
+    o.record_limit_bytes = g_record_limit;
     auto gpu = std::make_unique<emu::EmulatorBackend>(o);
     g_recorder_made = true;
     return gpu;

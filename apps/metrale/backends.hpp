@@ -2,6 +2,7 @@
 // METRALE_BACKEND; auto = CUDA when a device answers, else the emulator.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ std::unique_ptr<GpuBackend> make_backend(std::string choice);
 /// each launch to DIR as a kernel case file. Asking for CUDA then is an
 /// `invalid_argument` error.
 void record_launches_to(std::string dir);
+/// `--record-limit`: the most bytes of case files a recording writes (EmulatorOptions::
+/// record_limit_bytes; 0 = its default).
+void limit_recording_to(std::uint64_t bytes);
 /// Whether a backend was made since record_launches_to (a command without one, like `info`,
 /// records nothing: main says so).
 bool recorder_made();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -38,6 +39,7 @@ namespace metrale::cli {
 namespace {
 
 using nlohmann::ordered_json;
+namespace fs = std::filesystem;
 
 struct Row {
   std::string kernel, shape;
@@ -304,15 +306,18 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
   }
 }
 
+// bench/torch_baseline.py's JSON nests three levels (the rows' objects); deeper is not its.
+constexpr int kMaxTorchJsonDepth = 8;
+
 // bench/torch_baseline.py's output as the sweep reads it: an object; matmul_tflops, when there, a
 // positive number; rows, when there, an array of objects with unsigned B, L and H and best_us a
 // number or null. Errors: `invalid_argument` naming the file, the row and the key.
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
-  if (torch.contains("matmul_tflops") &&
-      !(torch["matmul_tflops"].is_number() && torch["matmul_tflops"].get<double>() > 0))
+  if (const auto it = torch.find("matmul_tflops");
+      it != torch.end() && !(it->is_number() && it->get<double>() > 0))  // (a number shown, anything else named)
     fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a positive number", path,
-         torch["matmul_tflops"].dump());
+         it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()));
   if (!torch.contains("rows")) return;
   if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
   std::size_t i = 0;
@@ -441,10 +446,21 @@ void add_bench(CLI::App& app) {
     // so that it is found without a device too).
     ordered_json torch = ordered_json::object();
     if (!opts->torch.empty()) {
+      std::error_code ec;
+      const auto type = fs::status(opts->torch, ec).type();
+      if (type == fs::file_type::not_found) fail(Errc::not_found, "bench --torch {}: no such file", opts->torch);
+      if (type != fs::file_type::regular)  // a FIFO would block the read for ever
+        fail(Errc::invalid_argument, "bench --torch {}: not a regular file", opts->torch);
       std::ifstream in(opts->torch);
       if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
       try {
-        in >> torch;
+        // The file's JSON is a few levels deep; a deeper one is refused while it is read.
+        torch = ordered_json::parse(in, [&](int depth, nlohmann::json::parse_event_t, ordered_json&) {
+          if (depth > kMaxTorchJsonDepth)
+            fail(Errc::invalid_argument, "bench --torch {}: JSON nests deeper than {} levels", opts->torch,
+                 kMaxTorchJsonDepth);
+          return true;
+        });
       } catch (const nlohmann::json::exception& e) {
         fail(Errc::invalid_argument, "bench --torch {}: not the JSON of bench/torch_baseline.py ({})", opts->torch,
              e.what());

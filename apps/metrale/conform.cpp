@@ -201,7 +201,15 @@ ordered_json device_json(GpuBackend& gpu) {
   return d;
 }
 
-void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_t seed,
+// What a run was asked for, and what it left out, for the reports.
+struct RunInfo {
+  std::uint64_t seed = 0;
+  std::string only;  // --only ("" = every case)
+  std::vector<std::string> case_folders, golden_folders, missing;
+  std::size_t skipped = 0;  // cases the device cannot run
+};
+
+void write_reports(const fs::path& dir, const ordered_json& device, const RunInfo& run,
                    const std::vector<CaseResult>& results, double seconds) {
   fs::create_directories(dir);
   ordered_json cases = ordered_json::array();
@@ -225,8 +233,17 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
                      {"checks", checks}});
   }
   const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
-  const ordered_json report{{"device", device},       {"seed", seed},       {"cases_run", results.size()},
-                            {"cases_failed", failed}, {"seconds", seconds}, {"pass", failed == 0},
+  const ordered_json report{{"device", device},
+                            {"seed", run.seed},
+                            {"only", run.only},
+                            {"case_folders", run.case_folders},
+                            {"golden_folders", run.golden_folders},
+                            {"folders_not_found", run.missing},
+                            {"cases_run", results.size()},
+                            {"cases_failed", failed},
+                            {"cases_skipped", run.skipped},
+                            {"seconds", seconds},
+                            {"pass", failed == 0},
                             {"cases", cases}};
   // (A case file's name need not be UTF-8: such bytes are written as U+FFFD.)
   const std::string json_text = report.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n';
@@ -259,7 +276,16 @@ void write_reports(const fs::path& dir, const ordered_json& device, std::uint64_
   md << "# Conformance report\n\n";
   for (const auto& [k, v] : device.items())
     md << "- " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
-  md << fmt::format("- cases: {} run, {} failed, {:.1f} s\n\n", results.size(), failed, seconds);
+  md << fmt::format("- seed: {}\n", run.seed);
+  if (!run.only.empty()) md << fmt::format("- only: cases whose kernel or name holds '{}'\n", run.only);
+  const auto folders = [](const std::vector<std::string>& v) {
+    return v.empty() ? "none" : fmt::format("{}", fmt::join(v, ", "));
+  };
+  md << fmt::format("- case folders: {}\n- golden folders: {}\n", folders(run.case_folders),
+                    folders(run.golden_folders));
+  if (!run.missing.empty()) md << fmt::format("- folders not found: {}\n", fmt::join(run.missing, ", "));
+  md << fmt::format("- cases: {} run, {} failed, {} skipped (the device cannot run them), {:.1f} s\n\n", results.size(),
+                    failed, run.skipped, seconds);
   md << "| group | kernel | cases | failed | max abs error vs reference/golden/file | of its tolerance | "
         "max abs diff vs emulator | of its tolerance |\n";
   md << "|---|---|---|---|---|---|---|---|\n";
@@ -430,7 +456,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) {
-      write_reports(made.leaf, device, opts->seed, results, seconds);
+      RunInfo run{opts->seed, opts->only, case_dirs, {}, missing, skipped};
+      for (const auto& [dir, named] : golden_dirs) run.golden_folders.push_back(dir);
+      write_reports(made.leaf, device, run, results, seconds);
       made.keep = true;
     }
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.

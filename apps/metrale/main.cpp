@@ -54,6 +54,14 @@ int main(int argc, char** argv) {
       ->option_text("DIR")
       ->check(metrale::cli::non_empty_path())
       ->each([](const std::string& dir) { metrale::cli::record_launches_to(dir); });
+  std::uint64_t record_limit = 0;
+  app.add_option("--record-limit", record_limit,
+                 "the most bytes of case files --record writes (4GB unless METRALE_RECORD_LIMIT says otherwise); "
+                 "a launch that could pass it fails before it runs")
+      ->option_text("SIZE")
+      ->transform(CLI::AsSizeValue(true))
+      ->check(CLI::PositiveNumber)
+      ->each([](const std::string& s) { metrale::cli::limit_recording_to(std::stoull(s)); });
   int exit_code = 0;
   metrale::cli::add_replay(app, [&](int code) { exit_code = code; });
   metrale::cli::add_info(app);
@@ -62,6 +70,7 @@ int main(int argc, char** argv) {
   metrale::cli::add_bench(app);
   try {
     app.parse(argc, argv);
+    if (record_dir.empty() && record_limit != 0) spdlog::warn("--record-limit without --record: nothing is recorded");
     if (!record_dir.empty() && !metrale::cli::recorder_made())
       spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", record_dir,
                    app.get_subcommands().front()->get_name());

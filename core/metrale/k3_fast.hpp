@@ -60,7 +60,8 @@ struct K3SdpaSplitArgs {
 /// k or v with seq_len > 0; heads, dq, dv or keys_per_chunk 0; dq or dv above 256; seq_len above
 /// 2^31 − 1 (a warp's 32-bit key steps would wrap); num_chunks
 /// not a positive multiple of 4 up to 4096; num_chunks × keys_per_chunk short of seq_len (keys
-/// would be dropped); heads above 65535 (the grid's y); `kernel` not k3_mla_sdpa_split_f32.
+/// would be dropped); heads above 65535 (the grid's y); o_partial or ml_partial sharing a byte
+/// with q, k, v or each other; `kernel` not k3_mla_sdpa_split_f32.
 void k3_mla_sdpa_split_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaSplitArgs& a, Stream stream = 0);
 
 /// The combine kernel's arguments.
@@ -76,8 +77,9 @@ struct K3SdpaCombineArgs {
 /// Grid [heads, ⌈dv/32⌉] (a block per 32 dims of a head), block 256; launched early, it waits
 /// for the split kernel before it reads the partials. Errors (`invalid_argument`): a null
 /// o_partial, ml_partial or out, or a null g with use_gate; heads or dv 0; heads past 2^31 − 1;
-/// dv past 65535 × 32 (the grid's y); num_chunks not a positive multiple of 4 up to 4096;
-/// `kernel` not k3_mla_sdpa_combine_f32.
+/// dv past 65535 × 32 (the grid's y); num_chunks not a positive multiple of 4 up to 4096; out
+/// sharing a byte with o_partial, ml_partial or (with the gate) g; `kernel` not
+/// k3_mla_sdpa_combine_f32.
 void k3_mla_sdpa_combine_f32(GpuBackend& gpu, KernelHandle kernel, const K3SdpaCombineArgs& a, Stream stream = 0);
 
 /// The K3 SDPA: the split path (split + combine, its workspace from `ws`) when

@@ -31,7 +31,8 @@ struct BatchedGemvArgs {
 };
 /// Grid [⌈n_out/8⌉, num_heads], block 256 (SPEC §3). Errors (`invalid_argument`):
 /// null pointer; n_out, k or num_heads 0; num_heads > 65535; output_stride <
-/// n_out (heads would overlap).
+/// n_out (heads would overlap); output's bytes overlapping input's or weight's (blocks would
+/// read what others write), the message giving both byte ranges.
 void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
 
 /// Copy `q_full[h*hd + nope + i]` (i < rope) to `q_absorbed_buf[h*mla_cache_dim + kv_lora + i]`

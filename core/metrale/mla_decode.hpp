@@ -108,7 +108,7 @@ struct K3RopeArgs {
 };
 /// Grid ⌈heads/128⌉, block 128 (one thread per head). Errors
 /// (`invalid_argument`): null q or k_new; heads 0; nope + rope past 2^32 − 1;
-/// theta not finite or ≤ 0 when rotating.
+/// theta not finite or ≤ 0 when rotating, or q and k_new sharing a byte.
 void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArgs& a, Stream stream = 0);
 
 /// out[h, :] = Σ_j softmax_j(q[h]·k[j, h] / √dq) · v[j, h, :], times sigmoid(g[h, :])
@@ -124,7 +124,8 @@ struct K3SdpaArgs {
 };
 /// The seed kernel's rules for `a`, which the split path (k3_sdpa) keeps too. Errors
 /// (`invalid_argument`, prefixed "k3_mla_sdpa_gate_f32:"): null q or out; null k or v with
-/// seq_len > 0; null g with use_gate; heads, dq or dv 0; heads past the grid limit 2^31 − 1.
+/// seq_len > 0; null g with use_gate; heads, dq or dv 0; heads past the grid limit 2^31 − 1;
+/// out sharing a byte with q, k, v or (with the gate) g.
 void validate(const K3SdpaArgs& a);
 /// Grid heads, block 32 (one warp per head). Errors (`invalid_argument`): those of
 /// validate(a); `kernel` not k3_mla_sdpa_gate_f32.

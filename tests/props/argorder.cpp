@@ -24,6 +24,7 @@ namespace {
 using defs::coin;
 using defs::u;
 using defs::u64;
+using defs::u_fit;
 
 std::string dims(Dim3 d) { return fmt::format("({},{},{})", d.x, d.y, d.z); }
 
@@ -250,10 +251,12 @@ void gemv_dispatcher() {
   // Wide only when k and input_stride are multiples of 8 and input, weight 16-byte aligned.
   if (coin()) a.input = a.input + 2 * u(1, 7);
   if (coin()) a.weight = a.weight + 2 * u(1, 7);
-  a.k = coin() ? 8 * u(1, 1u << 16) : u(1, 1u << 19);
-  a.input_stride = coin() ? 8 * u(0, 1u << 16) : u(0, 1u << 19);
   a.n_out = u(1, 1u << 20);
   a.num_heads = u(1, 65535);
+  // The weights within their slot.
+  const std::uint64_t row_bytes = 2ull * a.num_heads * a.n_out;
+  a.k = coin() ? 8 * u_fit(1, 1u << 16, 8 * row_bytes) : u_fit(1, 1u << 19, row_bytes);
+  a.input_stride = coin() ? 8 * u(0, 1u << 16) : u(0, 1u << 19);
   a.output_stride = a.n_out + u(0, 1000);
   const bool want_wide = a.k % 8 == 0 && a.input_stride % 8 == 0 && a.input.addr % 16 == 0 && a.weight.addr % 16 == 0;
   const bool wide = batched_gemv(rig.gpu, seed, fast, a);

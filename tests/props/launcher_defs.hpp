@@ -63,15 +63,26 @@ inline std::uint64_t u64(std::uint64_t lo, std::uint64_t hi) {
 inline std::uint32_t u(std::uint32_t lo, std::uint32_t hi) { return static_cast<std::uint32_t>(u64(lo, hi)); }
 inline bool coin() { return *rc::gen::arbitrary<bool>(); }
 
+/// The most bytes a drawn buffer may span: a sentinel's slot (2^56 bytes) less its offset, so
+/// that the launchers' overlap checks see buffers apart.
+inline constexpr std::uint64_t kMaxExtent = 1ull << 54;
+
+/// A value in [lo, hi] small enough that `value` × `unit_bytes` stays within kMaxExtent (lo if
+/// even lo is not: the caller's other factors must leave room).
+inline std::uint32_t u_fit(std::uint32_t lo, std::uint32_t hi, std::uint64_t unit_bytes) {
+  return u(lo, static_cast<std::uint32_t>(
+                   std::clamp<std::uint64_t>(kMaxExtent / std::max<std::uint64_t>(unit_bytes, 1), lo, hi)));
+}
+
 /// Distinct, non-null, 256-byte aligned device addresses (never dereferenced: dry runs): the
-/// i-th drawn one lies at a random 256-byte step inside its own 4 GiB slot.
-/// A second Sentinels of one argument set takes another `first_slot`.
+/// i-th drawn one lies at a random 256-byte step in the first 4 GiB of its own 2^56-byte slot
+/// (slots below 0x100). A second Sentinels of one argument set takes another `first_slot`.
 class Sentinels {
  public:
   explicit Sentinels(std::uint64_t first_slot = 0x10) : next_slot_(first_slot) {}
   DevicePtr next() {
     const std::uint64_t slot = next_slot_++;
-    return DevicePtr{(slot << 32) + u64(0, (1ull << 24) - 1) * 256};
+    return DevicePtr{(slot << 56) + u64(0, (1ull << 24) - 1) * 256};
   }
 
  private:

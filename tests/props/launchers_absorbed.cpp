@@ -24,8 +24,8 @@ Def<BatchedGemvArgs> gemv() {
     Sentinels s;
     BatchedGemvArgs a{s.next(), s.next(), s.next()};
     a.n_out = u(1, 1u << 24);
-    a.k = u(1, 1u << 24);
     a.num_heads = coin() ? 65535 : u(1, 65535);
+    a.k = u_fit(1, 1u << 24, 2ull * a.num_heads * a.n_out);  // the weights within their slot
     a.input_stride = u(0, kU32Max);
     a.output_stride = coin() ? a.n_out : u(a.n_out, kU32Max);  // == n_out: heads exactly abut
     return a;

@@ -28,8 +28,8 @@ Def<BatchedGemvArgs> gemv_wide() {
     Sentinels s;
     BatchedGemvArgs a{s.next(), s.next(), s.next()};
     a.n_out = u(1, 1u << 24);
-    a.k = 8 * u(1, 1u << 21);
     a.num_heads = coin() ? 65535 : u(1, 65535);
+    a.k = 8 * u_fit(1, 1u << 21, 16ull * a.num_heads * a.n_out);  // the weights within their slot
     a.input_stride = 8 * u(0, 1u << 28);
     a.output_stride = coin() ? a.n_out : u(a.n_out, kU32Max);
     return a;
@@ -408,7 +408,7 @@ Def<CombineArgs> combine() {
 // do not use.
 template <class A>
 void give_keys(A& a) {
-  Sentinels s(0x100);
+  Sentinels s(0xC0);
   a.k = a.k ? a.k : s.next();
   a.v = a.v ? a.v : s.next();
 }
@@ -431,9 +431,9 @@ Def<K3RopeArgs> k3_rope() {
   d.arb = [] {
     Sentinels s;
     K3RopeArgs a{s.next(), s.next()};
-    a.heads = u(1, kU32Max);
     a.nope = u(0, 1u << 30);
     a.rope = u(0, 1u << 30);
+    a.heads = u_fit(1, kU32Max, 4 * (std::uint64_t{a.nope} + a.rope));  // q and k_new within their slots
     a.pos = u(0, kU32Max);
     a.use_nope = coin();
     // Under NoPE theta is never used, so any value is accepted.
@@ -474,15 +474,16 @@ Def<K3SdpaArgs> k3_sdpa() {
     K3SdpaArgs a;
     a.q = s.next();
     a.out = s.next();
-    a.seq_len = coin() ? 0 : u(1, kU32Max);
+    a.heads = coin() ? kI32Max : u(1, kI32Max);
+    a.dq = u(1, 1u << 20);
+    a.dv = u(1, 1u << 20);
+    // k and v within their slots.
+    a.seq_len = coin() ? 0 : u_fit(1, kU32Max, 4ull * a.heads * std::max(a.dq, a.dv));
     // k and v may be null without keys, g without the gate.
     a.k = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
     a.v = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
     a.use_gate = coin();
     a.g = !a.use_gate && coin() ? DevicePtr{} : s.next();
-    a.heads = coin() ? kI32Max : u(1, kI32Max);
-    a.dq = u(1, 1u << 20);
-    a.dv = u(1, 1u << 20);
     return a;
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const K3SdpaArgs& a) { k3_mla_sdpa_gate_f32(g, k, a); };
@@ -537,6 +538,9 @@ Def<K3SdpaSplitArgs> k3_split() {
     a.keys_per_chunk = u(1, (1u << 19) - 1);
     const std::uint32_t covered = a.num_chunks * a.keys_per_chunk;  // < 2^31 - 1
     a.seq_len = coin() ? 0 : coin() ? covered : u(1, covered);
+    // k and v within their slots.
+    a.seq_len = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(a.seq_len, kMaxExtent / (4ull * a.heads * std::max(a.dq, a.dv))));
     // k and v may be null without keys.
     a.k = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
     a.v = a.seq_len == 0 && coin() ? DevicePtr{} : s.next();
@@ -600,8 +604,8 @@ Def<K3SdpaCombineArgs> k3_combine() {
     a.use_gate = coin();
     a.g = !a.use_gate && coin() ? DevicePtr{} : s.next();  // g may be null without the gate
     a.heads = coin() ? kI32Max : u(1, kI32Max);
-    a.dv = u(1, 1u << 20);
     a.num_chunks = 4 * u(1, kK3MaxChunks / 4);
+    a.dv = u_fit(1, 1u << 20, 4ull * a.num_chunks * a.heads);  // o_partial within its slot
     return a;
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const K3SdpaCombineArgs& a) { k3_mla_sdpa_combine_f32(g, k, a); };

@@ -71,6 +71,12 @@ struct EmulatorOptions {
   std::function<void(const std::vector<AllocationInfo>&)> on_leak;
   /// When set, every launch is written there as a kernel case file (SPEC §5).
   std::filesystem::path record_dir;
+  /// The most bytes of case files a recording writes (a case's inputs and expectations: it grows
+  /// with every launch). A launch whose case could pass it fails with `capacity_exceeded`
+  /// before it runs; the cases already written stay. 0 = 4 GB (`METRALE_RECORD_LIMIT`, in bytes,
+  /// overrides the default, or is an `invalid_argument` error of the constructor when it is not
+  /// a positive 64-bit integer).
+  std::uint64_t record_limit_bytes = 0;
   /// The most dynamic shared memory a block may have, in bytes; 0 = sm_90's 227 KiB
   /// (`METRALE_EMU_SHARED_BYTES` overrides the default, or is an `invalid_argument` error of the
   /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) plays an sm_121
