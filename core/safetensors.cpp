@@ -414,7 +414,10 @@ SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, 
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
   const std::uint64_t rest = total - 8;
   if (header_len > rest)
-    fail(Errc::invalid_argument, "{}: header length {} is larger than the {} bytes after it", name, header_len, rest);
+    fail(Errc::invalid_argument,
+         "{}: header length {} is larger than the {} bytes after it (is it a safetensors file? one starts with its "
+         "header's length as 8 little-endian bytes)",
+         name, header_len, rest);
   if (header_len > kMaxHeaderBytes)
     fail(Errc::invalid_argument, "{}: header length {} exceeds the limit of {} bytes", name, header_len,
          kMaxHeaderBytes);

@@ -1,6 +1,7 @@
 #include "recorder.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -78,6 +79,7 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
 }
 
 CaseRecorder::~CaseRecorder() {
+  std::fflush(stdout);  // the closing note after what the command printed, also when stdout is a pipe
   if (written_ > 0) {
     spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
                  format_bytes(bytes_), printable(dir_.string()));

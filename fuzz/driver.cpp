@@ -222,8 +222,11 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
         const std::string seeds = last >= o.seed ? fmt::format("seeds {}..{}", o.seed, last)
                                                  : fmt::format("seeds {}..{} and 0..{}", o.seed,
                                                                std::numeric_limits<std::uint64_t>::max(), last);
-        std::cout << fmt::format("fuzz_{}: {} case{} in {} batch{}, {:.1f} s, {}: no failure\n", family, cases,
-                                 cases == 1 ? "" : "s", batches, batches == 1 ? "" : "es", elapsed(), seeds);
+        std::cout << fmt::format(
+            "fuzz_{}: {} case{} in {} batch{} ({} propert{}, one batch each a seed), {:.1f} s, "
+            "{}: no failure\n",
+            family, cases, cases == 1 ? "" : "s", batches, batches == 1 ? "" : "es", properties.size(),
+            properties.size() == 1 ? "y" : "ies", elapsed(), seeds);
         return 0;
       }
     }
@@ -239,17 +242,18 @@ int run(int argc, char** argv, const std::string& family) {
   o.seed = o.seed << 32 | std::random_device{}();
   CLI::App app{fmt::format("fuzz_{}: the {} property family (tests/props/) for a budget from a seed", family, family)};
   // Bounds keep one batch short: the budget is checked between batches.
-  auto* secs = app.add_option("--seconds", o.seconds, "time budget, 0 < s ≤ 1e7 (default 10)")
-                   ->check(CLI::Range(1e-3, 1e7));
-  app.add_option("--cases", o.cases, "case budget")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40))
+  auto* secs =
+      app.add_option("--seconds", o.seconds, "time budget, 0.001 ≤ s ≤ 1e7 (default 10)")->check(CLI::Range(1e-3, 1e7));
+  app.add_option("--cases", o.cases, "case budget")
+      ->check(metrale::cli::integer_in(1, std::uint64_t{1} << 40))
       ->excludes(secs);
   app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")
       ->check(metrale::cli::uint64_text());  // (CLI11 alone clamps 2^64 to 2^64 − 1)
   app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")
-      ->check(CLI::Range(1, 1000))
+      ->check(metrale::cli::integer_in(1, 1000))
       ->capture_default_str();
   app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")
-      ->check(CLI::Range(0, 1000))
+      ->check(metrale::cli::integer_in(0, 1000))
       ->capture_default_str();
   app.add_option("--property", o.property, "only this property")->check([](const std::string& v) {
     return v.empty() ? "a property name is not empty (--list names them)" : "";

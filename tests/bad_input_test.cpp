@@ -1209,6 +1209,22 @@ TEST_CASE("bad input: an unknown command is named, at the top and under case", "
   }
 }
 
+TEST_CASE("bad input: a whole-number option says what is wrong with its value", "[bad_input][cli]") {
+  // Before: CLI11's Range called "1e3" and "2.5" "not in range 1 to 1000".
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --group 1e3", "--group: '1e3' is not a whole number (decimal digits)"},
+           {"bench --group 2.5", "--group: '2.5' is not a whole number (decimal digits)"},
+           {"bench --group 0", "--group: '0' is outside 1 to 1000"},
+           {"bench --sweep --heads 16,1e2", "--heads: '1e2' is not a whole number"},
+           {"replay x --block-size 99999999999999999999",
+            "--block-size: '99999999999999999999' is outside 1 to 1048576"}}) {
+    std::string out;
+    INFO(args);
+    CHECK(run_cli(args, out) > 100);  // CLI11's validation exit codes
+    CHECK_THAT(out, Catch::Matchers::Contains(want));
+  }
+}
+
 TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report holds the seed", "[bad_input][cli]") {
   // Before: 18446744073709551616 ran as 2^64 - 1, and report.json did not say which seed ran.
   std::string out;

@@ -425,14 +425,14 @@ void add_bench(CLI::App& app) {
   axis("--layout", opts->axes.layouts,
        "cache layouts: separate (a K pool and a V pool, the seed ABI's) or latent (one pool as both: V = K)",
        CLI::IsMember({"separate", "latent"}));
-  axis("--batch", opts->axes.batch, "batch sizes", CLI::Range(1u, 1024u));
-  axis("--context", opts->axes.context, "context lengths in tokens", CLI::Range(1u, 1u << 20));
-  axis("--heads", opts->axes.heads, "query head counts", CLI::Range(1u, 1024u));
+  axis("--batch", opts->axes.batch, "batch sizes", integer_in(1, 1024));
+  axis("--context", opts->axes.context, "context lengths in tokens", integer_in(1, 1u << 20));
+  axis("--heads", opts->axes.heads, "query head counts", integer_in(1, 1024));
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text")->check(non_empty_filter());
   cmd->add_option("--group", opts->group,
                   "time each launch as a group of this many back to back (default: as many as take 100 us, "
                   "at most 50)")
-      ->check(CLI::Range(1, 1000));
+      ->check(integer_in(1, 1000));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
       ->check(non_empty_path())
       ->needs(sweep_flag);

@@ -42,6 +42,21 @@ inline CLI::Validator uint64_text() {
           "UINT64"};
 }
 
+/// The check of a whole-number option in [lo, hi]: decimal digits, so that "1e3" or "2.5" is
+/// called what it is rather than "not in range" (CLI11's Range says that of anything it cannot
+/// read as the option's type).
+inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
+  return {[lo, hi](std::string& s) {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec == std::errc{} && end == s.data() + s.size() && v >= lo && v <= hi) return std::string{};
+            if (ec == std::errc::result_out_of_range || (ec == std::errc{} && end == s.data() + s.size()))
+              return "'" + s + "' is outside " + std::to_string(lo) + " to " + std::to_string(hi);
+            return "'" + s + "' is not a whole number (decimal digits)";
+          },
+          "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]"};
+}
+
 /// The check of a --backend option: emu, cuda or auto (`--backend ""` is refused, not read as the
 /// option left out).
 inline CLI::Validator backend_name() {

@@ -82,12 +82,14 @@ void add_info(CLI::App& app) {
       } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
       }
     }
-    const std::string wgmma = fmt::format(
-        "576-wide rows above 32 heads: {}; up to 16 heads: {}{}", formats("mla_paged_decode_wgmma"),
-        formats("mla_paged_decode_wgmma16"),
-        staged16.empty() ? "" : fmt::format(" ({} staged where blocks have many tiles)", fmt::join(staged16, ", ")));
-    fmt::print("  plays                 sm_{} with {} SMs (the plans size for it; mla_wgmma dispatched for {})\n",
-               emu.compute_capability(), emu.multiprocessor_count(), wgmma);
+    fmt::print("  plays                 sm_{}, {} SMs (the decode plans size their grids for it)\n",
+               emu.compute_capability(), emu.multiprocessor_count());
+    fmt::print("  576-wide decode rows  mla_wgmma's 64-head blocks above 32 heads: {}\n",
+               formats("mla_paged_decode_wgmma"));
+    fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
+    fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",
+               staged16.empty() ? std::string("none") : fmt::format("{}", fmt::join(staged16, ", ")));
+    fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
       fmt::print("    {:<50} {} parameters\n", e.full_name(), e.params.size());
