@@ -142,6 +142,10 @@ void mla_q_rope_scatter(GpuBackend& gpu, KernelHandle kernel, const QRopeScatter
   v.check(std::uint64_t{a.nope} + a.rope <= a.hd, "nope {} + rope {} > hd {}", a.nope, a.rope, a.hd);
   v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
           a.rope, a.mla_cache_dim);
+  const Validator::Extent q_full{"q_full", a.q_full, std::uint64_t{a.nq} * a.hd * 2},
+      q_absorbed{"q_absorbed_buf", a.q_absorbed_buf, std::uint64_t{a.nq} * a.mla_cache_dim * 2};
+  v.disjoint(q_absorbed, {q_full});
+  v.disjoint({"q_rope_contiguous", a.q_rope_contiguous, std::uint64_t{a.nq} * a.rope * 2}, {q_full, q_absorbed});
   KernelLaunch(gpu, kernel)
       .grid({1, 1, 1})
       .block(kBlock256)
@@ -163,6 +167,8 @@ void mla_q_rope_writeback(GpuBackend& gpu, KernelHandle kernel, const QRopeWrite
   v.positive({{"nq", a.nq}, {"rope", a.rope}});
   v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
           a.rope, a.mla_cache_dim);
+  v.disjoint({"q_absorbed_buf", a.q_absorbed_buf, std::uint64_t{a.nq} * a.mla_cache_dim * 2},
+             {{"q_rope_direct", a.q_rope_direct, std::uint64_t{a.nq} * a.rope * 2}});
   KernelLaunch(gpu, kernel)
       .grid({1, 1, 1})
       .block(kBlock256)
@@ -182,6 +188,11 @@ void mla_cache_assemble(GpuBackend& gpu, KernelHandle kernel, const CacheAssembl
   v.check(std::uint64_t{a.kv_lora} + a.rope <= a.mla_cache_dim, "kv_lora {} + rope {} > mla_cache_dim {}", a.kv_lora,
           a.rope, a.mla_cache_dim);
   v.at_most("mla_cache_dim", a.mla_cache_dim, kMaxKvCacheDim);  // one thread per element
+  const Validator::Extent latent{"kv_latent", a.kv_latent, std::uint64_t{a.kv_lora} * 2},
+      rope{"k_rope", a.k_rope, std::uint64_t{a.rope} * 2},
+      k_row{"k_cache", a.k_cache, std::uint64_t{a.mla_cache_dim} * 2};
+  v.disjoint(k_row, {latent, rope});
+  v.disjoint({"v_cache", a.v_cache, std::uint64_t{a.mla_cache_dim} * 2}, {latent, rope, k_row});
   KernelLaunch(gpu, kernel)
       .grid({1, 1, 1})
       .block({std::max(a.mla_cache_dim, 256u), 1, 1})

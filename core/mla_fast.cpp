@@ -565,6 +565,12 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
   v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
   v.at_most("num_q_heads", a.num_q_heads, detail::kMaxGridX);
   v.positive_finite("v_scale", a.v_scale);
+  using detail::saturating_product;
+  v.disjoint(
+      {"o", a.o, saturating_product({a.num_seqs, a.num_q_heads, a.kv_cache_dim, 2})},
+      {{"o_partial", a.o_partial, saturating_product({a.num_seqs, a.num_q_heads, a.num_splits, a.kv_cache_dim, 4})},
+       {"ml_partial", a.ml_partial, saturating_product({a.num_seqs, a.num_q_heads, a.num_splits, 2, 4})},
+       {"sinks", a.sinks, std::uint64_t{a.num_q_heads} * 4}});
   KernelLaunch(gpu, kernel)
       .grid({a.num_q_heads, a.num_seqs, combine_dim_blocks(a, gpu.multiprocessor_count())})
       .block({256, 1, 1})

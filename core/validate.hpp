@@ -81,16 +81,22 @@ struct Validator {
     DevicePtr ptr;
     std::uint64_t bytes;
   };
-  /// `out` shares no byte with any of `ins` (null pointers and empty extents never overlap): a
-  /// kernel whose blocks write what others read gives an answer that depends on their order.
-  /// "<out> [a, b) overlaps <in> [c, d)", both ranges in bytes.
+  /// `out`'s span shares no byte with any of `ins`' (null pointers and empty extents never
+  /// overlap): a kernel whose threads write what others read gives an answer that depends on
+  /// their order. A span is a buffer's first byte to its last, strides' gaps included, so rows
+  /// interleaved in another buffer's gaps are refused too. "<out> spans [a, b), which overlaps
+  /// <in>'s [c, d)", in bytes (an end past 2^64 − 1 shown as 2^64 − 1).
   void disjoint(const Extent& out, std::initializer_list<Extent> ins) const {
     const auto end = [](const Extent& e) { return e.bytes > ~e.ptr.addr ? ~std::uint64_t{0} : e.ptr.addr + e.bytes; };
-    for (const auto& in : ins)
-      if (out.ptr && in.ptr && out.bytes && in.bytes && out.ptr.addr < end(in) && in.ptr.addr < end(out))
+    for (const auto& in : ins) {
+      if (!out.ptr || !in.ptr || out.bytes == 0 || in.bytes == 0) continue;
+      const std::uint64_t o = out.ptr.addr, i = in.ptr.addr;  // (differences: no end wraps past 2^64)
+      if (o >= i ? o - i < in.bytes : i - o < out.bytes)
         fail(Errc::invalid_argument,
-             "{}: {} [{:#x}, {:#x}) overlaps {} [{:#x}, {:#x}) (blocks would read what others write)", kernel, out.name,
-             out.ptr.addr, end(out), in.name, in.ptr.addr, end(in));
+             "{}: {} spans [{:#x}, {:#x}), which overlaps {}'s [{:#x}, {:#x}) (what one thread writes another may "
+             "read)",
+             kernel, out.name, o, end(out), in.name, i, end(in));
+    }
   }
   template <class... Args>
   void check(bool ok, fmt::format_string<Args...> format, Args&&... args) const {

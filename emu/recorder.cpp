@@ -45,12 +45,13 @@ std::optional<Tensor> snapshot(std::size_t i, std::span<const KernelArg> args, c
   return t;
 }
 
-// "12.3 kB", "4.5 MB", "6.7 GB" (decimal units).
+// "512 bytes", "12.3 kB", "4.5 MB", "6.7 GB" (decimal units).
 std::string format_bytes(std::uint64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
-  return fmt::format("{:.1f} kB", b / 1e3);
+  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{} byte{}", bytes, bytes == 1 ? "" : "s");
 }
 
 }  // namespace
@@ -116,9 +117,12 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
       c.inputs[p.name] = std::move(*t);
     }
   }
-  // The file holds the inputs and, for what the launch writes, as many bytes again at most.
-  std::uint64_t bound = 1 << 16;  // the header
-  for (const auto& [name, t] : c.inputs) bound += 2 * t.data.size();
+  // The file holds the inputs and, for each writable one, as many bytes again (its expectation:
+  // a read-only buffer becomes one only where a written one's region covers it).
+  std::uint64_t bound = 16 << 10;  // the header: a few kB of names, shapes and scalars
+  for (std::size_t i = 0; i < e.params.size(); ++i)
+    if (const auto t = c.inputs.find(e.params[i].name); t != c.inputs.end())
+      bound += t->second.data.size() * (e.params[i].writable ? 2 : 1);
   if (bytes_ + bound > limit_bytes_)
     fail(Errc::capacity_exceeded,
          "recorder: {} (up to {}) would take the recording in {} past its limit of {} ({} already written in {} "

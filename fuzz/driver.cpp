@@ -168,10 +168,12 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
                                   : quoted(p.string()) + " is not writable");
   }
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
-  std::cout << fmt::format("fuzz_{}: {} propert{}, seed {}, batches of {}, budget {}\n", family, properties.size(),
-                           properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
-                           o.cases != 0 ? fmt::format("{} case{}", o.cases, o.cases == 1 ? "" : "s")
-                                        : fmt::format("{} s", seconds))
+  std::cout << fmt::format(
+                   "fuzz_{}: {} propert{}, seed {}, batches of {}, budget {} (at least one batch of "
+                   "each property)\n",
+                   family, properties.size(), properties.size() == 1 ? "y" : "ies", o.seed, o.batch,
+                   o.cases != 0 ? fmt::format("{} case{}", o.cases, o.cases == 1 ? "" : "s")
+                                : fmt::format("{} s", seconds))
             << std::flush;
   const auto start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -245,15 +247,15 @@ int run(int argc, char** argv, const std::string& family) {
   auto* secs =
       app.add_option("--seconds", o.seconds, "time budget, 0.001 ≤ s ≤ 1e7 (default 10)")->check(CLI::Range(1e-3, 1e7));
   app.add_option("--cases", o.cases, "case budget")
-      ->check(metrale::cli::integer_in(1, std::uint64_t{1} << 40))
+      ->transform(metrale::cli::integer_in(1, std::uint64_t{1} << 40))
       ->excludes(secs);
   app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")
-      ->check(metrale::cli::uint64_text());  // (CLI11 alone clamps 2^64 to 2^64 − 1)
+      ->transform(metrale::cli::uint64_text());  // (CLI11 alone clamps 2^64 to 2^64 − 1)
   app.add_option("--batch", o.batch, "cases per property per batch (1–1000)")
-      ->check(metrale::cli::integer_in(1, 1000))
+      ->transform(metrale::cli::integer_in(1, 1000))
       ->capture_default_str();
   app.add_option("--max-size", o.max_size, "rapidcheck's largest size (0–1000)")
-      ->check(metrale::cli::integer_in(0, 1000))
+      ->transform(metrale::cli::integer_in(0, 1000))
       ->capture_default_str();
   app.add_option("--property", o.property, "only this property")->check([](const std::string& v) {
     return v.empty() ? "a property name is not empty (--list names them)" : "";

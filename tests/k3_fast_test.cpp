@@ -330,11 +330,11 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   // Outputs apart from what the blocks read: o_partial [4, 2, 128] f32 = 4096 bytes, ml_partial
   // [4, 2, 2] f32 = 64 bytes, q [2, 192] f32, v [64, 2, 128] f32.
   require_error([&] { split([&](auto& a) { a.o_partial = a.q + 1532; }); }, bad,
-                {"o_partial [0x1005fc, 0x1015fc) overlaps q [0x100000, 0x100600)"});
+                {"o_partial spans [0x1005fc, 0x1015fc), which overlaps q's [0x100000, 0x100600)"});
   require_error([&] { split([&](auto& a) { a.ml_partial = a.o_partial + 4032; }); }, bad,
-                {"o_partial [0x400000, 0x401000) overlaps ml_partial [0x400fc0, 0x401000)"});
+                {"o_partial spans [0x400000, 0x401000), which overlaps ml_partial's [0x400fc0, 0x401000)"});
   require_error([&] { split([&](auto& a) { a.ml_partial = a.v + 65532; }); }, bad,
-                {"ml_partial [0x30fffc, 0x31003c) overlaps v [0x300000, 0x310000)"});
+                {"ml_partial spans [0x30fffc, 0x31003c), which overlaps v's [0x300000, 0x310000)"});
   require_error([&] { split([](auto&) {}, kernels.sdpa); }, bad,
                 {"kernel mla_decode.k3_mla_sdpa_gate_f32 is not k3_mla_sdpa_split_f32"});
 
@@ -354,11 +354,11 @@ TEST_CASE("the K3 split launchers refuse every bad argument and launch nothing",
   require_error([&] { combine([](auto& a) { a.dv = 65535 * 32 + 1; }); }, bad, {"dv 2097121 exceeds 2097120"});
   require_error([&] { combine([](auto& a) { a.num_chunks = 0; }); }, bad, {"num_chunks 0"});
   require_error([&] { combine([](auto& a) { a.out = a.g; }); }, bad,
-                {"out [0x300000, 0x300400) overlaps g [0x300000, 0x300400)"});
+                {"out spans [0x300000, 0x300400), which overlaps g's [0x300000, 0x300400)"});
   require_error([&] { combine([](auto& a) { a.out = a.o_partial + (8 * 2 * 128 * 4 - 4); }); }, bad,
-                {"out [0x101ffc, 0x1023fc) overlaps o_partial"});
+                {"out spans [0x101ffc, 0x1023fc), which overlaps o_partial's"});
   require_error([&] { combine([](auto& a) { a.out = a.ml_partial; }); }, bad,
-                {"out [0x200000, 0x200400) overlaps ml_partial"});
+                {"out spans [0x200000, 0x200400), which overlaps ml_partial's"});
   require_error([&] { combine([](auto&) {}, kernels.sdpa_split); }, bad,
                 {"kernel k3_fast.k3_mla_sdpa_split_f32 is not k3_mla_sdpa_combine_f32"});
   // The seed launcher refuses the split entry, which shares its signature.

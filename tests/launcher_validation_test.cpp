@@ -125,11 +125,12 @@ TEST_CASE("mla_batched_gemv: an output over its input or weights is refused on e
   auto a = c.valid();
   a.output = a.input;  // output_stride 12 < in_stride 48: rows of head h at h·48 in both
   // The input spans 2 x 48 + 40 values, the weights 3 x 12 x 40, the output 2 x 12 + 12 (bf16).
-  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument,
-                     {fmt::format("mla_batched_gemv: output [{:#x}, {:#x}) overlaps input [{:#x}, {:#x})", a.input.addr,
-                                  a.input.addr + 72, a.input.addr, a.input.addr + 272)});
+  c.require_rejected(
+      [&] { c.launch(a); }, Errc::invalid_argument,
+      {fmt::format("mla_batched_gemv: output spans [{:#x}, {:#x}), which overlaps input's [{:#x}, {:#x})", a.input.addr,
+                   a.input.addr + 72, a.input.addr, a.input.addr + 272)});
   a.output = a.weight + 2878;  // the last weight
-  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"output", "overlaps weight"});
+  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"output spans", "which overlaps weight's"});
   // Sentinels in a dry run: an output that starts where the input ends, or ends where the
   // weights start, touches neither.
   a.input = DevicePtr{1ull << 40};
@@ -139,7 +140,7 @@ TEST_CASE("mla_batched_gemv: an output over its input or weights is refused on e
     c.require_accepted_dry([&] { c.launch(a); });
   }
   a.output = DevicePtr{a.weight.addr - 71};
-  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"overlaps weight"});
+  c.require_rejected([&] { c.launch(a); }, Errc::invalid_argument, {"which overlaps weight's"});
 }
 
 TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
@@ -256,6 +257,18 @@ TEST_CASE("mla_q_rope_scatter: every validation rule", "[validation]") {
     a.kv_lora = 0xFFFF'FFF9u;
     reject(bad, {kn, "kv_lora 4294967289", "mla_cache_dim 24"});
   }
+  // Before: accepted, and the one block's threads read q_full where others had written (an
+  // output 6 bytes into q_full gave 3 3 7 8 for 3 4 7 8).
+  SECTION("an output over q_full or over the other output") {
+    a.q_rope_contiguous = a.q_full + 6;
+    reject(bad, {kn, "q_rope_contiguous spans", "which overlaps q_full's"});
+    a = c.valid();
+    a.q_absorbed_buf = a.q_full + 2 * (ScatterCase::nq * ScatterCase::hd - 1);  // the last q_full value
+    reject(bad, {kn, "q_absorbed_buf spans", "which overlaps q_full's"});
+    a = c.valid();
+    a.q_rope_contiguous = a.q_absorbed_buf;
+    reject(bad, {kn, "q_rope_contiguous spans", "which overlaps q_absorbed_buf's"});
+  }
 }
 
 // ---- mla_q_rope_writeback -----------------------------------------------------
@@ -307,6 +320,10 @@ TEST_CASE("mla_q_rope_writeback: every validation rule", "[validation]") {
     reject(bad, {kn, "kv_lora 17", "rope 8", "mla_cache_dim 24"});
     a.kv_lora = 0xFFFF'FFF9u;
     reject(bad, {kn, "kv_lora 4294967289", "mla_cache_dim 24"});
+  }
+  SECTION("q_absorbed_buf over q_rope_direct") {  // before: accepted, rows copied from rows already written
+    a.q_rope_direct = a.q_absorbed_buf + 4;
+    reject(bad, {kn, "q_absorbed_buf spans", "which overlaps q_rope_direct's"});
   }
 }
 
@@ -373,6 +390,17 @@ TEST_CASE("mla_cache_assemble: every validation rule", "[validation]") {
     reject(bad, {kn, "mla_cache_dim 1025", "1024"});
     a.mla_cache_dim = 1024;  // the largest block: accepted
     c.require_accepted_dry([&] { c.launch(a); });
+  }
+  // Before: accepted; a k_cache row 4 bytes into kv_latent gave a V row of 2 2 2 2 ... for 2 3 4 5 ...
+  SECTION("a row written over an input or over the other row") {
+    a.k_cache = a.kv_latent + 4;
+    reject(bad, {kn, "k_cache spans", "which overlaps kv_latent's"});
+    a = c.valid();
+    a.v_cache = a.k_rope;
+    reject(bad, {kn, "v_cache spans", "which overlaps k_rope's"});
+    a = c.valid();
+    a.v_cache = a.k_cache + 2;
+    reject(bad, {kn, "v_cache spans", "which overlaps k_cache's"});
   }
 }
 

@@ -283,7 +283,7 @@ TEST_CASE("the recorder stops at its size limit before the launch that would pas
   run_kernel_case(gpu, gen::gemv_case(19, 33, 3, 1, 2, 5));  // a few kB
   REQUIRE(files() == 1);
   const std::uint64_t launches = gpu.calls(emu::Op::launch);
-  // 4 heads x 256 x 512 bf16 weights: 1 MB, recorded as input and bounded again as output.
+  // 4 heads x 256 x 512 bf16 weights: 1.05 MB of input alone.
   test::require_error([&] { run_kernel_case(gpu, gen::gemv_case(256, 512, 4, 0, 0, 6)); }, Errc::capacity_exceeded,
                       {"recorder: mla_batched_gemv (up to", "past its limit of 1.0 MB", "in 1 case)",
                        "the launch did not run", "--record-limit, METRALE_RECORD_LIMIT"});

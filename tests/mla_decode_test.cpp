@@ -262,19 +262,27 @@ TEST_CASE("launcher validation: every rule", "[mla_decode][launch]") {
       [&] {
         rope({q, q + 8, 1, 1, 2, 0, 1e4f, false});
       },
-      bad, {"k3_mla_maybe_rope_f32: k_new [0x10008, 0x10014) overlaps q [0x10000, 0x1000c)"});
+      bad, {"k3_mla_maybe_rope_f32: k_new spans [0x10008, 0x10014), which overlaps q's [0x10000, 0x1000c)"});
   require_error(
       [&] {
         sdpa({q, k, v, g, q + 36, 4, 2, 5, 3, true});
       },
-      bad, {"k3_mla_sdpa_gate_f32: out [0x10024, 0x1003c) overlaps q [0x10000, 0x10028)"});
-  require_error([&] { sdpa({q, k, v, g, k + 152, 4, 2, 5, 3, true}); }, bad, {"out [0x20098, 0x200b0) overlaps k"});
+      bad, {"k3_mla_sdpa_gate_f32: out spans [0x10024, 0x1003c), which overlaps q's [0x10000, 0x10028)"});
+  require_error(
+      [&] {
+        sdpa({q, k, v, g, k + 152, 4, 2, 5, 3, true});
+      },
+      bad, {"out spans [0x20098, 0x200b0), which overlaps k's"});
   require_error(
       [&] {
         sdpa({q, k, v, g, DevicePtr{0x30000 - 20}, 4, 2, 5, 3, true});
       },
-      bad, {"overlaps v [0x30000, 0x30060)"});
-  require_error([&] { sdpa({q, k, v, g, g, 4, 2, 5, 3, true}); }, bad, {"out [0x40000, 0x40018) overlaps g"});
+      bad, {"overlaps v's [0x30000, 0x30060)"});
+  require_error(
+      [&] {
+        sdpa({q, k, v, g, g, 4, 2, 5, 3, true});
+      },
+      bad, {"out spans [0x40000, 0x40018), which overlaps g's"});
   CHECK(gpu.calls(emu::Op::launch) == before);  // nothing was launched
 
   SECTION("what the rules allow: theta unused under NoPE, no keys without k/v, no gate without g") {

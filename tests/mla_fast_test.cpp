@@ -638,6 +638,28 @@ TEST_CASE("the combine matches the float64 reference", "[mla_fast][combine]") {
       test::check_case(gen::combine_case(seqs, heads, dim, splits, sinks, 7 + splits));
 }
 
+TEST_CASE("the combine refuses an o over its partials or sinks", "[mla_fast][combine][validation]") {
+  // Before: accepted; an o inside the second chunk's row (1 head, 2 chunks of 64 dims) changed 31
+  // of the 64 outputs on the emulator, which did not report it (one block reads and writes).
+  emu::EmulatorBackend gpu;
+  gpu.set_dry_run(true);
+  const auto fast = MlaFastKernels::resolve(gpu);
+  const DevicePtr partials{1ull << 32}, ml{2ull << 32}, sinks{3ull << 32};
+  // o_partial [1, 1, 2, 64] f32 = 512 bytes, ml_partial 16 bytes, sinks 4 bytes; o 128 bytes.
+  auto combine = [&](DevicePtr o) {
+    mla_paged_decode_combine(gpu, fast.combine, {partials, ml, sinks, o, 1, 64, 2, 1.0f, 1});
+  };
+  const auto bad = Errc::invalid_argument;
+  test::require_error([&] { combine(partials + 384); }, bad,
+                      {"mla_paged_decode_combine: o spans [0x100000180, 0x100000200), which overlaps o_partial's "
+                       "[0x100000000, 0x100000200)"});
+  test::require_error([&] { combine(ml + 8); }, bad, {"which overlaps ml_partial's [0x200000000, 0x200000010)"});
+  test::require_error([&] { combine(DevicePtr{sinks.addr - 127}); }, bad, {"which overlaps sinks's"});
+  const std::uint64_t launches = gpu.calls(emu::Op::launch);
+  for (const DevicePtr o : {partials + 512, DevicePtr{sinks.addr - 128}, sinks + 4}) combine(o);  // abutting: apart
+  CHECK(gpu.calls(emu::Op::launch) == launches + 3);
+}
+
 // The combine deals a head's 64-dim tiles to dim_blocks blocks (combine_dim_blocks), whose
 // threads split into 1, 2 or 4 lanes of chunks by the tiles they get; a dim's sum must depend on
 // neither: the same bits with one block per head (9 tiles, one lane), one per tile (four lanes),

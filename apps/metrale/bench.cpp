@@ -416,7 +416,7 @@ void add_bench(CLI::App& app) {
   // A sweep axis: a comma-separated list, each value checked, only with --sweep.
   auto axis = [&](const char* name, auto& values, const char* what, const CLI::Validator& check) {
     cmd->add_option(name, values, fmt::format("sweep: {}", what))
-        ->check(check)
+        ->transform(check)  // (integer_in rewrites "010" as 10)
         ->delimiter(',')
         ->capture_default_str()
         ->needs(sweep_flag);
@@ -432,7 +432,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--group", opts->group,
                   "time each launch as a group of this many back to back (default: as many as take 100 us, "
                   "at most 50)")
-      ->check(integer_in(1, 1000));
+      ->transform(integer_in(1, 1000));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
       ->check(non_empty_path())
       ->needs(sweep_flag);

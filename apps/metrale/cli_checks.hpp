@@ -30,13 +30,15 @@ inline CLI::Validator non_empty_filter() {
 }
 
 /// The check of an unsigned 64-bit option: decimal digits whose value fits, so that
-/// 18446744073709551616 is refused instead of clamped to 2^64 − 1.
+/// 18446744073709551616 is refused instead of clamped to 2^64 − 1. The text is rewritten without
+/// leading zeros: CLI11 reads "010" as octal 8.
 inline CLI::Validator uint64_text() {
   return {[](std::string& s) {
             std::uint64_t v = 0;
             const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
             if (ec == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
             if (ec != std::errc{} || end != s.data() + s.size()) return "'" + s + "' is not an unsigned decimal";
+            s = std::to_string(v);
             return std::string{};
           },
           "UINT64"};
@@ -44,17 +46,36 @@ inline CLI::Validator uint64_text() {
 
 /// The check of a whole-number option in [lo, hi]: decimal digits, so that "1e3" or "2.5" is
 /// called what it is rather than "not in range" (CLI11's Range says that of anything it cannot
-/// read as the option's type).
+/// read as the option's type). The text is rewritten without leading zeros: CLI11 reads "010"
+/// as octal 8, and "08" not at all.
 inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
   return {[lo, hi](std::string& s) {
             std::uint64_t v = 0;
             const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-            if (ec == std::errc{} && end == s.data() + s.size() && v >= lo && v <= hi) return std::string{};
+            if (ec == std::errc{} && end == s.data() + s.size() && v >= lo && v <= hi) {
+              s = std::to_string(v);
+              return std::string{};
+            }
             if (ec == std::errc::result_out_of_range || (ec == std::errc{} && end == s.data() + s.size()))
               return "'" + s + "' is outside " + std::to_string(lo) + " to " + std::to_string(hi);
             return "'" + s + "' is not a whole number (decimal digits)";
           },
           "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]"};
+}
+
+/// The check of a size in bytes, after CLI::AsSizeValue has turned "4GB" into digits: positive
+/// and within 64 bits.
+inline CLI::Validator positive_bytes() {
+  return {[](std::string& s) {
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+            if (ec == std::errc::result_out_of_range) return "'" + s + "' bytes is more than 2^64 - 1";
+            if (ec != std::errc{} || end != s.data() + s.size()) return "'" + s + "' is not a size (4GB, 500MB, 1024)";
+            if (v == 0) return std::string{"a size of 0 bytes (give a positive size)"};
+            s = std::to_string(v);
+            return std::string{};
+          },
+          ""};
 }
 
 /// The check of a --backend option: emu, cuda or auto (`--backend ""` is refused, not read as the

@@ -343,7 +343,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                                  "folders of golden model cases (default cases/golden, and METRALE_GOLDEN_DIR)")
                      ->option_text("DIR ...")
                      ->check(non_empty_path());
-  cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->check(uint64_text())->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "seed of the generated sweep")->transform(uint64_text())->capture_default_str();
   cmd->add_flag("--no-golden", opts->no_golden, "skip the golden replays (e.g. under compute-sanitizer)")
       ->excludes(golden);
   cmd->add_option("--only", opts->only,
@@ -464,8 +464,14 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) {
-      RunInfo run{opts->seed, opts->only, case_dirs, {}, missing, skipped};
-      for (const auto& [dir, named] : golden_dirs) run.golden_folders.push_back(dir);
+      // The folders read (a missing default one only under folders_not_found).
+      RunInfo run{opts->seed, opts->only, {}, {}, missing, skipped};
+      const auto read = [&](const std::string& dir) {
+        return std::find(missing.begin(), missing.end(), fs::path(dir).string()) == missing.end();
+      };
+      std::copy_if(case_dirs.begin(), case_dirs.end(), std::back_inserter(run.case_folders), read);
+      for (const auto& [dir, named] : golden_dirs)
+        if (read(dir)) run.golden_folders.push_back(dir);
       write_reports(made.leaf, device, run, results, seconds);
       made.keep = true;
     }

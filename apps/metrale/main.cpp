@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backends.hpp"
+#include "cli_checks.hpp"
 #include "commands.hpp"
 #include "metrale/error.hpp"
 
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
                  "a launch that could pass it fails before it runs")
       ->option_text("SIZE")
       ->transform(CLI::AsSizeValue(true))
-      ->check(CLI::PositiveNumber)
+      ->check(metrale::cli::positive_bytes())  // (digits after it: the conversion below cannot fail)
       ->each([](const std::string& s) { metrale::cli::limit_recording_to(std::stoull(s)); });
   int exit_code = 0;
   metrale::cli::add_replay(app, [&](int code) { exit_code = code; });

@@ -87,7 +87,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
                      ->check(CLI::IsMember({"fp8", "nvfp4"}))
                      ->capture_default_str();
   auto* bs_opt = cmd->add_option("--block-size", opts->block_size, "tokens per cache block (deepseek)")
-                     ->check(integer_in(1, 1u << 20))
+                     ->transform(integer_in(1, 1u << 20))
                      ->capture_default_str();
   auto* layout_opt = cmd->add_option("--kv-layout", opts->layout,
                                      "paged cache pools (deepseek): separate (a K and a V pool, the seed ABI's) or "

@@ -372,10 +372,12 @@ Def<CombineArgs> combine() {
     Sentinels s;
     CombineArgs a{s.next(), s.next(), coin() ? s.next() : DevicePtr{}, s.next()};
     a.num_q_heads = coin() ? kI32Max : u(1, kI32Max);
-    a.kv_cache_dim = u(1, 1u << 20);
-    a.num_splits = u(1, 1u << 20);
-    a.v_scale = positive_float();
     a.num_seqs = coin() ? 65535 : u(1, 65535);
+    // o_partial [num_seqs, num_q_heads, num_splits, kv_cache_dim] f32 within its slot.
+    const std::uint64_t rows_bytes = 4ull * a.num_seqs * a.num_q_heads;
+    a.kv_cache_dim = u_fit(1, 1u << 20, rows_bytes);
+    a.num_splits = u_fit(1, 1u << 20, rows_bytes * a.kv_cache_dim);
+    a.v_scale = positive_float();
     return a;
   };
   d.launch = [](GpuBackend& g, KernelHandle k, const CombineArgs& a) { mla_paged_decode_combine(g, k, a); };
