@@ -93,9 +93,9 @@ struct Validator {
       const std::uint64_t o = out.ptr.addr, i = in.ptr.addr;  // (differences: no end wraps past 2^64)
       if (o >= i ? o - i < in.bytes : i - o < out.bytes)
         fail(Errc::invalid_argument,
-             "{}: {} spans [{:#x}, {:#x}), which overlaps {}'s [{:#x}, {:#x}) (what one thread writes another may "
+             "{}: {} spans [{:#x}, {:#x}), which overlaps {}{} [{:#x}, {:#x}) (what one thread writes another may "
              "read)",
-             kernel, out.name, o, end(out), in.name, i, end(in));
+             kernel, out.name, o, end(out), in.name, std::string_view(in.name).ends_with('s') ? "'" : "'s", i, end(in));
     }
   }
   template <class... Args>

@@ -654,7 +654,8 @@ TEST_CASE("the combine refuses an o over its partials or sinks", "[mla_fast][com
                       {"mla_paged_decode_combine: o spans [0x100000180, 0x100000200), which overlaps o_partial's "
                        "[0x100000000, 0x100000200)"});
   test::require_error([&] { combine(ml + 8); }, bad, {"which overlaps ml_partial's [0x200000000, 0x200000010)"});
-  test::require_error([&] { combine(DevicePtr{sinks.addr - 127}); }, bad, {"which overlaps sinks's"});
+  test::require_error([&] { combine(DevicePtr{sinks.addr - 127}); }, bad,
+                      {"which overlaps sinks' [0x300000000, 0x300000004)"});
   const std::uint64_t launches = gpu.calls(emu::Op::launch);
   for (const DevicePtr o : {partials + 512, DevicePtr{sinks.addr - 128}, sinks + 4}) combine(o);  // abutting: apart
   CHECK(gpu.calls(emu::Op::launch) == launches + 3);
