@@ -48,6 +48,16 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
           "max_blocks_per_seq {} x block_size {} keys exceed {}", a.max_blocks_per_seq, a.block_size, kMaxKeys);
 }
 
+// A decode launcher's last rule: o may be q itself, row for row (a step in place: a seed block
+// reads its q row before it writes that row of o, and the split path reads all of q before its
+// combine writes o); else apart from it.
+void validate_o_and_q(const Validator& v, const PagedDecodeCommon& a) {
+  if (a.o.addr == a.q.addr && a.q_head_dim == a.kv_cache_dim) return;
+  const std::uint64_t rows = std::uint64_t{a.num_seqs} * a.num_q_heads;
+  v.disjoint({"o", a.o, detail::saturating_product({rows, a.kv_cache_dim, 2})},
+             {{"q", a.q, detail::saturating_product({rows, a.q_head_dim, 2})}});
+}
+
 // NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
 void validate_nvfp4_layout(const Validator& v, std::uint64_t row_width, std::uint32_t block_size,
                            std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes) {
@@ -230,6 +240,7 @@ void validate(const PagedDecodeNvfp4Args& a) {
   validate_paged_decode(v, a);
   validate_nvfp4_layout(v, std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.block_size, a.block_stride_bytes,
                         a.data_section_bytes);
+  validate_o_and_q(v, a);
 }
 
 void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream) {
@@ -261,6 +272,7 @@ void validate(const PagedDecodeFp8Args& a) {
             a.max_blocks_per_seq, a.block_size, kMaxKeys);
     validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   }
+  validate_o_and_q(v, a);
 }
 
 void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {

@@ -602,7 +602,20 @@ void common_decode_rules(Case& c, Args& a, const char* kn) {
     a.num_seqs = 65536;
     reject(bad, {kn, "num_seqs 65536", "65535"});
     a.num_seqs = 65535;
+    a.o = DevicePtr{1ull << 40};  // (o of 65535 sequences: a sentinel apart from q, in a dry run)
     c.require_accepted_dry([&] { c.launch(a); });
+  }
+  // Before: accepted; a seed block wrote its o row over the q rows of blocks still to read them.
+  SECTION("o over q, other than q itself row for row") {
+    a.o = a.q + 64;
+    reject(bad, {kn, "o spans", "which overlaps q's"});
+    if (a.q_head_dim == a.kv_cache_dim) {
+      a.o = a.q;  // a step in place: each block reads its q row before it writes that row of o
+      c.require_accepted_dry([&] { c.launch(a); });
+    } else {
+      a.o = a.q;  // rows of other widths: o's row h is not q's
+      reject(bad, {kn, "o spans", "which overlaps q's"});
+    }
   }
   SECTION("num_q_heads past the grid's x limit") {
     a.num_q_heads = 0x8000'0000u;  // a multiple of num_kv_heads 2

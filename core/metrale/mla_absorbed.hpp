@@ -112,7 +112,8 @@ struct PagedDecodeNvfp4Args : PagedDecodeCommon {
 /// inv_sqrt_d not finite; row width (num_kv_heads·kv_cache_dim) not a multiple
 /// of 16; max_blocks_per_seq·block_size > 2^31 − 1; block_stride_bytes ≥ 2^32;
 /// data_section_bytes < block_size·row_width/2; block_stride_bytes <
-/// data_section_bytes + block_size·row_width/16. `unsupported`: kv_cache_dim >
+/// data_section_bytes + block_size·row_width/16; o sharing a byte with q other than as q itself
+/// with q_head_dim = kv_cache_dim (a step in place, row for row). `unsupported`: kv_cache_dim >
 /// kMaxKvCacheDim.
 void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream = 0);
 /// The launcher's rules alone (also the fast path's, which shares the case semantics).
@@ -130,7 +131,7 @@ struct PagedDecodeFp8Args : PagedDecodeCommon {
 /// NVFP4, plus k_scale or v_scale not finite or ≤ 0, or 448 (the largest E4M3 code) times it, or
 /// inv_sqrt_d × k_scale, past FP32's range; cache_stride < row width;
 /// block_size x cache_stride ≥ 2^32 (row offsets would wrap); with comp_pool,
-/// more than 2^31 − 1 keys or entry offsets past 2^62.
+/// more than 2^31 − 1 keys or entry offsets past 2^62; o over q as for NVFP4.
 /// `unsupported`: kv_cache_dim > kMaxKvCacheDim.
 void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream = 0);
 /// The launcher's rules alone (also the fast path's, which shares the case semantics).

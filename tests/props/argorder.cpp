@@ -160,17 +160,14 @@ void paged_dispatchers() {
     a.sinks = coin() ? s.next() : DevicePtr{};
     a.comp_pool = coin() ? s.next() : DevicePtr{};
     a.comp_block_count = u(0, 64);
-    // The cluster entries need o 8-byte aligned and apart from q (the step may write o over q):
-    // o a quarter of the time 2 bytes off its sentinel, half the time a number of 16-byte units into q.
-    const std::uint64_t rows = std::uint64_t{a.num_seqs} * a.num_q_heads;
+    // The cluster entries need o 8-byte aligned and apart from q (the step may write o over q, row
+    // for row, where the widths agree; any other overlap is refused): o a quarter of the time 2
+    // bytes off its sentinel, half the time q itself where it can be.
     if (const std::uint32_t pick = u(0, 3); pick == 0)
       a.o = a.o + 2;
-    else if (pick < 3)
-      a.o = a.q + 16 * u64(0, std::max<std::uint64_t>(1, rows * a.q_head_dim / 8) - 1);
-    // Byte ranges [o, o + rows·kv_cache_dim·2) and [q, q + rows·q_head_dim·2), bf16 both.
-    const bool o_meets_q =
-        a.o.addr < a.q.addr + rows * a.q_head_dim * 2 && a.q.addr < a.o.addr + rows * a.kv_cache_dim * 2;
-    const bool clusters_allowed = a.o.addr % 8 == 0 && !o_meets_q;
+    else if (pick < 3 && a.q_head_dim == a.kv_cache_dim)
+      a.o = a.q;
+    const bool clusters_allowed = a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
     const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
     note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {} q {:#x} o {:#x}",
                            a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count, a.q.addr,
