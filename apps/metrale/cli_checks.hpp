@@ -29,16 +29,27 @@ inline CLI::Validator non_empty_filter() {
           ""};
 }
 
+/// `s` read as decimal digits alone: its value, or why it cannot be (result_out_of_range past
+/// 2^64 − 1, invalid_argument for anything but digits). The checks below share it.
+struct Decimal {
+  std::uint64_t value = 0;
+  std::errc error{};
+};
+inline Decimal read_decimal(const std::string& s) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return {v, ec == std::errc{} && end != s.data() + s.size() ? std::errc::invalid_argument : ec};
+}
+
 /// The check of an unsigned 64-bit option: decimal digits whose value fits, so that
 /// 18446744073709551616 is refused instead of clamped to 2^64 − 1. The text is rewritten without
 /// leading zeros: CLI11 reads "010" as octal 8.
 inline CLI::Validator uint64_text() {
   return {[](std::string& s) {
-            std::uint64_t v = 0;
-            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-            if (ec == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
-            if (ec != std::errc{} || end != s.data() + s.size()) return "'" + s + "' is not an unsigned decimal";
-            s = std::to_string(v);
+            const Decimal d = read_decimal(s);
+            if (d.error == std::errc::result_out_of_range) return "'" + s + "' is larger than 2^64 - 1";
+            if (d.error != std::errc{}) return "'" + s + "' is not an unsigned decimal";
+            s = std::to_string(d.value);
             return std::string{};
           },
           "UINT64"};
@@ -50,15 +61,12 @@ inline CLI::Validator uint64_text() {
 /// as octal 8, and "08" not at all.
 inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
   return {[lo, hi](std::string& s) {
-            std::uint64_t v = 0;
-            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-            if (ec == std::errc{} && end == s.data() + s.size() && v >= lo && v <= hi) {
-              s = std::to_string(v);
-              return std::string{};
-            }
-            if (ec == std::errc::result_out_of_range || (ec == std::errc{} && end == s.data() + s.size()))
+            const Decimal d = read_decimal(s);
+            if (d.error == std::errc::invalid_argument) return "'" + s + "' is not a whole number (decimal digits)";
+            if (d.error != std::errc{} || d.value < lo || d.value > hi)
               return "'" + s + "' is outside " + std::to_string(lo) + " to " + std::to_string(hi);
-            return "'" + s + "' is not a whole number (decimal digits)";
+            s = std::to_string(d.value);
+            return std::string{};
           },
           "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]"};
 }
@@ -67,12 +75,11 @@ inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
 /// and within 64 bits.
 inline CLI::Validator positive_bytes() {
   return {[](std::string& s) {
-            std::uint64_t v = 0;
-            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-            if (ec == std::errc::result_out_of_range) return "'" + s + "' bytes is more than 2^64 - 1";
-            if (ec != std::errc{} || end != s.data() + s.size()) return "'" + s + "' is not a size (4GB, 500MB, 1024)";
-            if (v == 0) return std::string{"a size of 0 bytes (give a positive size)"};
-            s = std::to_string(v);
+            const Decimal d = read_decimal(s);
+            if (d.error == std::errc::result_out_of_range) return "'" + s + "' bytes is more than 2^64 - 1";
+            if (d.error != std::errc{}) return "'" + s + "' is not a size (4GB, 500MB, 1024)";
+            if (d.value == 0) return std::string{"a size of 0 bytes (give a positive size)"};
+            s = std::to_string(d.value);
             return std::string{};
           },
           ""};
