@@ -287,11 +287,16 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   }
   // As the dispatcher: the FP8 K scale folded into the logit scale (in FP32), V's left out.
   const float logit_scale = fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d;
-  const bool rs = which == SplitEntry::wgmma16_rs;
+  const bool rs = which == SplitEntry::wgmma16_rs, latent = which == SplitEntry::wgmma_latent;
   const bool sixteen = which == SplitEntry::split16, wgmma16 = which == SplitEntry::wgmma16 || rs;
-  const bool wgmma = which == SplitEntry::wgmma || wgmma16;
+  const bool wgmma = which == SplitEntry::wgmma || wgmma16 || latent;
   if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
     fail(Errc::invalid_argument, "split_kernel_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
+  if (latent && (!fp8 || !spec.latent || r.comp_block_count != 0))
+    fail(Errc::invalid_argument,
+         "split_kernel_case: mla_paged_decode_wgmma_latent_fp8 takes FP8 over one latent pool without compressed "
+         "entries (spec: {}, latent {}, {} compressed)",
+         to_string(spec.format), spec.latent, r.comp_block_count);
   const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
   const auto num_splits = static_cast<std::uint32_t>((max_keys + keys_per_split - 1) / keys_per_split + 1);  // a spare
@@ -299,7 +304,8 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
       wgmma16 || sixteen ? 16 : wgmma ? 64 : 16 * std::min(4u, (spec.num_q_heads + 15) / 16);
   const ref::SplitPartials want = ref::split_partials(r, logit_scale, keys_per_split, num_splits);
 
-  const std::string entry = std::string(rs        ? "mla_paged_decode_wgmma16_rs_"
+  const std::string entry = std::string(latent    ? "mla_paged_decode_wgmma_latent_"
+                                        : rs      ? "mla_paged_decode_wgmma16_rs_"
                                         : wgmma16 ? "mla_paged_decode_wgmma16_"
                                         : wgmma   ? "mla_paged_decode_wgmma_"
                                         : sixteen ? "mla_paged_decode_split16_"
@@ -972,6 +978,9 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     paged(p);
     if (f == KvFormat::nvfp4) p.seed = ++s, out.push_back(split_path_case(p));
   }
+  // The FP8 64-head entry with the heads in M over the same latent pool: two head groups (the
+  // second short), chunks of two tiles, one ending inside a tile.
+  latent.seed = ++s, out.push_back(split_kernel_case(latent, 2, SplitEntry::wgmma_latent));
   return out;
 }
 

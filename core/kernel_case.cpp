@@ -352,6 +352,7 @@ const std::vector<Adapter>& adapters() {
       split_nvfp4_adapter("mla_paged_decode_split_nvfp4"),
       split_nvfp4_adapter("mla_paged_decode_split16_nvfp4"),
       split_fp8_adapter("mla_paged_decode_wgmma_fp8", true),
+      split_fp8_adapter("mla_paged_decode_wgmma_latent_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma_nvfp4", true),
       split_fp8_adapter("mla_paged_decode_wgmma16_fp8", true),
       split_nvfp4_adapter("mla_paged_decode_wgmma16_nvfp4", true),

@@ -30,6 +30,7 @@ constexpr std::uint64_t kSmallTiles16PerSm = 4;
 // portable cluster size): docs/performance.md.
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
+constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
@@ -171,8 +172,10 @@ std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_
   if (module != kMlaWgmmaModule) return std::nullopt;
   const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
   const std::uint32_t bytes =
-      wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
-                         entry.starts_with("mla_paged_decode_wgmma16_rs"));  // the staged entries
+      entry == kLatentEntry
+          ? wgmma_latent_shared_bytes()
+          : wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
+                               entry.starts_with("mla_paged_decode_wgmma16_rs"));  // the staged entries
   if (bytes <= gpu.max_shared_bytes_per_block()) return std::nullopt;
   return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", entry, bytes,
                      gpu.max_shared_bytes_per_block());
@@ -204,6 +207,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_rs_nvfp4 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma16_rs_nvfp4");
     r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
     r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
+    r.wgmma_latent_fp8 = gpu.kernel(kMlaWgmmaModule, kLatentEntry);
     for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n) {
       r.fused_clusters[n] = gpu.max_active_clusters(r.wgmma16_rs_combine_fp8, {wgmma_threads(kWgmma16Rows, true), 1, 1},
                                                     wgmma_shared_bytes(KvFormat::fp8, kWgmma16Rows, true), n);
@@ -239,6 +243,14 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block, 
          + 2 * 4 * 32 * 4                                         // the per-warp maxima and sums
          + 2 * 4 * 4                                              // the warps' rescale votes
          + 3 * 2 * 8;                                             // the slots' fill and release mbarriers
+}
+
+std::uint32_t wgmma_latent_shared_bytes() {
+  return 1024                                  // alignment of the swizzled tiles
+         + kWgmmaRows * kWgmmaDim * 2          // Q (FP16)
+         + 2 * kWgmmaTileKeys * kWgmmaDim * 2  // two tiles (FP16): this one and the next
+         + kWgmmaRows * kWgmmaTileKeys * 2     // P (FP16)
+         + 2 * kWgmmaRows * 4;                 // the Q rows' unscale and the rescale factors
 }
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
@@ -439,16 +451,26 @@ void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool pa
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
-  const std::string_view name = split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8",
-                                                    "mla_paged_decode_split16_fp8", "mla_paged_decode_wgmma_fp8",
-                                                    "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
+  const bool latent = wgmma && gpu.kernel_name(kernel).ends_with(std::string(".") + kLatentEntry);
+  const std::string_view name =
+      latent ? kLatentEntry
+             : split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8",
+                                   "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
+                                   "mla_paged_decode_wgmma16_rs_fp8");
   const Validator v{name};
   validate_split_fp8(v, a, true);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma16_fp8",
-                   "mla_paged_decode_wgmma16_rs_fp8");
+    validate_wgmma(v, gpu, kernel, a, name, latent ? kLatentEntry : "mla_paged_decode_wgmma_fp8",
+                   "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_rs_fp8");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
+  }
+  if (latent) {  // V is read from the K rows
+    v.check(a.v_cache == a.k_cache, "v_cache {:#x} is not k_cache {:#x} (the entry reads V from the one latent pool)",
+            a.v_cache.addr, a.k_cache.addr);
+    v.check(!a.comp_pool || a.comp_block_count == 0,
+            "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows",
+            a.comp_block_count);
   }
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, wgmma, name == "mla_paged_decode_wgmma16_rs_fp8")  // the handle's entry
@@ -456,8 +478,9 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)
       .arg_u32(a.comp_block_count)
-      .arg_u32(a.keys_per_split)
-      .launch(stream);
+      .arg_u32(a.keys_per_split);
+  if (latent) l.shared_bytes(wgmma_latent_shared_bytes());
+  l.launch(stream);
 }
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
@@ -617,7 +640,11 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
   const bool wide = wgmma_rows(a, comp, gpu.multiprocessor_count()) == kWgmmaRows;
-  const bool clusters = (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 && a.o.addr % 8 == 0 &&
+  // One latent pool (V = K, no compressed entries) on 64-head blocks: the heads-in-M entry, unfused.
+  const bool latent = wide && fast.wgmma_latent_fp8.id != 0 && a.v_cache == a.k_cache && comp == 0 &&
+                      wgmma_latent_shared_bytes() <= gpu.max_shared_bytes_per_block();
+  const bool clusters = !latent && (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 &&
+                        a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
   const SplitPlan p = plan_split_decode(
       a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
@@ -635,7 +662,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   }
   if (p.wgmma) {
     mla_paged_decode_wgmma_fp8(gpu,
-                               p.rows_per_block == kWgmmaRows ? fast.wgmma_fp8
+                               p.rows_per_block == kWgmmaRows ? (latent ? fast.wgmma_latent_fp8 : fast.wgmma_fp8)
                                : p.staged                     ? fast.wgmma16_rs_fp8
                                                               : fast.wgmma16_fp8,
                                s, stream);

@@ -251,6 +251,35 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
                keys_per_split, shape_of(kKind, blk), cache);
 }
 
+// mla_paged_decode_wgmma_latent_fp8: mla_paged_decode_wgmma_fp8's math (64-head blocks of 64-key
+// tiles, block 256) over one latent pool, with the heads in the wgmma's M (its two warpgroups
+// split P·V's output dims: only FP32 order). The kernel reads V from k_cache's rows, so a launch
+// whose v_cache is another buffer, or which has compressed entries (their V rows are apart), is
+// refused here as its launcher refuses it.
+void mla_paged_decode_wgmma_latent_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                       Global<const std::uint8_t> v_cache, Global<float> o_partial,
+                                       Global<float> ml_partial, Global<const std::int32_t> block_tables,
+                                       Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
+                                       std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t kv_cache_dim,
+                                       std::uint32_t block_size, float logit_scale, std::uint64_t cache_stride,
+                                       std::uint32_t sliding_window, Global<const std::uint8_t> comp_pool,
+                                       std::uint32_t comp_block_count, std::uint32_t keys_per_split) {
+  if (v_cache.addr() != k_cache.addr())
+    fail(Errc::invalid_argument,
+         "mla_paged_decode_wgmma_latent_fp8: v_cache {:#x} is not k_cache {:#x} (the kernel reads V from the one "
+         "latent pool's K rows)",
+         v_cache.addr().addr, k_cache.addr().addr);
+  if (comp_pool && comp_block_count > 0)
+    fail(Errc::invalid_argument,
+         "mla_paged_decode_wgmma_latent_fp8: {} compressed entries (their V rows are apart from their K rows; the "
+         "kernel reads V from the K rows)",
+         comp_block_count);
+  mla_paged_decode_split_fp8<SplitKind::wgmma>(blk, q, k_cache, v_cache, o_partial, ml_partial, block_tables, seq_lens,
+                                               max_blocks_per_seq, num_q_heads, q_head_dim, kv_cache_dim, block_size,
+                                               logit_scale, cache_stride, sliding_window, comp_pool, comp_block_count,
+                                               keys_per_split);
+}
+
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
 // kernel (kKind wgmma16; with wgmma, mla_paged_decode_wgmma_combine_fp8: the same for the
@@ -419,6 +448,7 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_nvfp4<mma>>(m, "mla_paged_decode_split16_nvfp4", nvfp4, block_is({128, 1, 1}));
   const char* w = "mla_wgmma";
   r.add<&mla_paged_decode_split_fp8<wgmma>>(w, "mla_paged_decode_wgmma_fp8", fp8, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_wgmma_latent_fp8>(w, "mla_paged_decode_wgmma_latent_fp8", fp8, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
@@ -447,9 +477,10 @@ void register_mla_fast(Registry& r) {
   for (const char* e : {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8", "mla_paged_decode_split_nvfp4",
                         "mla_paged_decode_split16_nvfp4"})
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
-  for (const char* e : {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_fp8",
-                        "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8",
-                        "mla_paged_decode_wgmma16_rs_nvfp4"})
+  for (const char* e :
+       {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_latent_fp8", "mla_paged_decode_wgmma_nvfp4",
+        "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8",
+        "mla_paged_decode_wgmma16_rs_nvfp4"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   // The same through the combine for the entries that combine in their clusters: their o, 2^-10
   // of its largest |o| (the 64-head block's lazily rescaled P rounds to FP16 at other magnitudes

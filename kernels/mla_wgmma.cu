@@ -1246,6 +1246,323 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end, latent);
 }
 
+// ---- 64 heads in M over one latent pool (FlashMLA's shape)
+
+// wgmma m64n64k16 and m64n32k16, FP16 in, FP32 accumulate: A from shared memory (K-major) or
+// registers (the m16n8k16 A fragment of each warp's 16 rows), B from shared memory, K-major or,
+// with kTransB, MN-major (V's rows, the output dims contiguous). `accumulate` 0 overwrites D.
+#define METRALE_ACC32                                                                                                 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
+  "%30,%31}"
+#define METRALE_ACC32_OUT(d)                                                                                           \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),         \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define METRALE_ACC16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define METRALE_ACC16_OUT(d)                                                                                   \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+template <int kTransB>
+__device__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t a, uint64_t b, uint32_t accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " METRALE_ACC32 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+               : METRALE_ACC32_OUT(d)
+               : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+__device__ void wgmma_ss_m64n32k16_tb(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " METRALE_ACC16 ", %16, %17, p, 1, 1, 0, 1;\n}\n"
+               : METRALE_ACC16_OUT(d)
+               : "l"(a), "l"(b), "r"(1u));
+}
+__device__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " METRALE_ACC32
+               ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+               : METRALE_ACC32_OUT(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
+}
+__device__ void wgmma_rs_m64n32k16_tb(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " METRALE_ACC16
+               ", {%16,%17,%18,%19}, %20, p, 1, 1, 1;\n}\n"
+               : METRALE_ACC16_OUT(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
+}
+#undef METRALE_ACC32
+#undef METRALE_ACC32_OUT
+#undef METRALE_ACC16
+#undef METRALE_ACC16_OUT
+
+// The shared memory of the heads-in-M block (the host's wgmma_latent_shared_bytes counts it).
+struct SmemHm {
+  uint8_t* sq;       // Q (FP16), [64 heads][576] in nine swizzled 64-column slabs (K-major)
+  uint8_t* st;       // two FP16 tiles, [64 keys][576] each, the same layout: tile i in the (i % 2)-th
+  uint8_t* sp;       // P (FP16), [64 heads][64 keys], one swizzled slab
+  float* q_unscale;  // [64]; then times the softmax scale and log2 e
+  float* alpha;      // [64] the heads' rescale factors of the tile
+};
+constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575: 32 a warpgroup
+constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
+constexpr uint32_t kHmKeysPerBatch = kTileKeys / 2;  // keys a batch: warpgroup 1's 128 threads, four a key
+constexpr uint32_t kHmTileBytes = kTileKeys * kDim * 2;  // an FP16 tile
+
+// Warpgroup 1's share of a tile: keys `key` and key + 32 (0 ≤ key < 32), units first + 4u of
+// each (a warp reads 64 contiguous bytes of each of eight rows at a time), loaded straight from
+// the cache into registers — zeros for a key past the chunk's end (null row) — and later
+// converted (exactly, to FP16) into a swizzled FP16 tile.
+struct HmShare {
+  uint4 raw[2][kHmUnits];
+  __device__ void load(const uint8_t* const (&rows)[2], uint32_t first) {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b)
+#pragma unroll
+      for (uint32_t u = 0; u < kHmUnits; ++u)
+        raw[b][u] = rows[b] != nullptr ? ld_stream16(rows[b] + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint8_t* tile, uint32_t key, uint32_t first) const {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b)
+#pragma unroll
+      for (uint32_t u = 0; u < kHmUnits; ++u) {
+        const uint32_t part = first + 4 * u;
+        uint32_t w[8];
+        fp8x16_to_f16(raw[b][u], w);
+        st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part), w[0], w[1], w[2], w[3]);
+        st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part + 1), w[4], w[5], w[6], w[7]);
+      }
+  }
+};
+
+// The 128-byte lines of a 576-byte cache row (up to six: rows need not be line-aligned) into L2,
+// two or one by each of the four threads `first` of its key.
+__device__ void prefetch_row_l2(const uint8_t* row, uint32_t first) {
+  if (row == nullptr) return;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 128 * first));
+  if (first < 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (first == 0 ? 512 : kDim - 1)));
+}
+
+// Warpgroup `wg`'s share of O (its dims: slabs 4·wg .. 4·wg + 3 and dims 512 + 32·wg .. + 31) in
+// the m64nN accumulator layout: a thread holds rows (heads) r0 and r0 + 8 of its warp's 16,
+// columns 8i + 2j and + 1 (element 4i + c: row r0 for c < 2, r0 + 8 for c ≥ 2).
+struct HmAcc {
+  float o[4][32] = {}, oh[16] = {};
+  // Rows r0 and r0 + 8 times f[0] and f[1].
+  __device__ void rescale(const float (&f)[2]) {
+#pragma unroll
+    for (uint32_t e = 0; e < 32; ++e) {
+#pragma unroll
+      for (uint32_t n = 0; n < 4; ++n) o[n][e] *= f[(e % 4) / 2];
+      if (e < 16) oh[e] *= f[(e % 4) / 2];
+    }
+  }
+  // Issue O += P·V for the tile at `st`, k-step kk taking V's rows 16kk..16kk + 15 (MN-major), P
+  // from registers (pa, warpgroup 0) or shared memory (p_desc, warpgroup 1); one commit group.
+  template <uint32_t kWg>
+  __device__ void issue_pv(const uint8_t* st, const uint32_t (&pa)[4][4], uint64_t p_desc) {
+    const uint64_t v_desc = smem_desc(smem_addr(st), kSlabBytes, 1024);
+    auto v_at = [&](uint32_t slab, uint32_t kk, uint32_t column) {
+      return v_desc + ((slab * kSlabBytes + kk * 16 * 128 + column * 2) >> 4);
+    };
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
+      if constexpr (kWg == 0) {
+#pragma unroll
+        for (uint32_t n = 0; n < 4; ++n) wgmma_rs_m64n64k16_tb(o[n], pa[kk], v_at(n, kk, 0));
+        wgmma_rs_m64n32k16_tb(oh, pa[kk], v_at(8, kk, 0));
+      } else {
+        const uint64_t p = p_desc + ((kk * 32) >> 4);
+#pragma unroll
+        for (uint32_t n = 0; n < 4; ++n) wgmma_ss_m64n64k16<1>(o[n], p, v_at(4 + n, kk, 0), 1);
+        wgmma_ss_m64n32k16_tb(oh, p, v_at(8, kk, kHmHalfSlab));
+      }
+    }
+    wgmma_commit();
+  }
+  // The rows of heads r0 and r0 + 8 (those below num_q_heads) where `out` puts them.
+  __device__ void store(const PartialOut& out, uint32_t num_q_heads, uint32_t head0, uint32_t s, uint32_t z,
+                        uint32_t r0, uint32_t j, uint32_t wg) const {
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t hb = r0 + 8 * h, head = head0 + hb;
+      if (head >= num_q_heads) continue;
+      float* const row = out.row((uint64_t{s} * num_q_heads + head) * gridDim.x + z, nullptr, hb);
+#pragma unroll
+      for (uint32_t e = 2 * h; e < 32; e += 4) {  // columns 8·(e/4) + 2j and + 1
+        const uint32_t c = 8 * (e / 4) + 2 * j;
+#pragma unroll
+        for (uint32_t n = 0; n < 4; ++n)
+          *reinterpret_cast<float2*>(row + (4 * wg + n) * 64 + c) = make_float2(o[n][e], o[n][e + 1]);
+        if (e < 16) *reinterpret_cast<float2*>(row + 512 + wg * kHmHalfSlab + c) = make_float2(oh[e], oh[e + 1]);
+      }
+    }
+  }
+};
+enum : uint32_t { kHmBarP = 1, kHmBarRead = 2 };  // named barriers of the block's 256 threads
+
+// The split decode of one 64-head block over one latent pool (FP8, v_cache = k_cache, no
+// compressed entries), with the heads in the wgmma's M as FlashMLA has them: S = Q·Kᵀ is one
+// m64n64 product a k-step (A = Q, B = the tile's K rows, both K-major in shared memory), so each
+// head's softmax runs along its thread's row (two lane shuffles, no exchange between warps), and
+// O = P·V takes V from the same FP16 tile, MN-major, with P as the A operand — each byte of the
+// cache converted once for both products. Warpgroup 0 computes S and the softmax, keeps P in
+// registers for its P·V and leaves it (FP16) and the rescale factors in shared memory for
+// warpgroup 1; meanwhile warpgroup 1 converts the next tile into the other FP16 tile from rows it
+// loaded into registers under the last P·V. Each warpgroup then accumulates half of O's 576 dims
+// (HmAcc). Two barriers a tile: P written and the next tile converted; the tile read. The two
+// warpgroups run apart loops (their registers allocated apart: O, and S or the raw rows).
+__device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads, float logit_scale,
+                                uint32_t keys_per_split, const Fp8Rows& layout) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  SmemHm sm;
+  sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  sm.st = sm.sq + kRows64 * kDim * 2;
+  sm.sp = sm.st + 2 * kHmTileBytes;
+  sm.q_unscale = reinterpret_cast<float*>(sm.sp + kRows64 * kTileKeys * 2);
+  sm.alpha = sm.q_unscale + kRows64;
+
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
+  const uint32_t wg = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);  // warp-uniform, known so to the compiler
+  const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows64, s = blockIdx.z;
+  const Chunk chunk = chunk_of(layout.keys, z, keys_per_split);
+  const uint32_t begin = chunk.begin, end = chunk.end;
+  const uint32_t r0 = 16 * warp + lane / 4;  // the thread's rows r0 and r0 + 8 (HmAcc)
+  const uint64_t p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
+  auto tile_at = [&](uint32_t i) { return sm.st + (i % 2) * kHmTileBytes; };  // tile i's FP16 copy
+
+  // Warpgroup 1's keys of a tile (key_a and key_a + 32), its units first + 4u. A tile's rows are
+  // found in three steps a tile apart, so that no wait for memory falls on the walk: the block
+  // table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch (tile
+  // i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at tile i.
+  const uint32_t key_a = (tid % 128) / 4, first = tid % 4;
+  auto entries_of = [&](uint32_t tile, int32_t(&e)[2]) {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b) {
+      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
+      e[b] = k < end ? layout.entry(k) : 0;
+    }
+  };
+  auto rows_of = [&](uint32_t tile, const int32_t(&e)[2], const uint8_t*(&r)[2]) {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b) {
+      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
+      const uint8_t* rows[4];
+      if (k < end) layout.locate(k, e[b], rows);
+      r[b] = k < end ? rows[0] : nullptr;
+      prefetch_row_l2(r[b], first);
+    }
+  };
+  HmShare share;
+  int32_t entries[2];      // tile i + 4's (after tile i)
+  const uint8_t* rows[2];  // tile i + 3's (after tile i)
+  if (wg == 1) {           // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
+    int32_t e[2];
+    const uint8_t* r[2];
+    entries_of(begin, e), rows_of(begin, e, r), share.load(r, first);
+    entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, r);
+    share.store(tile_at(0), key_a, first);
+    share.load(r, first);
+    entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
+    entries_of(begin + 3 * kTileKeys, entries);
+  }
+  load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
+                               [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
+                                 st_shared_v4(sm.sq + swizzled(row, part), w[0], w[1], w[2], w[3]);
+                               });
+  fence_to_async_proxy();
+  __syncthreads();
+  if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
+  __syncthreads();
+
+  HmAcc acc;
+  if (wg == 1) {
+    for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+      if (tile + kTileKeys < end) {  // the next tile into the other FP16 tile
+        share.store(tile_at(i + 1), key_a, first);
+        fence_to_async_proxy();  // the tile, for the tensor cores
+      }
+      named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+      share.load(rows, first);      // tile i + 2, loading under this P·V
+      acc.rescale({sm.alpha[r0], sm.alpha[r0 + 8]});
+      acc.issue_pv<1>(tile_at(i), {}, p_desc);
+      rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
+      entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
+      wgmma_wait<0>();
+      named_barrier<256>(kHmBarRead);  // every read of this tile, of P and of the factors done
+    }
+    metrale::allow_next_kernel();
+    acc.store(out, num_q_heads, head0, s, z, r0, j, 1);
+    return;
+  }
+
+  // Warpgroup 0: S, the online softmax (log2 units) over the tile's live keys, P.
+  const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
+  const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0 and r0 + 8
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    const uint64_t k_desc = smem_desc(smem_addr(tile_at(i)), 16, 1024);
+    float sacc[32];
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t k = 0; k < kDim / 16; ++k) {
+      const uint32_t at = ((k / 4) * kSlabBytes + (k % 4) * 32) >> 4;
+      wgmma_ss_m64n64k16<0>(sacc, q_desc + at, k_desc + at, k != 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (uint32_t e = 0; e < 32; ++e) {
+      const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
+      sacc[e] = tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
+      mx[h] = fmaxf(mx[h], sacc[e]);
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
+      const float next = fmaxf(m[h], mx[h]);
+      base[h] = next == -INFINITY ? 0.0f : next;  // a row without keys yet: P = 0, not NaN
+      alpha[h] = fast_exp2(m[h] - base[h]);
+      m[h] = next;
+      l[h] *= alpha[h];
+    }
+    uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
+#pragma unroll
+    for (uint32_t e = 0; e < 32; e += 2) {
+      const uint32_t h = (e % 4) / 2, kk = e / 8, c = (e % 8) / 2;  // A fragment kk, register c
+      const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
+      l[h] += p0 + p1;
+      pa[kk][c] = pack_f16(p0, p1);
+      // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1.
+      *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * h, e / 4) + 4 * j) = pa[kk][c];
+    }
+    if (j == 0) sm.alpha[r0] = alpha[0], sm.alpha[r0 + 8] = alpha[1];
+    fence_to_async_proxy();       // P, for the tensor cores
+    named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+    acc.rescale(alpha);
+    acc.issue_pv<0>(tile_at(i), pa, p_desc);
+    wgmma_wait<0>();
+    named_barrier<256>(kHmBarRead);  // every read of this tile, of P and of the factors done
+  }
+  // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head.
+  metrale::allow_next_kernel();
+  acc.store(out, num_q_heads, head0, s, z, r0, j, 0);
+#pragma unroll
+  for (uint32_t h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
+    const uint32_t head = head0 + r0 + 8 * h;
+    if (j != 0 || head >= num_q_heads) continue;
+    float* const ml = out.ml((uint64_t{s} * num_q_heads + head) * gridDim.x + z, nullptr, r0 + 8 * h);
+    ml[0] = m[h] * kLn2;
+    ml[1] = l[h];
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -1285,6 +1602,23 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
   wgmma64_rs_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma_latent_fp8: mla_paged_decode_wgmma_fp8 over one latent pool (v_cache =
+// k_cache and no compressed entries: the launcher refuses others) with the heads in the wgmma's M
+// (wgmma_hm_decode): each tile converted once to FP16 for both products. Same parameters, grid,
+// partial outputs and combine. Block: 256.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_latent_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                      float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                      const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                      uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size,
+                                      float logit_scale, uint64_t cache_stride, uint32_t sliding_window,
+                                      const uint8_t* comp_pool, uint32_t comp_block_count, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma_hm_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma_nvfp4: mla_paged_decode_wgmma_fp8 over an NVFP4 cache (wgmma64_rs_decode:

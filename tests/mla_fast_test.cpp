@@ -205,7 +205,7 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 // the logits rise along the keys, so the maxima move from tile to tile.
 TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
           "[mla_fast][wgmma][latent]") {
-  enum Kind { staged, wide, fused, path };
+  enum Kind { staged, wide, heads_in_m, fused, path };
   const auto [kind, heads, tiles, comp] =
       GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>({{staged, 16, 1, false},
                                                                 {staged, 5, 3, false},
@@ -214,6 +214,10 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
                                                                 {wide, 128, 3, false},
                                                                 {wide, 64, 5, false},
                                                                 {wide, 70, 1, true},
+                                                                {heads_in_m, 40, 1, false},
+                                                                {heads_in_m, 128, 3, false},
+                                                                {heads_in_m, 64, 5, false},
+                                                                {heads_in_m, 70, 2, false},
                                                                 {fused, 16, 1, false},
                                                                 {fused, 20, 3, false},
                                                                 {fused, 40, 1, false},
@@ -223,10 +227,11 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
   p.max_blocks_per_seq = 47, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
   p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f, p.sliding_window = 300, p.sinks = kind != staged;
   p.comp_pool = comp, p.comp_block_count = comp ? 3 : 0, p.latent = true;
-  const KernelCase c = kind == staged  ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
-                       : kind == wide  ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma)
-                       : kind == fused ? gen::fused_decode_case(p, tiles)
-                                       : gen::split_path_case(p);
+  const KernelCase c = kind == staged       ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma16_rs)
+                       : kind == wide       ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma)
+                       : kind == heads_in_m ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma_latent)
+                       : kind == fused      ? gen::fused_decode_case(p, tiles)
+                                            : gen::split_path_case(p);
   REQUIRE(c.aliases.at("v_cache") == "k_cache");
   REQUIRE(c.inputs.count("v_cache") == 0);
   test::check_case(c);
@@ -237,6 +242,11 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
     INFO("backend " << name << ", case " << c.name);
     auto gpu = test::make_backend(name);
     if (entry_unavailable(*gpu, c.module, c.entry)) continue;
+    if (kind == heads_in_m) {  // reads V from the K rows: another V pool is refused, not misread
+      test::require_error([&] { run_kernel_case(*gpu, copied); }, Errc::invalid_argument,
+                          {"mla_paged_decode_wgmma_latent_fp8", "is not k_cache"});
+      continue;
+    }
     const auto one = run_kernel_case(*gpu, c), two = run_kernel_case(*gpu, copied);
     for (const auto& [param, want] : c.expected) {
       INFO(param);

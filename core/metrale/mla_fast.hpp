@@ -40,6 +40,7 @@ struct MlaFastKernels {
   KernelHandle wgmma16_rs_fp8, wgmma16_rs_nvfp4;  // its staged 16-head blocks (one warpgroup); likewise
   KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
   KernelHandle wgmma_combine_fp8;           // the 64-head FP8 blocks with the combine in their clusters; likewise
+  KernelHandle wgmma_latent_fp8;            // the 64-head FP8 block over one latent pool, heads in M; likewise
   /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters) and of wgmma_combine_fp8's
   /// (fused_clusters64) the device runs at once (GpuBackend::max_active_clusters), n = 1..8; all 0
   /// without the entry.
@@ -159,9 +160,15 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// heads, whose block always stages). Same arguments, partial outputs and combine as the split entries; grid
 /// [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block wgmma_threads(rows_per_block,
 /// staged), wgmma_shared_bytes(format, rows_per_block, staged) of shared memory; launched early
-/// as they are. Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not
+/// as they are. mla_paged_decode_wgmma_latent_fp8 (`kernel` MlaFastKernels::wgmma_latent_fp8,
+/// rows_per_block 64, block 256, wgmma_latent_shared_bytes) serves one latent pool as both caches
+/// (v_cache = k_cache, V = K row for row, no compressed entries) with FlashMLA's shape: the heads in
+/// the wgmma's M, each tile converted once to FP16 for both products (docs/performance.md).
+/// Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not
 /// 64 or 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial
-/// not 8-byte aligned, `kernel` not the entry for the format, rows_per_block and `staged`.
+/// not 8-byte aligned, `kernel` not the entry for the format, rows_per_block and `staged`; for the
+/// latent entry, v_cache other than k_cache or compressed entries (comp_pool with
+/// comp_block_count > 0).
 void mla_paged_decode_wgmma_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
 void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a,
                                   Stream stream = 0);
@@ -175,6 +182,10 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// P, the raw K and V half-tiles (FP8 36 KiB each; NVFP4 18 KiB of data and 2.25 KiB of scales
 /// each), the maxima and two mbarriers: 94.3 KiB (FP8), 61.8 KiB (NVFP4).
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
+/// Bytes of dynamic shared memory of mla_paged_decode_wgmma_latent_fp8's block: 1 KiB of
+/// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
+/// rows' unscale and rescale factors: 225.5 KiB.
+std::uint32_t wgmma_latent_shared_bytes();
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
 

@@ -167,7 +167,11 @@ void paged_dispatchers() {
       a.o = a.o + 2;
     else if (pick < 3 && a.q_head_dim == a.kv_cache_dim)
       a.o = a.q;
-    const bool clusters_allowed = a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
+    if (u(0, 3) == 0) a.v_cache = a.k_cache;  // one latent pool: the heads-in-M entry where 64-head blocks run
+    const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0, sms = rig.gpu.multiprocessor_count();
+    const bool latent = fast.wgmma_latent_fp8.id != 0 && wgmma_rows(a, comp, sms) == 64 && a.v_cache == a.k_cache &&
+                        comp == 0 && wgmma_latent_shared_bytes() <= rig.gpu.max_shared_bytes_per_block();
+    const bool clusters_allowed = !latent && a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
     const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
     note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {} q {:#x} o {:#x}",
                            a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count, a.q.addr,
@@ -179,7 +183,6 @@ void paged_dispatchers() {
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_fp8"));
       return;
     }
-    const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0, sms = rig.gpu.multiprocessor_count();
     const std::span<const std::uint32_t> clusters = !clusters_allowed                ? std::span<const std::uint32_t>{}
                                                     : wgmma_rows(a, comp, sms) == 64 ? fast.fused_clusters64
                                                                                      : fast.fused_clusters;
@@ -190,9 +193,10 @@ void paged_dispatchers() {
     const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "fp8");
     ExpectedLaunch split{module,
-                         !fused                   ? entry
-                         : p.rows_per_block == 64 ? "mla_paged_decode_wgmma_combine_fp8"
-                                                  : "mla_paged_decode_wgmma16_rs_combine_fp8",
+                         latent && p.wgmma && p.rows_per_block == 64 ? "mla_paged_decode_wgmma_latent_fp8"
+                         : !fused                                    ? entry
+                         : p.rows_per_block == 64                    ? "mla_paged_decode_wgmma_combine_fp8"
+                                                                     : "mla_paged_decode_wgmma16_rs_combine_fp8",
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
