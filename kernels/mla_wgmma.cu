@@ -1400,7 +1400,23 @@ struct HmAcc {
     }
   }
 };
-enum : uint32_t { kHmBarP = 1, kHmBarRead = 2 };  // named barriers of the block's 256 threads
+// The heads-in-M block's named barriers (0 is __syncthreads), each of its 256 threads: kHmBarP
+// (both wait) P and the rescale factors written, the next tile converted; kHmBarRead (warpgroup 0
+// arrives, 1 waits) warpgroup 0's P·V done with a tile; kHmBarPFree (1 arrives, 0 waits)
+// warpgroup 1's P·V done with the tile and P.
+enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3 };
+
+// Issue S = Q·Kᵀ for the tile at `st` (m64n64, 36 k-steps, A and B K-major), one commit group.
+__device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st) {
+  const uint64_t k_desc = smem_desc(smem_addr(st), 16, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (uint32_t k = 0; k < kDim / 16; ++k) {
+    const uint32_t at = ((k / 4) * kSlabBytes + (k % 4) * 32) >> 4;
+    wgmma_ss_m64n64k16<0>(sacc, q_desc + at, k_desc + at, k != 0);
+  }
+  wgmma_commit();
+}
 
 // The split decode of one 64-head block over one latent pool (FP8, v_cache = k_cache, no
 // compressed entries), with the heads in the wgmma's M as FlashMLA has them: S = Q·Kᵀ is one
@@ -1409,10 +1425,11 @@ enum : uint32_t { kHmBarP = 1, kHmBarRead = 2 };  // named barriers of the block
 // O = P·V takes V from the same FP16 tile, MN-major, with P as the A operand — each byte of the
 // cache converted once for both products. Warpgroup 0 computes S and the softmax, keeps P in
 // registers for its P·V and leaves it (FP16) and the rescale factors in shared memory for
-// warpgroup 1; meanwhile warpgroup 1 converts the next tile into the other FP16 tile from rows it
-// loaded into registers under the last P·V. Each warpgroup then accumulates half of O's 576 dims
-// (HmAcc). Two barriers a tile: P written and the next tile converted; the tile read. The two
-// warpgroups run apart loops (their registers allocated apart: O, and S or the raw rows).
+// warpgroup 1, then issues the next tile's S behind its P·V, so that the tensor cores go from one
+// to the other. Warpgroup 1 converts the next tile into the other FP16 tile (once warpgroup 0's
+// P·V is done with it) from rows it loaded into registers under the last P·V. Each warpgroup
+// accumulates half of O's 576 dims (HmAcc). The two run apart loops (their registers allocated
+// apart: O, and S or the raw rows), meeting at kHmBarP a tile.
 __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads, float logit_scale,
                                 uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1477,20 +1494,27 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   __syncthreads();
 
   HmAcc acc;
+  // Rows r0 and r0 + 8 rescaled by f, skipped where the warp's factors are all 1 (a tile that
+  // leaves its heads' maxima).
+  auto rescale = [&](const float(&f)[2]) {
+    if (__any_sync(0xFFFFFFFFu, f[0] != 1.0f || f[1] != 1.0f)) acc.rescale(f);
+  };
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-      if (tile + kTileKeys < end) {  // the next tile into the other FP16 tile
+      const bool more = tile + kTileKeys < end;
+      if (i > 0) bar_sync<kHmBarRead, 256>();  // warpgroup 0's P·V done with the last tile
+      if (more) {                              // the next tile into that tile's FP16 copy
         share.store(tile_at(i + 1), key_a, first);
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
-      named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
-      share.load(rows, first);      // tile i + 2, loading under this P·V
-      acc.rescale({sm.alpha[r0], sm.alpha[r0 + 8]});
+      bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
+      share.load(rows, first);   // tile i + 2, loading under this P·V
+      rescale({sm.alpha[r0], sm.alpha[r0 + 8]});
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       wgmma_wait<0>();
-      named_barrier<256>(kHmBarRead);  // every read of this tile, of P and of the factors done
+      if (more) bar_arrive<kHmBarPFree, 256>();  // done with this tile and P
     }
     metrale::allow_next_kernel();
     acc.store(out, num_q_heads, head0, s, z, r0, j, 1);
@@ -1501,17 +1525,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
   const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0 and r0 + 8
+  float sacc[32];
+  if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
+  wgmma_wait<0>();
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    const uint64_t k_desc = smem_desc(smem_addr(tile_at(i)), 16, 1024);
-    float sacc[32];
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t k = 0; k < kDim / 16; ++k) {
-      const uint32_t at = ((k / 4) * kSlabBytes + (k % 4) * 32) >> 4;
-      wgmma_ss_m64n64k16<0>(sacc, q_desc + at, k_desc + at, k != 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
+    const bool more = tile + kTileKeys < end;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (uint32_t e = 0; e < 32; ++e) {
@@ -1537,16 +1555,22 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
       const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
       l[h] += p0 + p1;
       pa[kk][c] = pack_f16(p0, p1);
-      // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1.
-      *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * h, e / 4) + 4 * j) = pa[kk][c];
     }
+    if (i > 0) bar_sync<kHmBarPFree, 256>();  // warpgroup 1 done with the last P
+#pragma unroll
+    for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
+      *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
     if (j == 0) sm.alpha[r0] = alpha[0], sm.alpha[r0 + 8] = alpha[1];
-    fence_to_async_proxy();       // P, for the tensor cores
-    named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
-    acc.rescale(alpha);
+    fence_to_async_proxy();    // P, for the tensor cores
+    bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
+    rescale(alpha);
     acc.issue_pv<0>(tile_at(i), pa, p_desc);
+    if (more) {  // the next tile's S behind it
+      hm_issue_s(sacc, q_desc, tile_at(i + 1));
+      wgmma_wait<1>();
+      bar_arrive<kHmBarRead, 256>();  // this P·V done with the tile
+    }
     wgmma_wait<0>();
-    named_barrier<256>(kHmBarRead);  // every read of this tile, of P and of the factors done
   }
   // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head.
   metrale::allow_next_kernel();
