@@ -1401,10 +1401,12 @@ struct HmAcc {
   }
 };
 // The heads-in-M block's named barriers (0 is __syncthreads), each of its 256 threads: kHmBarP
-// (both wait) P and the rescale factors written, the next tile converted; kHmBarRead (warpgroup 0
-// arrives, 1 waits) warpgroup 0's P·V done with a tile; kHmBarPFree (1 arrives, 0 waits)
-// warpgroup 1's P·V done with the tile and P.
-enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3 };
+// (both wait) P and the rescale factors written, the next tile converted; kHmBarPv (warpgroup 1
+// arrives, 0 waits) warpgroup 1's P·V issued, so that the next tile's S queues behind both halves
+// of P·V and the tile is free for the next conversion sooner; kHmBarRead (0 arrives, 1 waits)
+// warpgroup 0's P·V done with a tile; kHmBarPFree (1 arrives, 0 waits) warpgroup 1's P·V done
+// with the tile and P.
+enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4 };
 
 // Issue S = Q·Kᵀ for the tile at `st` (m64n64, 36 k-steps, A and B K-major), one commit group.
 __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st) {
@@ -1508,9 +1510,10 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
       bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
-      share.load(rows, first);   // tile i + 2, loading under this P·V
       rescale({sm.alpha[r0], sm.alpha[r0 + 8]});
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
+      if (more) bar_arrive<kHmBarPv, 256>();
+      share.load(rows, first);  // tile i + 2, loading under this P·V
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       wgmma_wait<0>();
@@ -1531,10 +1534,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
     const bool more = tile + kTileKeys < end;
     float mx[2] = {-INFINITY, -INFINITY};
+    const bool whole = tile + kTileKeys <= end;  // else keys past the chunk's end are masked
 #pragma unroll
     for (uint32_t e = 0; e < 32; ++e) {
       const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
-      sacc[e] = tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
+      sacc[e] = whole || tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
       mx[h] = fmaxf(mx[h], sacc[e]);
     }
     float alpha[2], base[2];
@@ -1565,7 +1569,8 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
     bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
     rescale(alpha);
     acc.issue_pv<0>(tile_at(i), pa, p_desc);
-    if (more) {  // the next tile's S behind it
+    if (more) {  // the next tile's S behind both halves of it
+      bar_sync<kHmBarPv, 256>();
       hm_issue_s(sacc, q_desc, tile_at(i + 1));
       wgmma_wait<1>();
       bar_arrive<kHmBarRead, 256>();  // this P·V done with the tile
