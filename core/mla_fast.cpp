@@ -31,6 +31,11 @@ constexpr std::uint64_t kSmallTiles16PerSm = 4;
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
 constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
+// The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys:
+// measured on the H200 (docs/performance.md, twenty-third session) 0.98–1.28× the time of the
+// register-operand block (fused in clusters where the plan says) from 4K keys, 0.78–0.83× at 1K
+// keys and batch 32 and 128, where the clusters' combine pays most.
+constexpr std::uint64_t kLatentMinKeys = 4096;
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
@@ -250,7 +255,7 @@ std::uint32_t wgmma_latent_shared_bytes() {
          + kWgmmaRows * kWgmmaDim * 2          // Q (FP16)
          + 2 * kWgmmaTileKeys * kWgmmaDim * 2  // two tiles (FP16): this one and the next
          + kWgmmaRows * kWgmmaTileKeys * 2     // P (FP16)
-         + 2 * kWgmmaRows * 4;                 // the Q rows' unscale and the rescale factors
+         + 3 * kWgmmaRows * 4;                 // the Q rows' unscale, two tiles' rescale factors
 }
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
@@ -642,6 +647,7 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const bool wide = wgmma_rows(a, comp, gpu.multiprocessor_count()) == kWgmmaRows;
   // One latent pool (V = K, no compressed entries) on 64-head blocks: the heads-in-M entry, unfused.
   const bool latent = wide && fast.wgmma_latent_fp8.id != 0 && a.v_cache == a.k_cache && comp == 0 &&
+                      std::uint64_t{a.max_blocks_per_seq} * a.block_size >= kLatentMinKeys &&
                       wgmma_latent_shared_bytes() <= gpu.max_shared_bytes_per_block();
   const bool clusters = !latent && (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 &&
                         a.o.addr % 8 == 0 &&

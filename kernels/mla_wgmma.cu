@@ -973,6 +973,12 @@ template <uint32_t kThreads>
 __device__ void named_barrier(uint32_t id) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
+// An arrival at named barrier `id` of kThreads threads without waiting (barrier.arrive, likewise
+// not .aligned).
+template <uint32_t kThreads>
+__device__ void named_arrive(uint32_t id) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 __device__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -1301,7 +1307,7 @@ struct SmemHm {
   uint8_t* st;       // two FP16 tiles, [64 keys][576] each, the same layout: tile i in the (i % 2)-th
   uint8_t* sp;       // P (FP16), [64 heads][64 keys], one swizzled slab
   float* q_unscale;  // [64]; then times the softmax scale and log2 e
-  float* alpha;      // [64] the heads' rescale factors of the tile
+  float* alpha;      // [2][64] the heads' rescale factors of tile i at [i % 2]
 };
 constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575: 32 a warpgroup
 constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
@@ -1400,7 +1406,9 @@ struct HmAcc {
     }
   }
 };
-// The heads-in-M block's named barriers (0 is __syncthreads), each of its 256 threads: kHmBarP
+// The heads-in-M block's named barriers (0 is __syncthreads; barrier.sync and barrier.arrive, not
+// the .aligned bar forms: the two warpgroups reach them at different instructions), each of its
+// 256 threads: kHmBarP
 // (both wait) P and the rescale factors written, the next tile converted; kHmBarPv (warpgroup 1
 // arrives, 0 waits) warpgroup 1's P·V issued, so that the next tile's S queues behind both halves
 // of P·V and the tile is free for the next conversion sooner; kHmBarRead (0 arrives, 1 waits)
@@ -1504,20 +1512,21 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
       const bool more = tile + kTileKeys < end;
-      if (i > 0) bar_sync<kHmBarRead, 256>();  // warpgroup 0's P·V done with the last tile
+      if (i > 0) named_barrier<256>(kHmBarRead);  // warpgroup 0's P·V done with the last tile
       if (more) {                              // the next tile into that tile's FP16 copy
         share.store(tile_at(i + 1), key_a, first);
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
-      bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
-      rescale({sm.alpha[r0], sm.alpha[r0 + 8]});
+      named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+      const float* const alpha = sm.alpha + (i % 2) * kRows64;
+      rescale({alpha[r0], alpha[r0 + 8]});
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
-      if (more) bar_arrive<kHmBarPv, 256>();
+      if (more) named_arrive<256>(kHmBarPv);
       share.load(rows, first);  // tile i + 2, loading under this P·V
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       wgmma_wait<0>();
-      if (more) bar_arrive<kHmBarPFree, 256>();  // done with this tile and P
+      if (more) named_arrive<256>(kHmBarPFree);  // done with this tile and P
     }
     metrale::allow_next_kernel();
     acc.store(out, num_q_heads, head0, s, z, r0, j, 1);
@@ -1560,20 +1569,20 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
       l[h] += p0 + p1;
       pa[kk][c] = pack_f16(p0, p1);
     }
-    if (i > 0) bar_sync<kHmBarPFree, 256>();  // warpgroup 1 done with the last P
+    if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
 #pragma unroll
     for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
       *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
-    if (j == 0) sm.alpha[r0] = alpha[0], sm.alpha[r0 + 8] = alpha[1];
+    if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
     fence_to_async_proxy();    // P, for the tensor cores
-    bar_sync<kHmBarP, 256>();  // P and the rescale factors written; the next tile converted
+    named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
     rescale(alpha);
     acc.issue_pv<0>(tile_at(i), pa, p_desc);
     if (more) {  // the next tile's S behind both halves of it
-      bar_sync<kHmBarPv, 256>();
+      named_barrier<256>(kHmBarPv);
       hm_issue_s(sacc, q_desc, tile_at(i + 1));
       wgmma_wait<1>();
-      bar_arrive<kHmBarRead, 256>();  // this P·V done with the tile
+      named_arrive<256>(kHmBarRead);  // this P·V done with the tile
     }
     wgmma_wait<0>();
   }

@@ -184,7 +184,7 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
 /// Bytes of dynamic shared memory of mla_paged_decode_wgmma_latent_fp8's block: 1 KiB of
 /// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
-/// rows' unscale and rescale factors: 225.5 KiB.
+/// rows' unscale factors and two tiles' rescale factors: 225.8 KiB.
 std::uint32_t wgmma_latent_shared_bytes();
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
