@@ -447,6 +447,7 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_split_nvfp4", split_nvfp4},
       {"mla_paged_decode_split16_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma_fp8", split_fp8},
+      {"mla_paged_decode_wgmma_latent_fp8", split_fp8},
       {"mla_paged_decode_wgmma_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma16_fp8", split_fp8},
       {"mla_paged_decode_wgmma16_nvfp4", split_nvfp4},

@@ -31,10 +31,10 @@ constexpr std::uint64_t kSmallTiles16PerSm = 4;
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
 constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
-// The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys:
-// measured on the H200 (docs/performance.md, twenty-third session) 0.98–1.28× the time of the
-// register-operand block (fused in clusters where the plan says) from 4K keys, 0.78–0.83× at 1K
-// keys and batch 32 and 128, where the clusters' combine pays most.
+// The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys.
+// Measured on the H200 (docs/performance.md, twenty-third session): from 4K keys it takes
+// 0.77–0.96× the time of the register-operand block (fused in clusters where the plan says); at
+// 1K keys up to 1.28× (batch 32 and 128), where the clusters' combine pays most.
 constexpr std::uint64_t kLatentMinKeys = 4096;
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
@@ -116,6 +116,25 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
   } else {
     validate_entry(v, gpu, kernel, {entry16});
   }
+}
+
+// The partials apart from what the split blocks read: q, the tables and each pool (and comp_pool)
+// from its first row's data at least (a pool's extent follows its table), and from each other.
+// Checked last, after the rules that name a bad shape, so that those come first.
+void validate_partials_apart(const Validator& v, const SplitDecodeArgs& a, DevicePtr comp_pool = {}) {
+  using detail::saturating_product;
+  const std::uint64_t slots = saturating_product({a.num_seqs, a.num_q_heads, a.num_splits});
+  const std::uint64_t pool_row = a.kv_cache_dim / 2;  // NVFP4's packed row; FP8's is twice that
+  const Validator::Extent o{"o_partial", a.o_partial, saturating_product({slots, a.kv_cache_dim, 4})};
+  const Validator::Extent ml{"ml_partial", a.ml_partial, saturating_product({slots, 2, 4})};
+  for (const Validator::Extent& out : {o, ml})
+    v.disjoint(out, {{"q", a.q, saturating_product({a.num_seqs, a.num_q_heads, a.q_head_dim, 2})},
+                     {"k_cache", a.k_cache, pool_row},
+                     {"v_cache", a.v_cache, pool_row},
+                     {"comp_pool", comp_pool, pool_row},
+                     {"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
+                     {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4}});
+  v.disjoint(ml, {o});
 }
 
 // Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
@@ -477,6 +496,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
             "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows",
             a.comp_block_count);
   }
+  validate_partials_apart(v, a, a.comp_pool);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, wgmma, name == "mla_paged_decode_wgmma16_rs_fp8")  // the handle's entry
       .arg_u64(a.cache_stride)
@@ -514,6 +534,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }
+  validate_partials_apart(v, a);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::nvfp4, wgmma, name == "mla_paged_decode_wgmma16_rs_nvfp4")  // the handle's entry
       .arg_u64(a.block_stride_bytes)

@@ -1406,14 +1406,16 @@ struct HmAcc {
     }
   }
 };
-// The heads-in-M block's named barriers (0 is __syncthreads; barrier.sync and barrier.arrive, not
-// the .aligned bar forms: the two warpgroups reach them at different instructions), each of its
-// 256 threads: kHmBarP
-// (both wait) P and the rescale factors written, the next tile converted; kHmBarPv (warpgroup 1
-// arrives, 0 waits) warpgroup 1's P·V issued, so that the next tile's S queues behind both halves
-// of P·V and the tile is free for the next conversion sooner; kHmBarRead (0 arrives, 1 waits)
-// warpgroup 0's P·V done with a tile; kHmBarPFree (1 arrives, 0 waits) warpgroup 1's P·V done
-// with the tile and P.
+// The heads-in-M block's named barriers (0 is __syncthreads), each of its 256 threads, in the
+// barrier.sync and barrier.arrive forms (not the .aligned bar forms: the two warpgroups reach them
+// at different instructions; synccheck flags those):
+// - kHmBarP (both wait): P and tile i's rescale factors written, tile i + 1 converted;
+// - kHmBarPv (warpgroup 1 arrives, 0 waits): warpgroup 1's P·V issued, so that the next tile's S
+//   queues behind both halves of P·V and the tile is free for the next conversion sooner;
+// - kHmBarRead (0 arrives, 1 waits): warpgroup 0's P·V done with a tile;
+// - kHmBarPFree (1 arrives, 0 waits): warpgroup 1's P·V done with the tile and P.
+// The rescale factors are double-buffered, so that kHmBarP orders each write after the read two
+// tiles before (racecheck had flagged them when only kHmBarPFree ordered one buffer).
 enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4 };
 
 // Issue S = Q·Kᵀ for the tile at `st` (m64n64, 36 k-steps, A and B K-major), one commit group.

@@ -534,6 +534,16 @@ TEST_CASE("bad input: a kernel case tensor of another dtype than its parameter i
     require_error([&] { (void)kernel_case_from(f, "c"); }, Errc::invalid_argument,
                   {"tensor q is F32, but parameter q of mla_paged_decode_fp8 is BF16"});
   }
+  SECTION("q as F32 in a case of the heads-in-M entry") {  // (its entry had been missing from the table)
+    gen::PagedSpec p;
+    p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 40, p.block_size = 16, p.num_seqs = 1;
+    p.max_blocks_per_seq = 4, p.num_blocks = 8, p.seq_lens = {50}, p.latent = true;
+    SafeTensors g = to_safetensors(gen::split_kernel_case(p, 1, gen::SplitEntry::wgmma_latent));
+    const auto q = g.at("q").to_f32();
+    g.tensors["q"] = Tensor::from<float>({static_cast<std::int64_t>(q.size())}, q);
+    require_error([&] { (void)kernel_case_from(g, "c"); }, Errc::invalid_argument,
+                  {"tensor q is F32, but parameter q of mla_paged_decode_wgmma_latent_fp8 is BF16"});
+  }
   SECTION("block_tables as U8 bytes") {
     f.tensors["block_tables"].dtype = Dtype::u8;
     f.tensors["block_tables"].shape = {static_cast<std::int64_t>(f.at("block_tables").data.size())};

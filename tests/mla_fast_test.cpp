@@ -442,6 +442,39 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 99 * 1024, true).wgmma);
 }
 
+// The split launchers' partials are written by every block while others read q, the tables and
+// the pools: a partial over any of them (here the latent entry's o_partial over the pool it reads,
+// and the split entry's ml_partial over q) is refused before anything runs, and the pool keeps
+// its bytes. Before, one block of the latent entry overwrote its own pool without an error.
+TEST_CASE("the split launchers refuse partials over what their blocks read", "[mla_fast][wgmma][validation]") {
+  emu::EmulatorBackend gpu;
+  const auto fast = MlaFastKernels::resolve(gpu);
+  REQUIRE(fast.wgmma_latent_fp8.id != 0);
+  const std::size_t pool_bytes = 64 * 576;
+  DeviceBuffer q(gpu, 64 * 576 * 2), pool(gpu, pool_bytes), partials(gpu, 64 * 576 * 4), ml(gpu, 64 * 2 * 4);
+  DeviceBuffer tables(gpu, 16), lens(gpu, 16);
+  std::vector<std::uint8_t> codes(pool_bytes, 0x38);  // 1.0 in E4M3
+  upload<std::uint8_t>(gpu, codes, pool.ptr());
+  SplitDecodeFp8Args a;
+  a.q = q.ptr(), a.k_cache = a.v_cache = pool.ptr(), a.o_partial = partials.ptr(), a.ml_partial = ml.ptr();
+  a.block_tables = tables.ptr(), a.seq_lens = lens.ptr();
+  a.max_blocks_per_seq = 1, a.num_q_heads = 64, a.q_head_dim = a.kv_cache_dim = 576, a.block_size = 64;
+  a.logit_scale = 0.1f, a.keys_per_split = 64, a.num_seqs = 1, a.num_splits = 1, a.rows_per_block = 64;
+  a.cache_stride = 576;
+  SECTION("o_partial over the latent pool") {
+    a.o_partial = pool.ptr();
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_latent_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_fp8", "o_partial spans", "k_cache's"});
+  }
+  SECTION("ml_partial over q") {
+    a.ml_partial = q.ptr() + 64;
+    test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_split_fp8", "ml_partial spans", "overlaps q's"});
+  }
+  gpu.synchronize(0);
+  CHECK(pool.to_host<std::uint8_t>() == codes);
+}
+
 TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layouts", "[mla_fast][wgmma][validation]") {
   emu::EmulatorBackend gpu;
   const auto fast = MlaFastKernels::resolve(gpu);

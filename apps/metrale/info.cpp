@@ -86,6 +86,12 @@ void add_info(CLI::App& app) {
                emu.compute_capability(), emu.multiprocessor_count());
     fmt::print("  576-wide decode rows  mla_wgmma's 64-head blocks above 32 heads: {}\n",
                formats("mla_paged_decode_wgmma"));
+    fmt::print(
+        "                        one latent pool (v_cache = k_cache), from 4096 keys: the heads-in-M\n"
+        "                        block, {}\n",
+        entry_unavailable(emu, kMlaWgmmaModule, "mla_paged_decode_wgmma_latent_fp8")
+            ? std::string("none: too little shared memory")
+            : std::string("fp8"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
     fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",
                staged16.empty() ? std::string("none") : fmt::format("{}", fmt::join(staged16, ", ")));

@@ -260,8 +260,11 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// wgmma entries where `fast` has them and wgmma_applies — else the seed kernel. One latent pool
 /// may be passed as both caches (v_cache == k_cache: V = K row for row, FlashMLA's layout; o's
 /// dims past the latent are then P·K_rope): the FP8 staged 16-head blocks copy each key's row
-/// once (without compressed entries), every other kernel reads it twice. Errors: the
-/// launchers'.
+/// once (without compressed entries); FP8 steps on 64-head blocks without compressed entries whose
+/// table holds at least 4096 keys (max_blocks_per_seq · block_size) run on
+/// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products,
+/// unfused: the split kernel and the combine); every other kernel reads the row twice. Source:
+/// SPEC §3, docs/performance.md. Errors: the launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,

@@ -91,11 +91,15 @@ void arb_split(SplitDecodeArgs& a) {
   a.num_splits = u(1, 1u << 16);
 }
 
-// Enough chunks for every key the table (and `comp` compressed entries) can hold.
+// Enough chunks for every key the table (and `comp` compressed entries) can hold, and no more
+// sequences than keep the partials (num_seqs × num_q_heads × num_splits rows of kv_cache_dim
+// floats) within kMaxExtent, apart from the other sentinels as the launchers require.
 void cover_keys(SplitDecodeArgs& a, std::uint64_t comp) {
   const std::uint64_t capacity = std::uint64_t{a.max_blocks_per_seq} * a.block_size + comp;
   a.num_splits = static_cast<std::uint32_t>(
       std::max<std::uint64_t>(a.num_splits, (capacity + a.keys_per_split - 1) / a.keys_per_split));
+  const std::uint64_t per_seq = std::uint64_t{a.num_q_heads} * a.num_splits * a.kv_cache_dim * 4;
+  a.num_seqs = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(kMaxExtent / per_seq, 1, a.num_seqs));
 }
 
 // The wgmma entries' shapes: 64-head (or 16-head) blocks, 64-key tiles, DeepSeek's rows.
