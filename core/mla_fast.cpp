@@ -86,6 +86,13 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
   v.check(std::uint64_t{a.num_splits} * a.keys_per_split >= capacity,
           "num_splits {} x keys_per_split {} covers fewer keys than the table holds ({}): keys would be dropped",
           a.num_splits, a.keys_per_split, capacity);
+  // Their 4-byte elements (a misaligned one is a device fault on the CUDA backend).
+  v.check(a.block_tables.addr % 4 == 0, "block_tables {:#x} is not 4-byte aligned", a.block_tables.addr);
+  v.check(a.seq_lens.addr % 4 == 0, "seq_lens {:#x} is not 4-byte aligned", a.seq_lens.addr);
+  if (partials) {
+    v.check(a.o_partial.addr % 4 == 0, "o_partial {:#x} is not 4-byte aligned", a.o_partial.addr);
+    v.check(a.ml_partial.addr % 4 == 0, "ml_partial {:#x} is not 4-byte aligned", a.ml_partial.addr);
+  }
 }
 
 // The wgmma entries' extra rules: their block shapes, DeepSeek's rows, and the entry of the block

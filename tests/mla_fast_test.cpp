@@ -466,6 +466,14 @@ TEST_CASE("the split launchers refuse partials over what their blocks read", "[m
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_latent_fp8, a); }, Errc::invalid_argument,
                         {"mla_paged_decode_wgmma_latent_fp8", "o_partial spans", "k_cache's"});
   }
+  SECTION("a misaligned seq_lens or ml_partial") {  // (the emulator had found them only as it ran)
+    a.seq_lens = lens.ptr() + 2;
+    test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_split_fp8", "seq_lens", "is not 4-byte aligned"});
+    a.seq_lens = lens.ptr(), a.ml_partial = ml.ptr() + 2;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_latent_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_fp8", "ml_partial", "is not 4-byte aligned"});
+  }
   SECTION("ml_partial over q") {
     a.ml_partial = q.ptr() + 64;
     test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,

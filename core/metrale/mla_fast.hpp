@@ -146,7 +146,8 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 /// rules (q, the pools and their pitches 16-byte aligned); FP8: cache_stride below kv_cache_dim or
 /// with row offsets past 2^32 (block_size × cache_stride) or compressed offsets past 2^62; NVFP4:
 /// block_stride_bytes from 2^32 or sections too small for block_size rows; `kernel` not the
-/// format's split or 16-head entry; last, o_partial or ml_partial overlapping q, block_tables,
+/// format's split or 16-head entry; block_tables, seq_lens, o_partial or ml_partial not 4-byte
+/// aligned; last, o_partial or ml_partial overlapping q, block_tables,
 /// seq_lens, each other, or a pool's (or comp_pool's) first row (a pool's extent follows its
 /// table; every block writes its partial while others read these).
 void mla_paged_decode_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream = 0);
