@@ -87,12 +87,8 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
           "num_splits {} x keys_per_split {} covers fewer keys than the table holds ({}): keys would be dropped",
           a.num_splits, a.keys_per_split, capacity);
   // Their 4-byte elements (a misaligned one is a device fault on the CUDA backend).
-  v.check(a.block_tables.addr % 4 == 0, "block_tables {:#x} is not 4-byte aligned", a.block_tables.addr);
-  v.check(a.seq_lens.addr % 4 == 0, "seq_lens {:#x} is not 4-byte aligned", a.seq_lens.addr);
-  if (partials) {
-    v.check(a.o_partial.addr % 4 == 0, "o_partial {:#x} is not 4-byte aligned", a.o_partial.addr);
-    v.check(a.ml_partial.addr % 4 == 0, "ml_partial {:#x} is not 4-byte aligned", a.ml_partial.addr);
-  }
+  v.aligned(4, {{"block_tables", a.block_tables}, {"seq_lens", a.seq_lens}});
+  if (partials) v.aligned(4, {{"o_partial", a.o_partial}, {"ml_partial", a.ml_partial}});
 }
 
 // The wgmma entries' extra rules: their block shapes, DeepSeek's rows, and the entry of the block
@@ -100,7 +96,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
 // `handle`: the entry split_launcher_name found the kernel to be (that of rows_per_block when it
 // is none of them).
 void validate_wgmma_shape(const Validator& v, const SplitDecodeArgs& a) {
-  v.check(a.o_partial.addr % 8 == 0, "o_partial {:#x} is not 8-byte aligned", a.o_partial.addr);
+  v.aligned(8, {{"o_partial", a.o_partial}});
   v.check(a.rows_per_block == kWgmmaRows || a.rows_per_block == kWgmma16Rows,
           "rows_per_block {} is not 64 or 16 (the wgmma blocks)", a.rows_per_block);
   v.check(a.keys_per_split % kWgmmaTileKeys == 0, "keys_per_split {} is not a multiple of 64 (the wgmma tile)",
@@ -583,7 +579,7 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
   v.check(s.rows_per_block == rows, "rows_per_block {} is not {} (the entry's blocks)", s.rows_per_block, rows);
   v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
   v.non_null({{"o", a.o}});
-  v.check(a.o.addr % 8 == 0, "o {:#x} is not 8-byte aligned", a.o.addr);
+  v.aligned(8, {{"o", a.o}});
   v.check(!o_overlaps_q(a.o, s.q, std::uint64_t{s.num_seqs} * s.num_q_heads, s.q_head_dim),
           "o {:#x} overlaps q {:#x}: a cluster's blocks read q while others write o", a.o.addr, s.q.addr);
   v.positive_finite("v_scale", a.v_scale);

@@ -60,6 +60,13 @@ struct Validator {
     for (const auto& [name, p] : ptrs)
       if (!p) fail(Errc::invalid_argument, "{}: {} is null", kernel, name);
   }
+  /// Each pointer a multiple of `bytes` (its elements' size or vector width): "<name> <addr> is not
+  /// <bytes>-byte aligned".
+  void aligned(std::uint64_t bytes, std::initializer_list<std::pair<const char*, DevicePtr>> ptrs) const {
+    for (const auto& [name, p] : ptrs)
+      if (p.addr % bytes != 0)
+        fail(Errc::invalid_argument, "{}: {} {:#x} is not {}-byte aligned", kernel, name, p.addr, bytes);
+  }
   void positive(std::initializer_list<std::pair<const char*, std::uint64_t>> values) const {
     for (const auto& [name, v] : values)
       if (v == 0) fail(Errc::invalid_argument, "{}: {} is 0", kernel, name);

@@ -92,15 +92,17 @@ __device__ void wgmma_rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
-// D (+)= A·B, m64n32k16, as wgmma_rs_m64n16k16 (16 accumulator registers).
+// D (+)= A·B, m64n32k16, as wgmma_rs_m64n16k16 (16 accumulator registers); with kTransB, B
+// MN-major (the heads-in-M block's V rows).
+template <int kTransB = 0>
 __device__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, %22;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
 }
 // The register-operand m64nNk16 of kAcc = N / 2 accumulator registers (N = 16 or 32 heads).
 template <uint32_t kAcc>
@@ -1289,13 +1291,6 @@ __device__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4], ui
                : METRALE_ACC32_OUT(d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
 }
-__device__ void wgmma_rs_m64n32k16_tb(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " METRALE_ACC16
-               ", {%16,%17,%18,%19}, %20, p, 1, 1, 1;\n}\n"
-               : METRALE_ACC16_OUT(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1u));
-}
 #undef METRALE_ACC32
 #undef METRALE_ACC32_OUT
 #undef METRALE_ACC16
@@ -1377,7 +1372,7 @@ struct HmAcc {
       if constexpr (kWg == 0) {
 #pragma unroll
         for (uint32_t n = 0; n < 4; ++n) wgmma_rs_m64n64k16_tb(o[n], pa[kk], v_at(n, kk, 0));
-        wgmma_rs_m64n32k16_tb(oh, pa[kk], v_at(8, kk, 0));
+        wgmma_rs_m64n32k16<1>(oh, pa[kk], v_at(8, kk, 0), 1);
       } else {
         const uint64_t p = p_desc + ((kk * 32) >> 4);
 #pragma unroll
