@@ -65,3 +65,15 @@ target_compile_definitions(metrale_cuda PUBLIC METRALE_WITH_CUDA=1)
 # The lowest target: kernels built below sm_90 have no griddepcontrol.wait, so the backend
 # launches nothing early (a device could otherwise JIT such a build and run it early).
 target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch})
+
+# bench/hm_trace.cu: the heads-in-M block alone, timed, and a build of it that counts where its
+# warpgroups' cycles go (-DMETRALE_HM_TRACE). Not built by default (`--target hm_trace`); sm_90a.
+set(hm_trace_src ${PROJECT_SOURCE_DIR}/bench/hm_trace.cu)
+set(hm_trace_flags ${nvcc_flags} -gencode=arch=compute_90a,code=sm_90a)
+add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/hm_trace ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles
+                   COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} -o ${PROJECT_BINARY_DIR}/bin/hm_trace ${hm_trace_src}
+                   COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} -DMETRALE_HM_TRACE
+                           -o ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles ${hm_trace_src}
+                   DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
+                   COMMENT "nvcc bench/hm_trace.cu -> hm_trace, hm_trace_cycles (90a)")
+add_custom_target(hm_trace DEPENDS ${PROJECT_BINARY_DIR}/bin/hm_trace ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles)

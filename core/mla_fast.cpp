@@ -277,7 +277,8 @@ std::uint32_t wgmma_latent_shared_bytes() {
          + kWgmmaRows * kWgmmaDim * 2          // Q (FP16)
          + 2 * kWgmmaTileKeys * kWgmmaDim * 2  // two tiles (FP16): this one and the next
          + kWgmmaRows * kWgmmaTileKeys * 2     // P (FP16)
-         + 3 * kWgmmaRows * 4;                 // the Q rows' unscale, two tiles' rescale factors
+         + 3 * kWgmmaRows * 4                  // the Q rows' unscale, two tiles' rescale factors
+         + 4 * 8;                              // the rescale factors' full and empty mbarriers
 }
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {

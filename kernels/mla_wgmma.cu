@@ -1303,6 +1303,8 @@ struct SmemHm {
   uint8_t* sp;       // P (FP16), [64 heads][64 keys], one swizzled slab
   float* q_unscale;  // [64]; then times the softmax scale and log2 e
   float* alpha;      // [2][64] the heads' rescale factors of tile i at [i % 2]
+  uint64_t* alpha_full;   // [2] mbarriers: alpha[b] written (warpgroup 0's 128 threads arrive)
+  uint64_t* alpha_empty;  // [2] mbarriers: alpha[b] read (warpgroup 1's 128 threads arrive)
 };
 constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575: 32 a warpgroup
 constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
@@ -1409,9 +1411,36 @@ struct HmAcc {
 //   queues behind both halves of P·V and the tile is free for the next conversion sooner;
 // - kHmBarRead (0 arrives, 1 waits): warpgroup 0's P·V done with a tile;
 // - kHmBarPFree (1 arrives, 0 waits): warpgroup 1's P·V done with the tile and P.
-// The rescale factors are double-buffered, so that kHmBarP orders each write after the read two
-// tiles before (racecheck had flagged them when only kHmBarPFree ordered one buffer).
+// The rescale factors, the one thing a warpgroup reads with plain loads from what the other wrote,
+// are double-buffered and handed over through a full and an empty mbarrier a buffer. kHmBarP orders
+// them as well, but racecheck does not follow a named barrier that the two warpgroups reach at
+// different instructions: it flagged them with only the named barriers, single- or double-buffered.
 enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4 };
+
+// Cycles between points of the heads-in-M walk, summed over its tiles and blocks into g_hm_trace
+// (bench/hm_trace.cu prints them): a diagnostic build, -DMETRALE_HM_TRACE; otherwise nothing.
+#ifdef METRALE_HM_TRACE
+__device__ unsigned long long g_hm_trace[2][10];  // [warpgroup][point]; [wg][9]: the tiles walked
+struct HmTrace {
+  uint32_t cycles[9] = {}, last;
+  __device__ HmTrace() : last(clock()) {}
+  __device__ void mark(uint32_t point) {
+    const uint32_t now = clock();
+    cycles[point] += now - last;
+    last = now;
+  }
+  __device__ void flush(uint32_t wg, uint32_t tiles) const {
+    if (threadIdx.x % 128 != 0) return;
+    for (uint32_t k = 0; k < 9; ++k) atomicAdd(&g_hm_trace[wg][k], cycles[k]);
+    atomicAdd(&g_hm_trace[wg][9], tiles);
+  }
+};
+#else
+struct HmTrace {
+  __device__ void mark(uint32_t) {}
+  __device__ void flush(uint32_t, uint32_t) const {}
+};
+#endif
 
 // Issue S = Q·Kᵀ for the tile at `st` (m64n64, 36 k-steps, A and B K-major), one commit group.
 __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st) {
@@ -1446,6 +1475,8 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   sm.sp = sm.st + 2 * kHmTileBytes;
   sm.q_unscale = reinterpret_cast<float*>(sm.sp + kRows64 * kTileKeys * 2);
   sm.alpha = sm.q_unscale + kRows64;
+  sm.alpha_full = reinterpret_cast<uint64_t*>(sm.alpha + 2 * kRows64);
+  sm.alpha_empty = sm.alpha_full + 2;
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
   const uint32_t wg = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);  // warp-uniform, known so to the compiler
@@ -1491,6 +1522,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
     entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
     entries_of(begin + 3 * kTileKeys, entries);
   }
+  if (tid < 4) mbar_init(sm.alpha_full + tid, 128), fence_mbar_init();  // alpha_full[0..1], alpha_empty[0..1]
   load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
                                [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
                                  st_shared_v4(sm.sq + swizzled(row, part), w[0], w[1], w[2], w[3]);
@@ -1506,25 +1538,37 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   auto rescale = [&](const float(&f)[2]) {
     if (__any_sync(0xFFFFFFFFu, f[0] != 1.0f || f[1] != 1.0f)) acc.rescale(f);
   };
+  HmTrace trace;
+  const uint32_t tiles = begin < end ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
       const bool more = tile + kTileKeys < end;
       if (i > 0) named_barrier<256>(kHmBarRead);  // warpgroup 0's P·V done with the last tile
+      trace.mark(0);
       if (more) {                              // the next tile into that tile's FP16 copy
         share.store(tile_at(i + 1), key_a, first);
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
+      trace.mark(1);
       named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+      trace.mark(2);
       const float* const alpha = sm.alpha + (i % 2) * kRows64;
-      rescale({alpha[r0], alpha[r0 + 8]});
+      mbar_wait(sm.alpha_full + i % 2, (i / 2) % 2);
+      const float f[2] = {alpha[r0], alpha[r0 + 8]};
+      mbar_arrive(sm.alpha_empty + i % 2);
+      rescale(f);
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
       if (more) named_arrive<256>(kHmBarPv);
+      trace.mark(3);
       share.load(rows, first);  // tile i + 2, loading under this P·V
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
+      trace.mark(4);
       wgmma_wait<0>();
       if (more) named_arrive<256>(kHmBarPFree);  // done with this tile and P
+      trace.mark(5);
     }
+    trace.flush(1, tiles);
     metrale::allow_next_kernel();
     acc.store(out, num_q_heads, head0, s, z, r0, j, 1);
     return;
@@ -1537,6 +1581,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
   float sacc[32];
   if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
   wgmma_wait<0>();
+  trace = HmTrace{};
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
     const bool more = tile + kTileKeys < end;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -1566,23 +1611,35 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
       l[h] += p0 + p1;
       pa[kk][c] = pack_f16(p0, p1);
     }
+    trace.mark(0);
     if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
+    trace.mark(1);
 #pragma unroll
     for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
       *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
+    if (i >= 2) mbar_wait(sm.alpha_empty + i % 2, (i / 2 - 1) % 2);  // read two tiles ago
     if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
+    mbar_arrive(sm.alpha_full + i % 2);
     fence_to_async_proxy();    // P, for the tensor cores
+    trace.mark(2);
     named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+    trace.mark(3);
     rescale(alpha);
     acc.issue_pv<0>(tile_at(i), pa, p_desc);
+    trace.mark(4);
     if (more) {  // the next tile's S behind both halves of it
       named_barrier<256>(kHmBarPv);
+      trace.mark(5);
       hm_issue_s(sacc, q_desc, tile_at(i + 1));
+      trace.mark(6);
       wgmma_wait<1>();
       named_arrive<256>(kHmBarRead);  // this P·V done with the tile
+      trace.mark(7);
     }
     wgmma_wait<0>();
+    trace.mark(8);
   }
+  trace.flush(0, tiles);
   // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head.
   metrale::allow_next_kernel();
   acc.store(out, num_q_heads, head0, s, z, r0, j, 0);

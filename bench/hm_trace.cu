@@ -1,0 +1,121 @@
+// hm_trace: the heads-in-M block (mla_paged_decode_wgmma_latent_fp8) alone on the GPU, over a
+// random latent FP8 pool as `metrale bench --sweep --layout latent` builds it (64-token blocks
+// in shuffled order, E4M3 codes with the top exponent bit clear), without the dispatcher or the
+// combine. It prints the block's time and FLOP rate; built with -DMETRALE_HM_TRACE it also prints
+// where each warpgroup's cycles go per tile, between the kernel's trace points (HmTrace in
+// kernels/mla_wgmma.cu). A diagnostic for kernel work (docs/performance.md, "What limits it"),
+// not part of the product; the CMake target `hm_trace` builds both (sm_90a, needs nvcc):
+//   hm_trace B L H KEYS_PER_SPLIT       e.g. hm_trace_cycles 32 16384 128 8192
+#include "mla_wgmma.cu"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "hm_trace: %s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+
+template <class T>
+T* upload(const std::vector<T>& host) {
+  T* device = nullptr;
+  check(cudaMalloc(&device, host.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return device;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT (L and KEYS_PER_SPLIT multiples of 64)\n", argv[0]);
+    return 2;
+  }
+  const uint32_t B = std::atoi(argv[1]), L = std::atoi(argv[2]), H = std::atoi(argv[3]), kps = std::atoi(argv[4]);
+  if (B == 0 || L == 0 || H == 0 || kps == 0 || L % 64 != 0 || kps % 64 != 0 || B > 65535) {
+    std::fprintf(stderr, "hm_trace: B, L, H, KEYS_PER_SPLIT must be positive, L and KEYS_PER_SPLIT multiples of 64\n");
+    return 2;
+  }
+  constexpr uint32_t kDim = 576, kBlock = 64;
+  const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
+  std::mt19937_64 rng(1);
+  std::vector<uint8_t> pool(size_t{B} * L * kDim);
+  for (auto& code : pool) code = static_cast<uint8_t>(rng()) & 0xB7;
+  std::vector<uint16_t> q(size_t{B} * H * kDim);  // BF16 (truncated) of uniform values in [-2, 2)
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  for (auto& x : q) {
+    const float f = uniform(rng);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>(bits >> 16);
+  }
+  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::shuffle(table.begin(), table.end(), rng);
+  const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
+  const uint8_t* d_pool = upload(pool);
+  const int32_t *d_table = upload(table), *d_lens = upload(lens);
+  float *o_partial = nullptr, *ml_partial = nullptr;
+  check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");
+  check(cudaMalloc(&ml_partial, size_t{B} * H * splits * 8), "cudaMalloc");
+  // core/mla_fast.cpp's wgmma_latent_shared_bytes()
+  const uint32_t shared = 1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
+  check(cudaFuncSetAttribute(mla_paged_decode_wgmma_latent_fp8, cudaFuncAttributeMaxDynamicSharedMemorySize, shared),
+        "cudaFuncSetAttribute");
+  const dim3 grid(splits, (H + 63) / 64, B);
+  auto launch = [&] {
+    mla_paged_decode_wgmma_latent_fp8<<<grid, 256, shared>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table,
+                                                             d_lens, blocks_per_seq, H, kDim, kDim, kBlock, 0.07f, kDim,
+                                                             0, nullptr, 0, kps);
+  };
+  launch();
+  check(cudaDeviceSynchronize(), "warm-up launch");
+#ifdef METRALE_HM_TRACE
+  const unsigned long long zero[2][10] = {};
+  check(cudaMemcpyToSymbol(g_hm_trace, zero, sizeof zero), "cudaMemcpyToSymbol");
+#endif
+  constexpr int kReps = 20;
+  cudaEvent_t t0, t1;
+  check(cudaEventCreate(&t0), "cudaEventCreate");
+  check(cudaEventCreate(&t1), "cudaEventCreate");
+  check(cudaEventRecord(t0), "cudaEventRecord");
+  for (int r = 0; r < kReps; ++r) launch();
+  check(cudaEventRecord(t1), "cudaEventRecord");
+  check(cudaDeviceSynchronize(), "timed launches");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+  const double us = 1e3 * ms / kReps, flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
+  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x, grid.y,
+              grid.z, us, flop / us * 1e-6);
+#ifdef METRALE_HM_TRACE
+  unsigned long long cycles[2][10] = {};
+  check(cudaMemcpyFromSymbol(cycles, g_hm_trace, sizeof cycles), "cudaMemcpyFromSymbol");
+  // The trace points' names: the interval that ends at each (kernels/mla_wgmma.cu, wgmma_hm_decode).
+  const char* const names[2][9] = {
+      {"softmax", "PFree wait", "P store", "BarP wait", "rescale+P·V issue", "BarPv wait", "S issue", "P·V wait",
+       "S wait"},
+      {"Read wait", "convert", "BarP wait", "rescale+P·V issue", "loads issue", "P·V wait", "", "", ""}};
+  for (int wg = 0; wg < 2; ++wg) {
+    if (cycles[wg][9] == 0) continue;
+    double total = 0;
+    std::printf("warpgroup %d, cycles a tile:", wg);
+    for (int k = 0; k < 9; ++k) {
+      if (names[wg][k][0] == '\0') continue;
+      const double c = static_cast<double>(cycles[wg][k]) / static_cast<double>(cycles[wg][9]);
+      total += c;
+      std::printf(" %s %.0f,", names[wg][k], c);
+    }
+    std::printf(" total %.0f\n", total);
+  }
+#endif
+  return 0;
+}
