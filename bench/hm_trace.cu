@@ -45,6 +45,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hm_trace: B, L, H, KEYS_PER_SPLIT must be positive, L and KEYS_PER_SPLIT multiples of 64\n");
     return 2;
   }
+  // The device first: its SASS is sm_90a's alone (and without a driver the runtime reports only
+  // that the driver is older than it).
+  int devices = 0, major = 0, minor = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "hm_trace: no usable CUDA device (cudaGetDeviceCount: %s); it needs an sm_90 GPU\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    return 1;
+  }
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), "cudaDeviceGetAttribute");
+  if (major != 9 || minor != 0) {
+    std::fprintf(stderr, "hm_trace: device 0 is sm_%d%d; the block is built for sm_90a alone\n", major, minor);
+    return 1;
+  }
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
   std::mt19937_64 rng(1);

@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "metrale/error.hpp"
+#include "metrale/mla_fast.hpp"
 #include "recorder.hpp"
 
 namespace metrale::emu {
@@ -328,6 +329,16 @@ std::uint32_t default_shared_bytes() {
   return positive_env("METRALE_EMU_SHARED_BYTES", 227 * 1024, "sm_90's 232448 bytes");
 }
 
+// The compute capability the emulator plays (EmulatorOptions::compute_capability), major·10 + minor.
+constexpr std::uint32_t kMaxComputeCapability = 999;
+std::uint32_t checked_compute_capability(std::uint32_t cc) {
+  if (cc == 0) return positive_env("METRALE_EMU_COMPUTE_CAPABILITY", 90, "90, an H200", kMaxComputeCapability);
+  if (cc > kMaxComputeCapability)
+    fail(Errc::invalid_argument, "emu: EmulatorOptions::compute_capability = {} is above the largest allowed, {}", cc,
+         kMaxComputeCapability);
+  return cc;
+}
+
 // EmulatorOptions::max_block_accesses' default, unless METRALE_EMU_BLOCK_ACCESSES says otherwise.
 std::uint32_t default_block_accesses() { return positive_env("METRALE_EMU_BLOCK_ACCESSES", 1u << 28, "268435456"); }
 // EmulatorOptions::max_launch_accesses' default, unless METRALE_EMU_LAUNCH_ACCESSES says otherwise.
@@ -438,6 +449,7 @@ struct EmulatorBackend::Impl {
   explicit Impl(EmulatorOptions opts)
       : options(std::move(opts)), threads(checked_threads(options.threads)), pool(threads) {
     if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
+    options.compute_capability = checked_compute_capability(options.compute_capability);
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
     if (options.record_limit_bytes == 0 && !options.record_dir.empty())
@@ -599,6 +611,9 @@ void EmulatorBackend::copy_d2d(DevicePtr src, DevicePtr dst, std::size_t bytes) 
 KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view entry) {
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::kernel);
+  if (!module_runs_on(*this, module))  // as the CUDA backend finds no image for the device
+    fail(Errc::unsupported, "kernel {}.{}: module {} is not built for compute capability {}", module, entry, module,
+         compute_capability());
   const auto& entries = impl_->registry.entries();
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].module == module && entries[i].entry == entry) return KernelHandle{i + 1};
@@ -609,6 +624,7 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
 }
 
 std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
+std::uint32_t EmulatorBackend::compute_capability() const { return impl_->options.compute_capability; }
 std::uint32_t EmulatorBackend::multiprocessor_count() const {
   return impl_->options.multiprocessor_count != 0 ? impl_->options.multiprocessor_count : 132;
 }

@@ -19,6 +19,7 @@
 #include "metrale/kernel_case.hpp"
 #include "metrale/launch.hpp"
 #include "metrale/mla_absorbed.hpp"
+#include "metrale/mla_fast.hpp"
 #include "support.hpp"
 
 namespace {
@@ -738,6 +739,61 @@ TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have
   const Error e = error_of([&] { poke(101377); });
   CHECK(e.code() == Errc::launch_failed);
   CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("101377") && Catch::Matchers::Contains("101376"));
+}
+
+// A GB10 played on the emulator (sm_121, 99 KiB a block) runs what the device would: the sm_90a
+// module's entries are refused as the CUDA backend cannot load them, so a 64-head FP8 step takes
+// the mma.sync entries, and its o still matches the float64 reference. An H200 (the default)
+// takes the wgmma entries on the same step.
+TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla_fast]") {
+  ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", "121", 1);
+  ::setenv("METRALE_EMU_SHARED_BYTES", "101376", 1);
+  EmulatorBackend gb10;
+  ::unsetenv("METRALE_EMU_COMPUTE_CAPABILITY");
+  ::unsetenv("METRALE_EMU_SHARED_BYTES");
+  EmulatorBackend h200;
+  CHECK(gb10.compute_capability() == 121u);
+  CHECK(h200.compute_capability() == 90u);
+  const Error refused = error_of([&] { gb10.kernel("mla_wgmma", "mla_paged_decode_wgmma_fp8"); });
+  CHECK(refused.code() == Errc::unsupported);
+  CHECK_THAT(std::string(refused.what()), Contains("module mla_wgmma is not built for compute capability 121"));
+  CHECK(h200.kernel("mla_wgmma", "mla_paged_decode_wgmma_fp8").id != 0);
+  const MlaFastKernels fast = MlaFastKernels::resolve(gb10);
+  CHECK(fast.wgmma_fp8.id == 0);
+  CHECK(fast.wgmma_latent_fp8.id == 0);
+  CHECK(fast.split_fp8.id != 0);
+
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 64, p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 12, p.num_blocks = 30, p.seq_lens = {150, 41}, p.sinks = true;
+  const KernelCase c = gen::split_path_case(p);
+  for (EmulatorBackend* gpu : {&h200, &gb10}) {
+    INFO("compute capability " << gpu->compute_capability());
+    gpu->record_launches(true);
+    const auto out = run_kernel_case(*gpu, c);
+    for (const auto& [param, want] : c.expected) {
+      const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
+      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
+      CHECK(r.pass);
+    }
+    const bool wgmma =
+        std::ranges::any_of(gpu->launch_log(), [](const LaunchRecord& l) { return l.module == "mla_wgmma"; });
+    CHECK(wgmma == (gpu == &h200));
+  }
+
+  for (const char* bad : {"0", "sm_121", "1000"}) {
+    INFO(bad);
+    ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", bad, 1);
+    const Error e = error_of([] { EmulatorBackend{}; });
+    ::unsetenv("METRALE_EMU_COMPUTE_CAPABILITY");
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK_THAT(std::string(e.what()), Contains(fmt::format("METRALE_EMU_COMPUTE_CAPABILITY='{}'", bad)));
+  }
+  EmulatorOptions o;
+  o.compute_capability = 1000;
+  const Error e = error_of([&] { EmulatorBackend{o}; });
+  CHECK(e.code() == Errc::invalid_argument);
+  CHECK_THAT(std::string(e.what()), Contains("EmulatorOptions::compute_capability = 1000"));
 }
 
 TEST_CASE("emu: a pool past 2^31 bytes is addressed with 64-bit offsets", "[emu]") {

@@ -61,12 +61,15 @@ void add_info(CLI::App& app) {
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
     fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
-    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows).
+    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none.
+    const std::string none = module_runs_on(emu, kMlaWgmmaModule)
+                                 ? "none: too little shared memory"
+                                 : fmt::format("none: sm_90a only, and this plays sm_{}", emu.compute_capability());
     auto formats = [&](const char* entry) {
       std::vector<std::string> fit;
       for (const char* f : {"fp8", "nvfp4"})
         if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
-      return fit.empty() ? std::string("none: too little shared memory") : fmt::format("{}", fmt::join(fit, ", "));
+      return fit.empty() ? none : fmt::format("{}", fmt::join(fit, ", "));
     };
     // The formats whose 16-head blocks the plan stages here, asked for a problem with many tiles
     // per block slot (128 sequences of 64K keys).
@@ -89,9 +92,7 @@ void add_info(CLI::App& app) {
     fmt::print(
         "                        one latent pool (v_cache = k_cache), from 4096 keys: the heads-in-M\n"
         "                        block, {}\n",
-        entry_unavailable(emu, kMlaWgmmaModule, "mla_paged_decode_wgmma_latent_fp8")
-            ? std::string("none: too little shared memory")
-            : std::string("fp8"));
+        entry_unavailable(emu, kMlaWgmmaModule, "mla_paged_decode_wgmma_latent_fp8") ? none : std::string("fp8"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
     fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",
                staged16.empty() ? std::string("none") : fmt::format("{}", fmt::join(staged16, ", ")));

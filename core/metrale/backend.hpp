@@ -98,7 +98,8 @@ class GpuBackend {
   virtual std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
                                             std::uint32_t cluster_size) const;
   /// The device's compute capability, major·10 + minor (90: H100/H200, 121: GB10), for launchers
-  /// that pick architecture-specific kernels; the emulator answers as sm_90.
+  /// that pick architecture-specific kernels; the emulator answers as sm_90 unless
+  /// EmulatorOptions::compute_capability says otherwise.
   virtual std::uint32_t compute_capability() const { return 90; }
 
  protected:
