@@ -298,7 +298,15 @@ std::uint32_t wgmma_rows(const PagedDecodeCommon& a, std::uint32_t comp_block_co
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes,
                    std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
   const std::uint32_t rows = wgmma_rows(a, comp_block_count, multiprocessors);
-  return rows != 0 && wgmma_shared_bytes(format, rows) <= max_shared_bytes;
+  return rows != 0 &&
+         (wgmma_shared_bytes(format, rows) <= max_shared_bytes ||
+          (format == KvFormat::fp8 && rows == kWgmmaRows && latent_applies(a, comp_block_count, max_shared_bytes)));
+}
+
+bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes) {
+  return a.v_cache == a.k_cache && comp_block_count == 0 &&
+         std::uint64_t{a.max_blocks_per_seq} * a.block_size >= kLatentMinKeys &&
+         wgmma_latent_shared_bytes() <= max_shared_bytes;
 }
 
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
@@ -671,9 +679,8 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
   const bool wide = wgmma_rows(a, comp, gpu.multiprocessor_count()) == kWgmmaRows;
   // One latent pool (V = K, no compressed entries) on 64-head blocks: the heads-in-M entry, unfused.
-  const bool latent = wide && fast.wgmma_latent_fp8.id != 0 && a.v_cache == a.k_cache && comp == 0 &&
-                      std::uint64_t{a.max_blocks_per_seq} * a.block_size >= kLatentMinKeys &&
-                      wgmma_latent_shared_bytes() <= gpu.max_shared_bytes_per_block();
+  const bool latent =
+      wide && fast.wgmma_latent_fp8.id != 0 && latent_applies(a, comp, gpu.max_shared_bytes_per_block());
   const bool clusters = !latent && (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 &&
                         a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);

@@ -104,7 +104,8 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
 std::uint32_t wgmma_rows(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors);
 
 /// Whether the wgmma entries serve `a`: wgmma_rows (of `comp_block_count` and `multiprocessors`)
-/// is not 0 and that block's wgmma_shared_bytes (for `format`) is within `max_shared_bytes`.
+/// is not 0 and that block's wgmma_shared_bytes (for `format`) is within `max_shared_bytes`, or,
+/// for FP8 on 64-head blocks, the heads-in-M block serves it (latent_applies).
 bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t max_shared_bytes,
                    std::uint32_t comp_block_count, std::uint32_t multiprocessors);
 
@@ -189,6 +190,13 @@ std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block =
 /// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
 /// rows' unscale factors and two tiles' rescale factors: 225.8 KiB.
 std::uint32_t wgmma_latent_shared_bytes();
+
+/// Whether paged_decode_fp8 takes the heads-in-M block (mla_paged_decode_wgmma_latent_fp8) for a
+/// step it runs on 64-head wgmma blocks: one latent pool (`v_cache == k_cache`), no compressed
+/// entries (`comp_block_count` 0), a table of at least 4096 keys (max_blocks_per_seq ×
+/// block_size; below, the fused register-operand block is faster) and wgmma_latent_shared_bytes
+/// within `max_shared_bytes`. Source: docs/performance.md ("Twenty-third session").
+bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes);
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
 
