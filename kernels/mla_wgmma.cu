@@ -1413,8 +1413,8 @@ struct HmAcc {
 // - kHmBarPFree (1 arrives, 0 waits): warpgroup 1's P·V done with the tile and P.
 // The rescale factors, the one thing a warpgroup reads with plain loads from what the other wrote,
 // are double-buffered and handed over through a full and an empty mbarrier a buffer. kHmBarP orders
-// them as well, but racecheck does not follow a named barrier that the two warpgroups reach at
-// different instructions: it flagged them with only the named barriers, single- or double-buffered.
+// them as well, but with only the named barriers racecheck flagged them on the H200, single- or
+// double-buffered (a micro-kernel of the same handoff it passed; docs/performance.md).
 enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4 };
 
 // Cycles between points of the heads-in-M walk, summed over its tiles and blocks into g_hm_trace

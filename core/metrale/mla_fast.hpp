@@ -188,7 +188,7 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
 /// Bytes of dynamic shared memory of mla_paged_decode_wgmma_latent_fp8's block: 1 KiB of
 /// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
-/// rows' unscale factors and two tiles' rescale factors: 225.8 KiB.
+/// rows' unscale factors, two tiles' rescale factors and their four mbarriers: 225.8 KiB.
 std::uint32_t wgmma_latent_shared_bytes();
 
 /// Whether paged_decode_fp8 takes the heads-in-M block (mla_paged_decode_wgmma_latent_fp8) for a
