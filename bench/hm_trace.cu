@@ -11,10 +11,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -33,30 +35,50 @@ T* upload(const std::vector<T>& host) {
   return device;
 }
 
+// Argument `what` (argv[i]) as an integer in [least, most] and a multiple of `step`, or exit 2
+// with a message naming it.
+uint32_t argument(const char* program, const char* what, const char* text, uint64_t least, uint64_t most,
+                  uint64_t step = 1) {
+  uint64_t value = 0;
+  const char* end = text + std::strlen(text);
+  const auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc{} || ptr != end || value < least || value > most || value % step != 0) {
+    std::fprintf(stderr, "%s: %s '%s' is not an integer from %llu to %llu%s\n", program, what, text,
+                 static_cast<unsigned long long>(least), static_cast<unsigned long long>(most),
+                 step > 1 ? ", a multiple of 64" : "");
+    std::exit(2);
+  }
+  return static_cast<uint32_t>(value);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT (L and KEYS_PER_SPLIT multiples of 64)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT (L and KEYS_PER_SPLIT multiples of 64)\n", program);
     return 2;
   }
-  const uint32_t B = std::atoi(argv[1]), L = std::atoi(argv[2]), H = std::atoi(argv[3]), kps = std::atoi(argv[4]);
-  if (B == 0 || L == 0 || H == 0 || kps == 0 || L % 64 != 0 || kps % 64 != 0 || B > 65535) {
-    std::fprintf(stderr, "hm_trace: B, L, H, KEYS_PER_SPLIT must be positive, L and KEYS_PER_SPLIT multiples of 64\n");
+  const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
+  const uint32_t H = argument(program, "H", argv[3], 1, 1024),
+                 kps = argument(program, "KEYS_PER_SPLIT", argv[4], 64, L, 64);
+  if (uint64_t{B} * L * 576 > (uint64_t{64} << 30)) {
+    std::fprintf(stderr, "%s: a pool of B x L x 576 bytes = %llu is above 64 GiB\n", program,
+                 static_cast<unsigned long long>(uint64_t{B} * L * 576));
     return 2;
   }
   // The device first: its SASS is sm_90a's alone (and without a driver the runtime reports only
   // that the driver is older than it).
   int devices = 0, major = 0, minor = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "hm_trace: no usable CUDA device (cudaGetDeviceCount: %s); it needs an sm_90 GPU\n",
+    std::fprintf(stderr, "%s: no usable CUDA device (cudaGetDeviceCount: %s); it needs an sm_90 GPU\n", program,
                  e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
     return 1;
   }
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), "cudaDeviceGetAttribute");
   if (major != 9 || minor != 0) {
-    std::fprintf(stderr, "hm_trace: device 0 is sm_%d%d; the block is built for sm_90a alone\n", major, minor);
+    std::fprintf(stderr, "%s: device 0 is sm_%d%d; the block is built for sm_90a alone\n", program, major, minor);
     return 1;
   }
   constexpr uint32_t kDim = 576, kBlock = 64;

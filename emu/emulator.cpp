@@ -323,20 +323,37 @@ unsigned checked_threads(unsigned threads) {
   return threads;
 }
 
-// sm_90's largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize),
-// unless METRALE_EMU_SHARED_BYTES plays another device (sm_121: 101376).
-std::uint32_t default_shared_bytes() {
-  return positive_env("METRALE_EMU_SHARED_BYTES", 227 * 1024, "sm_90's 232448 bytes");
+// The compute capability the emulator plays (EmulatorOptions::compute_capability), major·10 +
+// minor: one the kernels are built for (cmake/cuda.cmake), sm_90 unless
+// METRALE_EMU_COMPUTE_CAPABILITY says otherwise. Errors: `invalid_argument` naming another value.
+std::uint32_t checked_compute_capability(std::uint32_t cc) {
+  const char* from = "emu: EmulatorOptions::compute_capability = ";
+  std::string value = std::to_string(cc);
+  if (cc == 0) {
+    cc = positive_env("METRALE_EMU_COMPUTE_CAPABILITY", 90, "90, an H200");
+    from = "METRALE_EMU_COMPUTE_CAPABILITY=";
+    const char* env = std::getenv("METRALE_EMU_COMPUTE_CAPABILITY");
+    value = fmt::format("'{}'", env != nullptr ? env : "");
+  }
+  if (cc != 90 && cc != 121)
+    fail(Errc::invalid_argument,
+         "{}{} is not a compute capability the kernels are built for: 90 (H100, H200) or 121 (GB10)", from, value);
+  return cc;
 }
 
-// The compute capability the emulator plays (EmulatorOptions::compute_capability), major·10 + minor.
-constexpr std::uint32_t kMaxComputeCapability = 999;
-std::uint32_t checked_compute_capability(std::uint32_t cc) {
-  if (cc == 0) return positive_env("METRALE_EMU_COMPUTE_CAPABILITY", 90, "90, an H200", kMaxComputeCapability);
-  if (cc > kMaxComputeCapability)
-    fail(Errc::invalid_argument, "emu: EmulatorOptions::compute_capability = {} is above the largest allowed, {}", cc,
-         kMaxComputeCapability);
-  return cc;
+// The largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize) of
+// the device played: sm_90's 227 KiB, sm_121's 99 KiB, unless METRALE_EMU_SHARED_BYTES says
+// otherwise, from 48 KiB (every device's, the most static shared memory a kernel may declare: the
+// emulator checks only the dynamic) to sm_90's.
+std::uint32_t default_shared_bytes(std::uint32_t compute_capability) {
+  constexpr std::uint32_t kSm90 = 227 * 1024, kSm121 = 99 * 1024, kLeast = 48 * 1024;
+  const std::uint32_t bytes =
+      positive_env("METRALE_EMU_SHARED_BYTES", compute_capability == 121 ? kSm121 : kSm90,
+                   compute_capability == 121 ? "sm_121's 101376 bytes" : "sm_90's 232448 bytes", kSm90);
+  if (bytes < kLeast)
+    fail(Errc::invalid_argument, "METRALE_EMU_SHARED_BYTES='{}' is below the least a device allows, {} (48 KiB)",
+         std::getenv("METRALE_EMU_SHARED_BYTES"), kLeast);
+  return bytes;
 }
 
 // EmulatorOptions::max_block_accesses' default, unless METRALE_EMU_BLOCK_ACCESSES says otherwise.
@@ -448,8 +465,9 @@ struct EmulatorBackend::Impl {
 
   explicit Impl(EmulatorOptions opts)
       : options(std::move(opts)), threads(checked_threads(options.threads)), pool(threads) {
-    if (options.max_shared_bytes_per_block == 0) options.max_shared_bytes_per_block = default_shared_bytes();
     options.compute_capability = checked_compute_capability(options.compute_capability);
+    if (options.max_shared_bytes_per_block == 0)
+      options.max_shared_bytes_per_block = default_shared_bytes(options.compute_capability);
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
     if (options.record_limit_bytes == 0 && !options.record_dir.empty())

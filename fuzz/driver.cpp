@@ -136,8 +136,8 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
 // The environment variables that change what a property does, for the reproduce line.
 std::string environment() {
   std::string env;
-  for (const char* name :
-       {"METRALE_EMU_SHARED_BYTES", "METRALE_EMU_THREADS", "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
+  for (const char* name : {"METRALE_EMU_COMPUTE_CAPABILITY", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_THREADS",
+                           "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
     if (const char* v = std::getenv(name)) env += fmt::format("{}={} ", name, quoted(v));
   return env;
 }

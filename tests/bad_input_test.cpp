@@ -863,10 +863,21 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
   CHECK(run_cli("case run --backend emu " + wgmma16, out) == 0);
   CHECK_THAT(out, !Catch::Matchers::Contains("skipped"));
   out.clear();
-  CHECK(run_cli("case run --backend emu " + wgmma16, out, "METRALE_EMU_SHARED_BYTES=101376") == 0);
+  CHECK(run_cli("case run --backend emu " + wgmma16, out, "METRALE_EMU_SHARED_BYTES=101376") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("skipped: mla_paged_decode_wgmma16_fp8 needs 169280 bytes of shared "
                                             "memory per block, the device allows 101376"));
-  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 skipped: the device cannot run them): PASS"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 skipped: the device cannot run them)"));
+  // Every case skipped checks nothing: an error, not a PASS (the adversarial helper's finding);
+  // with a file that runs beside it, the run passes.
+  CHECK_THAT(out, Catch::Matchers::Contains("the device (emu) can run none of the 1 file: nothing was checked"));
+  const std::string combine =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0607_mla_paged_decode_combine.safetensors";
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + wgmma16 + " " + combine, out, "METRALE_EMU_SHARED_BYTES=101376") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("2 files on emu (1 skipped: the device cannot run them): PASS"));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --only wgmma16", out, "METRALE_EMU_COMPUTE_CAPABILITY=121") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: the device (emu) can run none of the"));
 }
 
 // Two formats' recordings of one launch share the case's name: a row names its file.
@@ -1190,7 +1201,7 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   const std::string wgmma16 =
       std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";
   CHECK(run_cli("--record " + dir.path.string() + " case run --backend emu " + wgmma16, out,
-                "METRALE_EMU_SHARED_BYTES=101376") == 0);
+                "METRALE_EMU_SHARED_BYTES=101376") == 2);  // nothing checked: an error
   CHECK_THAT(out, Catch::Matchers::Contains("recorder: wrote no kernel case to " + dir.path.string()));
   // --record runs on the emulator: over METRALE_BACKEND=cuda with a note, never over --backend cuda.
   const std::string gemv =

@@ -566,8 +566,8 @@ TEST_CASE("emu: METRALE_EMU_THREADS sets the default number of threads", "[emu]"
 }
 
 TEST_CASE("emu: a METRALE_EMU_* value that is not a positive integer is an error naming it", "[emu]") {
-  for (const char* var :
-       {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
+  for (const char* var : {"METRALE_EMU_THREADS", "METRALE_EMU_SHARED_BYTES", "METRALE_EMU_COMPUTE_CAPABILITY",
+                          "METRALE_EMU_BLOCK_ACCESSES", "METRALE_EMU_LAUNCH_ACCESSES"})
     for (const char* bad : {"0", "-1", "abc", "101,376", "", "99999999999", "99999999999999999999"}) {
       // (99999999999 is a valid 64-bit limit for the launch's accesses.)
       if (std::string_view(var) == "METRALE_EMU_LAUNCH_ACCESSES" && std::string_view(bad) == "99999999999") continue;
@@ -746,14 +746,14 @@ TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have
 // the mma.sync entries, and its o still matches the float64 reference. An H200 (the default)
 // takes the wgmma entries on the same step.
 TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla_fast]") {
-  ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", "121", 1);
-  ::setenv("METRALE_EMU_SHARED_BYTES", "101376", 1);
+  ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", "121", 1);  // and a GB10's shared memory by default
   EmulatorBackend gb10;
   ::unsetenv("METRALE_EMU_COMPUTE_CAPABILITY");
-  ::unsetenv("METRALE_EMU_SHARED_BYTES");
   EmulatorBackend h200;
   CHECK(gb10.compute_capability() == 121u);
+  CHECK(gb10.max_shared_bytes_per_block() == 101376u);
   CHECK(h200.compute_capability() == 90u);
+  CHECK(h200.max_shared_bytes_per_block() == 232448u);
   const Error refused = error_of([&] { gb10.kernel("mla_wgmma", "mla_paged_decode_wgmma_fp8"); });
   CHECK(refused.code() == Errc::unsupported);
   CHECK_THAT(std::string(refused.what()), Contains("module mla_wgmma is not built for compute capability 121"));
@@ -781,19 +781,34 @@ TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla
     CHECK(wgmma == (gpu == &h200));
   }
 
-  for (const char* bad : {"0", "sm_121", "1000"}) {
+  // Only the devices the kernels are built for (cmake/cuda.cmake): elsewhere the CUDA backend
+  // would find no image of any module.
+  for (const char* bad : {"80", "89", "100", "120", "1000"}) {
     INFO(bad);
     ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", bad, 1);
     const Error e = error_of([] { EmulatorBackend{}; });
     ::unsetenv("METRALE_EMU_COMPUTE_CAPABILITY");
     CHECK(e.code() == Errc::invalid_argument);
-    CHECK_THAT(std::string(e.what()), Contains(fmt::format("METRALE_EMU_COMPUTE_CAPABILITY='{}'", bad)));
+    CHECK_THAT(std::string(e.what()), Contains(fmt::format("METRALE_EMU_COMPUTE_CAPABILITY='{}' is not a compute "
+                                                           "capability the kernels are built for: 90",
+                                                           bad)));
   }
   EmulatorOptions o;
-  o.compute_capability = 1000;
+  o.compute_capability = 80;
   const Error e = error_of([&] { EmulatorBackend{o}; });
   CHECK(e.code() == Errc::invalid_argument);
-  CHECK_THAT(std::string(e.what()), Contains("EmulatorOptions::compute_capability = 1000"));
+  CHECK_THAT(std::string(e.what()), Contains("EmulatorOptions::compute_capability = 80 is not"));
+  // Less shared memory than any device allows, or more than sm_90's, is refused too: the emulator
+  // checks only the dynamic, and a kernel may declare up to 48 KiB of static.
+  for (const auto& [bytes, says] : {std::pair{"49151", "is below the least a device allows, 49152"},
+                                    std::pair{"232449", "is above the largest allowed, 232448"}}) {
+    INFO(bytes);
+    ::setenv("METRALE_EMU_SHARED_BYTES", bytes, 1);
+    const Error s = error_of([] { EmulatorBackend{}; });
+    ::unsetenv("METRALE_EMU_SHARED_BYTES");
+    CHECK(s.code() == Errc::invalid_argument);
+    CHECK_THAT(std::string(s.what()), Contains(fmt::format("METRALE_EMU_SHARED_BYTES='{}' {}", bytes, says)));
+  }
 }
 
 TEST_CASE("emu: a pool past 2^31 bytes is addressed with 64-bit offsets", "[emu]") {

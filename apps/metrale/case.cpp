@@ -98,9 +98,12 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<std::string> notes;
     if (skipped > 0) notes.push_back(fmt::format("{} skipped: the device cannot run them", skipped));
     if (unchecked > 0) notes.push_back(fmt::format("{} ran with no expectation to check", unchecked));
+    // Every file skipped checks nothing: not a PASS (a folder of some runnable files is one).
+    const bool none_ran = skipped > 0 && static_cast<std::size_t>(skipped) == files.size();
     fmt::print("\n{} file{} on {}{}: {}\n", files.size(), files.size() == 1 ? "" : "s", gpu->name(),
                notes.empty() ? std::string() : fmt::format(" ({})", fmt::join(notes, "; ")),
-               failed == 0 && errors == 0
+               none_ran ? std::string("NOTHING CHECKED")
+               : failed == 0 && errors == 0
                    ? std::string("PASS")
                    : fmt::format("FAIL: {} output{} out of tolerance, {} file{} in error", failed,
                                  failed == 1 ? "" : "s", errors, errors == 1 ? "" : "s"));
@@ -108,6 +111,9 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       set_exit(2);  // an error outranks a comparison out of tolerance
       return;
     }
+    if (none_ran)
+      fail(Errc::unsupported, "case run: the device ({}) can run none of the {} file{}: nothing was checked",
+           gpu->name(), files.size(), files.size() == 1 ? "" : "s");
     set_exit(failed == 0 ? 0 : 1);
   });
 }

@@ -77,17 +77,18 @@ struct EmulatorOptions {
   /// overrides the default, or is an `invalid_argument` error of the constructor when it is not
   /// a positive 64-bit integer).
   std::uint64_t record_limit_bytes = 0;
-  /// The most dynamic shared memory a block may have, in bytes; 0 = sm_90's 227 KiB
-  /// (`METRALE_EMU_SHARED_BYTES` overrides the default, or is an `invalid_argument` error of the
-  /// constructor when it is not a positive 32-bit integer). 99 KiB (101376) with
-  /// compute_capability 121 plays an sm_121 (GB10), whose launch shapes the plans then pick.
+  /// The most dynamic shared memory a block may have, in bytes; 0 = the played device's: sm_90's
+  /// 227 KiB (232448), sm_121's 99 KiB (101376) (`METRALE_EMU_SHARED_BYTES` overrides the default,
+  /// or is an `invalid_argument` error of the constructor when it is not an integer from 49152 —
+  /// 48 KiB, every device's least, the static shared memory the emulator does not count — to
+  /// 232448). A value set here is taken as it is (the tests' small devices).
   std::uint32_t max_shared_bytes_per_block = 0;
-  /// The compute capability the backend plays, major·10 + minor (GpuBackend::compute_capability);
-  /// 0 = 90, an H200 (`METRALE_EMU_COMPUTE_CAPABILITY` overrides the default, or is an
-  /// `invalid_argument` error of the constructor when it is not an integer from 1 to 999; a value
-  /// set here above 999 is one too). Off 90 the emulator refuses the sm_90a-only module's entries
-  /// (`kernel`: `unsupported`), as the CUDA backend cannot load them, so the launchers and plans
-  /// take the mma.sync entries a GB10 (121) runs; below 90 it also refuses clusters.
+  /// The compute capability the backend plays, major·10 + minor (GpuBackend::compute_capability):
+  /// one the kernels are built for, 90 (H100, H200) or 121 (GB10); 0 = 90
+  /// (`METRALE_EMU_COMPUTE_CAPABILITY` overrides the default; another value, here or there, is an
+  /// `invalid_argument` error of the constructor). At 121 the emulator refuses the sm_90a-only
+  /// module's entries (`kernel`: `unsupported`), as the CUDA backend cannot load them there, and
+  /// gives a block 99 KiB by default, so the launchers and plans take what a GB10 runs.
   std::uint32_t compute_capability = 0;
   /// The checked accesses to device memory (Global's loads, stores, reads, writes; one of more
   /// than 64 bytes counts once for each 64 bytes or part, as its checks cost) one block may
