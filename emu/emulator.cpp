@@ -327,17 +327,17 @@ unsigned checked_threads(unsigned threads) {
 // minor: one the kernels are built for (cmake/cuda.cmake), sm_90 unless
 // METRALE_EMU_COMPUTE_CAPABILITY says otherwise. Errors: `invalid_argument` naming another value.
 std::uint32_t checked_compute_capability(std::uint32_t cc) {
-  const char* from = "emu: EmulatorOptions::compute_capability = ";
-  std::string value = std::to_string(cc);
-  if (cc == 0) {
-    cc = positive_env("METRALE_EMU_COMPUTE_CAPABILITY", 90, "90, an H200");
-    from = "METRALE_EMU_COMPUTE_CAPABILITY=";
-    const char* env = std::getenv("METRALE_EMU_COMPUTE_CAPABILITY");
-    value = fmt::format("'{}'", env != nullptr ? env : "");
+  constexpr const char* kNotBuilt =
+      "is not a compute capability the kernels are built for: 90 (H100, H200) or 121 (GB10)";
+  const auto built_for = [](std::uint32_t c) { return c == 90 || c == 121; };
+  if (cc != 0) {
+    if (!built_for(cc)) fail(Errc::invalid_argument, "emu: EmulatorOptions::compute_capability = {} {}", cc, kNotBuilt);
+    return cc;
   }
-  if (cc != 90 && cc != 121)
-    fail(Errc::invalid_argument,
-         "{}{} is not a compute capability the kernels are built for: 90 (H100, H200) or 121 (GB10)", from, value);
+  cc = positive_env("METRALE_EMU_COMPUTE_CAPABILITY", 90, "90, an H200");
+  if (!built_for(cc))
+    fail(Errc::invalid_argument, "METRALE_EMU_COMPUTE_CAPABILITY='{}' {}",
+         std::getenv("METRALE_EMU_COMPUTE_CAPABILITY"), kNotBuilt);
   return cc;
 }
 
