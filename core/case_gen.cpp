@@ -343,12 +343,19 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   return c;
 }
 
-KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split) {
-  const bool wide = spec.num_q_heads > 32;  // the 64-head entry (above 32 heads)
-  const char* const entry = wide ? "mla_paged_decode_wgmma_combine_fp8" : "mla_paged_decode_wgmma16_rs_combine_fp8";
+KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool heads_in_m) {
+  const bool wide = spec.num_q_heads > 32;  // the 64-head entries (above 32 heads)
+  const char* const entry = heads_in_m ? "mla_paged_decode_wgmma_latent_combine_fp8"
+                            : wide     ? "mla_paged_decode_wgmma_combine_fp8"
+                                       : "mla_paged_decode_wgmma16_rs_combine_fp8";
   if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
     fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", entry,
          to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
+  if (heads_in_m && (!wide || !spec.latent || (spec.comp_pool && spec.comp_block_count != 0)))
+    fail(Errc::invalid_argument,
+         "fused_decode_case: {} takes more than 32 heads over one latent pool without compressed entries (spec: {} "
+         "heads, latent {}, {} compressed)",
+         entry, spec.num_q_heads, spec.latent, spec.comp_pool ? spec.comp_block_count : 0);
   if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
     fail(Errc::invalid_argument, "fused_decode_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
   KernelCase c = split_path_case(spec);  // the inputs, o and its tolerance
@@ -979,8 +986,10 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     if (f == KvFormat::nvfp4) p.seed = ++s, out.push_back(split_path_case(p));
   }
   // The FP8 64-head entry with the heads in M over the same latent pool: two head groups (the
-  // second short), chunks of two tiles, one ending inside a tile.
+  // second short), chunks of two tiles, one ending inside a tile; and with the combine in its
+  // clusters, seven chunks of one tile (the last without keys).
   latent.seed = ++s, out.push_back(split_kernel_case(latent, 2, SplitEntry::wgmma_latent));
+  latent.seed = ++s, out.push_back(fused_decode_case(latent, 1, true));
   return out;
 }
 

@@ -360,6 +360,7 @@ const std::vector<Adapter>& adapters() {
       split_nvfp4_adapter("mla_paged_decode_wgmma16_rs_nvfp4", true),
       fused_fp8_adapter("mla_paged_decode_wgmma16_rs_combine_fp8", &mla_paged_decode_wgmma16_rs_combine_fp8),
       fused_fp8_adapter("mla_paged_decode_wgmma_combine_fp8", &mla_paged_decode_wgmma_combine_fp8),
+      fused_fp8_adapter("mla_paged_decode_wgmma_latent_combine_fp8", &mla_paged_decode_wgmma_latent_combine_fp8),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -455,6 +456,7 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_wgmma16_rs_nvfp4", split_nvfp4},
       {"mla_paged_decode_wgmma16_rs_combine_fp8", fused_fp8},
       {"mla_paged_decode_wgmma_combine_fp8", fused_fp8},
+      {"mla_paged_decode_wgmma_latent_combine_fp8", fused_fp8},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);

@@ -31,6 +31,7 @@ constexpr std::uint64_t kSmallTiles16PerSm = 4;
 constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
 constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
+constexpr const char* kFusedLatentEntry = "mla_paged_decode_wgmma_latent_combine_fp8";  // and in clusters
 // The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys.
 // Measured on the H200 (docs/performance.md, twenty-third session): from 4K keys it takes
 // 0.77–0.96× the time of the register-operand block (fused in clusters where the plan says); at
@@ -199,7 +200,7 @@ std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_
   if (module != kMlaWgmmaModule) return std::nullopt;
   const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
   const std::uint32_t bytes =
-      entry == kLatentEntry
+      entry == kLatentEntry || entry == kFusedLatentEntry
           ? wgmma_latent_shared_bytes()
           : wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
                                entry.starts_with("mla_paged_decode_wgmma16_rs"));  // the staged entries
@@ -224,6 +225,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
@@ -235,11 +237,14 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma16_rs_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry);
     r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
     r.wgmma_latent_fp8 = gpu.kernel(kMlaWgmmaModule, kLatentEntry);
+    r.wgmma_latent_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedLatentEntry);
     for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n) {
       r.fused_clusters[n] = gpu.max_active_clusters(r.wgmma16_rs_combine_fp8, {wgmma_threads(kWgmma16Rows, true), 1, 1},
                                                     wgmma_shared_bytes(KvFormat::fp8, kWgmma16Rows, true), n);
       r.fused_clusters64[n] = gpu.max_active_clusters(r.wgmma_combine_fp8, {wgmma_threads(kWgmmaRows), 1, 1},
                                                       wgmma_shared_bytes(KvFormat::fp8, kWgmmaRows), n);
+      r.fused_clusters_latent[n] = gpu.max_active_clusters(
+          r.wgmma_latent_combine_fp8, {wgmma_threads(kWgmmaRows), 1, 1}, wgmma_latent_shared_bytes(), n);
     }
   }
   return r;
@@ -486,6 +491,14 @@ void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool pa
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
 }
 
+// The heads-in-M entries' rule: V is read from the K rows.
+void validate_latent(const Validator& v, const SplitDecodeFp8Args& a) {
+  v.check(a.v_cache == a.k_cache, "v_cache {:#x} is not k_cache {:#x} (the entry reads V from the one latent pool)",
+          a.v_cache.addr, a.k_cache.addr);
+  v.check(!a.comp_pool || a.comp_block_count == 0,
+          "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows", a.comp_block_count);
+}
+
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
   const bool latent = wgmma && gpu.kernel_name(kernel).ends_with(std::string(".") + kLatentEntry);
   const std::string_view name =
@@ -501,13 +514,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
   }
-  if (latent) {  // V is read from the K rows
-    v.check(a.v_cache == a.k_cache, "v_cache {:#x} is not k_cache {:#x} (the entry reads V from the one latent pool)",
-            a.v_cache.addr, a.k_cache.addr);
-    v.check(!a.comp_pool || a.comp_block_count == 0,
-            "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows",
-            a.comp_block_count);
-  }
+  if (latent) validate_latent(v, a);
   validate_partials_apart(v, a, a.comp_pool);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, wgmma, name == "mla_paged_decode_wgmma16_rs_fp8")  // the handle's entry
@@ -577,9 +584,11 @@ bool o_overlaps_q(DevicePtr o, DevicePtr q, std::uint64_t rows, std::uint32_t q_
 
 namespace {
 
-// The cluster entries' launcher: `entry` (the 16-head or 64-head one) of `rows` heads a block.
+// The cluster entries' launcher: `entry` (the 16-head, 64-head or heads-in-M one) of `rows` heads
+// a block.
 void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a, Stream stream,
                       const char* entry, std::uint32_t rows) {
+  const bool latent = entry == std::string_view(kFusedLatentEntry);
   const Validator v{entry};
   SplitDecodeFp8Args s = a.split;
   s.o_partial = s.ml_partial = {};  // not used
@@ -593,6 +602,7 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
           "o {:#x} overlaps q {:#x}: a cluster's blocks read q while others write o", a.o.addr, s.q.addr);
   v.positive_finite("v_scale", a.v_scale);
   validate_entry(v, gpu, kernel, {entry});
+  if (latent) validate_latent(v, s);
   KernelLaunch l(gpu, kernel);
   split_args(l, s, KvFormat::fp8, true, true, std::pair{a.sinks, a.o})
       .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
@@ -601,8 +611,9 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
       .arg_ptr(s.comp_pool)
       .arg_u32(s.comp_block_count)
       .arg_u32(s.keys_per_split)
-      .arg_f32(a.v_scale)
-      .launch(stream);
+      .arg_f32(a.v_scale);
+  if (latent) l.shared_bytes(wgmma_latent_shared_bytes());
+  l.launch(stream);
 }
 
 }  // namespace
@@ -614,6 +625,10 @@ void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kerne
 void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                         Stream stream) {
   launch_fused_fp8(gpu, kernel, a, stream, kFusedEntry64, kWgmmaRows);
+}
+void mla_paged_decode_wgmma_latent_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                               Stream stream) {
+  launch_fused_fp8(gpu, kernel, a, stream, kFusedLatentEntry, kWgmmaRows);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -678,23 +693,31 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0;
   // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
   const bool wide = wgmma_rows(a, comp, gpu.multiprocessor_count()) == kWgmmaRows;
-  // One latent pool (V = K, no compressed entries) on 64-head blocks: the heads-in-M entry, unfused.
+  // One latent pool (V = K, no compressed entries) on 64-head blocks: the heads-in-M entries.
   const bool latent =
       wide && fast.wgmma_latent_fp8.id != 0 && latent_applies(a, comp, gpu.max_shared_bytes_per_block());
-  const bool clusters = !latent && (wide ? fast.wgmma_combine_fp8 : fast.wgmma16_rs_combine_fp8).id != 0 &&
-                        a.o.addr % 8 == 0 &&
+  const KernelHandle fused = latent ? fast.wgmma_latent_combine_fp8
+                             : wide ? fast.wgmma_combine_fp8
+                                    : fast.wgmma16_rs_combine_fp8;
+  const bool clusters = fused.id != 0 && a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
-  const SplitPlan p = plan_split_decode(
-      a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
-      clusters ? (wide ? fast.fused_clusters64 : fast.fused_clusters) : std::span<const std::uint32_t>{});
+  const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
+                                        !clusters ? std::span<const std::uint32_t>{}
+                                        : latent  ? fast.fused_clusters_latent
+                                        : wide    ? fast.fused_clusters64
+                                                  : fast.fused_clusters);
   const DevicePtr w = p.fused ? DevicePtr{} : ws.get(gpu, p.workspace_bytes);  // fused: no partials, no workspace
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};
   if (p.fused) {
-    if (p.rows_per_block == kWgmmaRows) {
-      mla_paged_decode_wgmma_combine_fp8(gpu, fast.wgmma_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+    const FusedDecodeFp8Args f{s, a.sinks, a.o, a.v_scale};
+    if (p.rows_per_block != kWgmmaRows) {
+      mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fused, f, stream);
+    } else if (latent) {
+      mla_paged_decode_wgmma_latent_combine_fp8(gpu, fused, f, stream);
     } else {
-      mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, {s, a.sinks, a.o, a.v_scale}, stream);
+      mla_paged_decode_wgmma_combine_fp8(gpu, fused, f, stream);
     }
     return DecodePath::split;
   }

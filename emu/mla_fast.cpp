@@ -251,11 +251,24 @@ void mla_paged_decode_split_fp8(Block& blk, Global<const Bf16> q, Global<const s
                keys_per_split, shape_of(kKind, blk), cache);
 }
 
+// The heads-in-M kernels read V from k_cache's rows, so a launch of `entry` whose v_cache is
+// another buffer, or which has compressed entries (their V rows are apart), is refused here as its
+// launcher refuses it.
+void require_one_latent_pool(const char* entry, Global<const std::uint8_t> k_cache, Global<const std::uint8_t> v_cache,
+                             Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count) {
+  if (v_cache.addr() != k_cache.addr())
+    fail(Errc::invalid_argument,
+         "{}: v_cache {:#x} is not k_cache {:#x} (the kernel reads V from the one latent pool's K rows)", entry,
+         v_cache.addr().addr, k_cache.addr().addr);
+  if (comp_pool && comp_block_count > 0)
+    fail(Errc::invalid_argument,
+         "{}: {} compressed entries (their V rows are apart from their K rows; the kernel reads V from the K rows)",
+         entry, comp_block_count);
+}
+
 // mla_paged_decode_wgmma_latent_fp8: mla_paged_decode_wgmma_fp8's math (64-head blocks of 64-key
 // tiles, block 256) over one latent pool, with the heads in the wgmma's M (its two warpgroups
-// split P·V's output dims: only FP32 order). The kernel reads V from k_cache's rows, so a launch
-// whose v_cache is another buffer, or which has compressed entries (their V rows are apart), is
-// refused here as its launcher refuses it.
+// split P·V's output dims: only FP32 order); one latent pool only (require_one_latent_pool).
 void mla_paged_decode_wgmma_latent_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
                                        Global<const std::uint8_t> v_cache, Global<float> o_partial,
                                        Global<float> ml_partial, Global<const std::int32_t> block_tables,
@@ -264,16 +277,7 @@ void mla_paged_decode_wgmma_latent_fp8(Block& blk, Global<const Bf16> q, Global<
                                        std::uint32_t block_size, float logit_scale, std::uint64_t cache_stride,
                                        std::uint32_t sliding_window, Global<const std::uint8_t> comp_pool,
                                        std::uint32_t comp_block_count, std::uint32_t keys_per_split) {
-  if (v_cache.addr() != k_cache.addr())
-    fail(Errc::invalid_argument,
-         "mla_paged_decode_wgmma_latent_fp8: v_cache {:#x} is not k_cache {:#x} (the kernel reads V from the one "
-         "latent pool's K rows)",
-         v_cache.addr().addr, k_cache.addr().addr);
-  if (comp_pool && comp_block_count > 0)
-    fail(Errc::invalid_argument,
-         "mla_paged_decode_wgmma_latent_fp8: {} compressed entries (their V rows are apart from their K rows; the "
-         "kernel reads V from the K rows)",
-         comp_block_count);
+  require_one_latent_pool("mla_paged_decode_wgmma_latent_fp8", k_cache, v_cache, comp_pool, comp_block_count);
   mla_paged_decode_split_fp8<SplitKind::wgmma>(blk, q, k_cache, v_cache, o_partial, ml_partial, block_tables, seq_lens,
                                                max_blocks_per_seq, num_q_heads, q_head_dim, kv_cache_dim, block_size,
                                                logit_scale, cache_stride, sliding_window, comp_pool, comp_block_count,
@@ -320,6 +324,24 @@ void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<cons
         [&](std::uint32_t chunk, std::uint32_t d) { return parts[chunk].acc[row][d]; },
         [&](std::uint32_t d, Bf16 v) { o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = v; });
   }
+}
+
+// mla_paged_decode_wgmma_latent_combine_fp8: mla_paged_decode_wgmma_combine_fp8's port for the
+// heads-in-M blocks of mla_paged_decode_wgmma_latent_fp8, one latent pool only.
+void mla_paged_decode_wgmma_latent_combine_fp8(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                               Global<const std::uint8_t> v_cache, Global<const float> sinks,
+                                               Global<Bf16> o, Global<const std::int32_t> block_tables,
+                                               Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
+                                               std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                               std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+                                               std::uint64_t cache_stride, std::uint32_t sliding_window,
+                                               Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
+                                               std::uint32_t keys_per_split, float v_scale) {
+  require_one_latent_pool("mla_paged_decode_wgmma_latent_combine_fp8", k_cache, v_cache, comp_pool, comp_block_count);
+  mla_paged_decode_combined_fp8<SplitKind::wgmma>(blk, q, k_cache, v_cache, sinks, o, block_tables, seq_lens,
+                                                  max_blocks_per_seq, num_q_heads, q_head_dim, kv_cache_dim, block_size,
+                                                  logit_scale, cache_stride, sliding_window, comp_pool,
+                                                  comp_block_count, keys_per_split, v_scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -464,8 +486,13 @@ void register_mla_fast(Registry& r) {
                                                  block_is({128, 1, 1}));
   r.add<&mla_paged_decode_combined_fp8<wgmma>>(w, "mla_paged_decode_wgmma_combine_fp8", fp8_combined,
                                                block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_wgmma_latent_combine_fp8>(w, "mla_paged_decode_wgmma_latent_combine_fp8", fp8_combined,
+                                                    block_is({256, 1, 1}));
+  constexpr const char* kClusterEntries[] = {"mla_paged_decode_wgmma16_rs_combine_fp8",
+                                             "mla_paged_decode_wgmma_combine_fp8",
+                                             "mla_paged_decode_wgmma_latent_combine_fp8"};
   // One cluster per (sequence, head group): the grid's x, at most the portable 8.
-  for (const char* e : {"mla_paged_decode_wgmma16_rs_combine_fp8", "mla_paged_decode_wgmma_combine_fp8"})
+  for (const char* e : kClusterEntries)
     r.set_cluster_rule(w, e, [](Dim3 grid, Dim3 c) -> std::optional<std::string> {
       if (c.x == grid.x && c.y == 1 && c.z == 1 && grid.x <= 8) return std::nullopt;
       return fmt::format("cluster ({},{},{}) but the kernel needs ({},1,1), the grid's x, at most 8", c.x, c.y, c.z,
@@ -485,8 +512,7 @@ void register_mla_fast(Registry& r) {
   // The same through the combine for the entries that combine in their clusters: their o, 2^-10
   // of its largest |o| (the 64-head block's lazily rescaled P rounds to FP16 at other magnitudes
   // than the port's).
-  for (const char* e : {"mla_paged_decode_wgmma16_rs_combine_fp8", "mla_paged_decode_wgmma_combine_fp8"})
-    r.set_recorded_floor(w, e, "o", 0x1p-10);
+  for (const char* e : kClusterEntries) r.set_recorded_floor(w, e, "o", 0x1p-10);
   r.add<&mla_paged_decode_combine>(
       m, "mla_paged_decode_combine",
       {"o_partial", "ml_partial", "sinks", "o", "num_q_heads", "kv_cache_dim", "num_splits", "v_scale"},

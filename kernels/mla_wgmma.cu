@@ -1310,6 +1310,7 @@ constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575:
 constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
 constexpr uint32_t kHmKeysPerBatch = kTileKeys / 2;  // keys a batch: warpgroup 1's 128 threads, four a key
 constexpr uint32_t kHmTileBytes = kTileKeys * kDim * 2;  // an FP16 tile
+static_assert(2 * kHmTileBytes == kRows64 * kDim * 4, "the two FP16 tiles hold a cluster's FP32 partial rows");
 
 // Warpgroup 1's share of a tile: keys `key` and key + 32 (0 ≤ key < 32), units first + 4u of
 // each (a warp reads 64 contiguous bytes of each of eight rows at a time), loaded straight from
@@ -1384,14 +1385,16 @@ struct HmAcc {
     }
     wgmma_commit();
   }
-  // The rows of heads r0 and r0 + 8 (those below num_q_heads) where `out` puts them.
-  __device__ void store(const PartialOut& out, uint32_t num_q_heads, uint32_t head0, uint32_t s, uint32_t z,
+  // The rows of heads r0 and r0 + 8 (those below num_q_heads) where `out` puts them (ClusterOut:
+  // in `rows`, [64 heads][576]).
+  template <class Out>
+  __device__ void store(const Out& out, float* rows, uint32_t num_q_heads, uint32_t head0, uint32_t s, uint32_t z,
                         uint32_t r0, uint32_t j, uint32_t wg) const {
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t hb = r0 + 8 * h, head = head0 + hb;
       if (head >= num_q_heads) continue;
-      float* const row = out.row((uint64_t{s} * num_q_heads + head) * gridDim.x + z, nullptr, hb);
+      float* const row = out.row((uint64_t{s} * num_q_heads + head) * gridDim.x + z, rows, hb);
 #pragma unroll
       for (uint32_t e = 2 * h; e < 32; e += 4) {  // columns 8·(e/4) + 2j and + 1
         const uint32_t c = 8 * (e / 4) + 2 * j;
@@ -1466,7 +1469,8 @@ __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st
 // P·V is done with it) from rows it loaded into registers under the last P·V. Each warpgroup
 // accumulates half of O's 576 dims (HmAcc). The two run apart loops (their registers allocated
 // apart: O, and S or the raw rows), meeting at kHmBarP a tile.
-__device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, uint32_t num_q_heads, float logit_scale,
+template <class Out>
+__device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                 uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   SmemHm sm;
@@ -1539,6 +1543,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
     if (__any_sync(0xFFFFFFFFu, f[0] != 1.0f || f[1] != 1.0f)) acc.rescale(f);
   };
   HmTrace trace;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0's rows r0 and r0 + 8
   const uint32_t tiles = begin < end ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
@@ -1569,90 +1574,99 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const PartialOut& out, u
       trace.mark(5);
     }
     trace.flush(1, tiles);
-    metrale::allow_next_kernel();
-    acc.store(out, num_q_heads, head0, s, z, r0, j, 1);
-    return;
-  }
-
-  // Warpgroup 0: S, the online softmax (log2 units) over the tile's live keys, P.
-  const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
-  const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0 and r0 + 8
-  float sacc[32];
-  if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
-  wgmma_wait<0>();
-  trace = HmTrace{};
-  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    const bool more = tile + kTileKeys < end;
-    float mx[2] = {-INFINITY, -INFINITY};
-    const bool whole = tile + kTileKeys <= end;  // else keys past the chunk's end are masked
+  } else {  // warpgroup 0: S, the online softmax (log2 units) over the tile's live keys, P
+    const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
+    const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
+    float sacc[32];
+    if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
+    wgmma_wait<0>();
+    trace = HmTrace{};
+    for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+      const bool more = tile + kTileKeys < end;
+      float mx[2] = {-INFINITY, -INFINITY};
+      const bool whole = tile + kTileKeys <= end;  // else keys past the chunk's end are masked
 #pragma unroll
-    for (uint32_t e = 0; e < 32; ++e) {
-      const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
-      sacc[e] = whole || tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
-      mx[h] = fmaxf(mx[h], sacc[e]);
+      for (uint32_t e = 0; e < 32; ++e) {
+        const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
+        sacc[e] = whole || tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
+        mx[h] = fmaxf(mx[h], sacc[e]);
+      }
+      float alpha[2], base[2];
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
+        const float next = fmaxf(m[h], mx[h]);
+        base[h] = next == -INFINITY ? 0.0f : next;  // a row without keys yet: P = 0, not NaN
+        alpha[h] = fast_exp2(m[h] - base[h]);
+        m[h] = next;
+        l[h] *= alpha[h];
+      }
+      uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
+#pragma unroll
+      for (uint32_t e = 0; e < 32; e += 2) {
+        const uint32_t h = (e % 4) / 2, kk = e / 8, c = (e % 8) / 2;  // A fragment kk, register c
+        const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
+        l[h] += p0 + p1;
+        pa[kk][c] = pack_f16(p0, p1);
+      }
+      trace.mark(0);
+      if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
+      trace.mark(1);
+#pragma unroll
+      for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
+        *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
+      if (i >= 2) mbar_wait(sm.alpha_empty + i % 2, (i / 2 - 1) % 2);  // read two tiles ago
+      if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
+      mbar_arrive(sm.alpha_full + i % 2);
+      fence_to_async_proxy();    // P, for the tensor cores
+      trace.mark(2);
+      named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+      trace.mark(3);
+      rescale(alpha);
+      acc.issue_pv<0>(tile_at(i), pa, p_desc);
+      trace.mark(4);
+      if (more) {  // the next tile's S behind both halves of it
+        named_barrier<256>(kHmBarPv);
+        trace.mark(5);
+        hm_issue_s(sacc, q_desc, tile_at(i + 1));
+        trace.mark(6);
+        wgmma_wait<1>();
+        named_arrive<256>(kHmBarRead);  // this P·V done with the tile
+        trace.mark(7);
+      }
+      wgmma_wait<0>();
+      trace.mark(8);
     }
-    float alpha[2], base[2];
+    trace.flush(0, tiles);
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
-      const float next = fmaxf(m[h], mx[h]);
-      base[h] = next == -INFINITY ? 0.0f : next;  // a row without keys yet: P = 0, not NaN
-      alpha[h] = fast_exp2(m[h] - base[h]);
-      m[h] = next;
-      l[h] *= alpha[h];
+      l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
     }
-    uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
-#pragma unroll
-    for (uint32_t e = 0; e < 32; e += 2) {
-      const uint32_t h = (e % 4) / 2, kk = e / 8, c = (e % 8) / 2;  // A fragment kk, register c
-      const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
-      l[h] += p0 + p1;
-      pa[kk][c] = pack_f16(p0, p1);
-    }
-    trace.mark(0);
-    if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
-    trace.mark(1);
-#pragma unroll
-    for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
-      *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
-    if (i >= 2) mbar_wait(sm.alpha_empty + i % 2, (i / 2 - 1) % 2);  // read two tiles ago
-    if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
-    mbar_arrive(sm.alpha_full + i % 2);
-    fence_to_async_proxy();    // P, for the tensor cores
-    trace.mark(2);
-    named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
-    trace.mark(3);
-    rescale(alpha);
-    acc.issue_pv<0>(tile_at(i), pa, p_desc);
-    trace.mark(4);
-    if (more) {  // the next tile's S behind both halves of it
-      named_barrier<256>(kHmBarPv);
-      trace.mark(5);
-      hm_issue_s(sacc, q_desc, tile_at(i + 1));
-      trace.mark(6);
-      wgmma_wait<1>();
-      named_arrive<256>(kHmBarRead);  // this P·V done with the tile
-      trace.mark(7);
-    }
-    wgmma_wait<0>();
-    trace.mark(8);
   }
-  trace.flush(0, tiles);
-  // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head.
-  metrale::allow_next_kernel();
-  acc.store(out, num_q_heads, head0, s, z, r0, j, 0);
+  // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head
+  // (warpgroup 0's m and l). PartialOut: in o_partial and ml_partial. ClusterOut: in the two FP16
+  // tiles (exactly the FP32 rows) and Q's first bytes, once both warpgroups are done with them;
+  // cluster_combine then runs here.
+  float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
+  float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
+  if constexpr (Out::cluster) {
+    __syncthreads();  // both warpgroups past their last tile: the tiles and Q are free
+  } else {
+    metrale::allow_next_kernel();
+  }
+  acc.store(out, cluster_rows, num_q_heads, head0, s, z, r0, j, wg);
 #pragma unroll
   for (uint32_t h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
-    const uint32_t head = head0 + r0 + 8 * h;
-    if (j != 0 || head >= num_q_heads) continue;
-    float* const ml = out.ml((uint64_t{s} * num_q_heads + head) * gridDim.x + z, nullptr, r0 + 8 * h);
+    const uint32_t hb = r0 + 8 * h, head = head0 + hb;
+    if (wg != 0 || j != 0 || head >= num_q_heads) continue;
+    float* const ml = out.ml((uint64_t{s} * num_q_heads + head) * gridDim.x + z, cluster_ml, hb);
     ml[0] = m[h] * kLn2;
     ml[1] = l[h];
   }
+  if constexpr (Out::cluster)
+    cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
 }
 
 }  // namespace
@@ -1711,6 +1725,27 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
                                 cache_stride, sliding_window, comp_pool, comp_block_count);
   wgmma_hm_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma_latent_combine_fp8: mla_paged_decode_wgmma_latent_fp8 and the combine in
+// one kernel, as mla_paged_decode_wgmma_combine_fp8 does it for the register-operand block: the
+// num_splits ≤ 8 blocks of each (sequence, head group) are a cluster whose partials stay in shared
+// memory (cluster_combine, from the two FP16 tiles' bytes); o as mla_paged_decode_combine writes
+// it, the same bits. Grid: as mla_paged_decode_wgmma_latent_fp8, cluster [num_splits, 1, 1].
+// Block: 256.
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, 576] bf16, 8-byte aligned
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_latent_combine_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                              const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
+                                              const int32_t* seq_lens, uint32_t max_blocks_per_seq,
+                                              uint32_t num_q_heads, uint32_t q_head_dim, uint32_t kv_cache_dim,
+                                              uint32_t block_size, float logit_scale, uint64_t cache_stride,
+                                              uint32_t sliding_window, const uint8_t* comp_pool,
+                                              uint32_t comp_block_count, uint32_t keys_per_split, float v_scale) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
+                                cache_stride, sliding_window, comp_pool, comp_block_count);
+  wgmma_hm_decode(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma_nvfp4: mla_paged_decode_wgmma_fp8 over an NVFP4 cache (wgmma64_rs_decode:

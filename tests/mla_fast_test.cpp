@@ -135,21 +135,27 @@ TEST_CASE("the wgmma entries that combine in their clusters match the float64 re
   test::check_case(gen::fused_decode_case(p, tiles));
 }
 
-// Their o must be the bits of the unfused entry's partials through the combine, on every backend.
+// Their o must be the bits of the unfused entry's partials through the combine, on every backend:
+// the 16-head and 64-head blocks over two pools and compressed entries, the heads-in-M block over
+// one latent pool.
 TEST_CASE("the wgmma entries that combine in their clusters give the combine's bits", "[mla_fast][wgmma]") {
-  const std::uint32_t heads = GENERATE(20u, 70u), rows = heads > 32 ? 64 : 16;
-  const KernelCase c = gen::fused_decode_case(fused_spec(heads, 27), 1);
+  const auto [heads, in_m] = GENERATE(table<std::uint32_t, bool>({{20, false}, {70, false}, {70, true}}));
+  const std::uint32_t rows = heads > 32 ? 64 : 16;
+  gen::PagedSpec spec = fused_spec(heads, 27);
+  if (in_m) spec.latent = true, spec.comp_pool = false, spec.comp_block_count = 0;
+  const KernelCase c = gen::fused_decode_case(spec, 1, in_m);
   for (const auto& name : test::backends()) {
-    INFO("backend " << name << ", " << heads << " heads");
+    INFO("backend " << name << ", " << heads << " heads" << (in_m ? ", heads in M" : ""));
     auto gpu = test::make_backend(name);
     const auto fast = MlaFastKernels::resolve(*gpu);
     if (fast.wgmma16_rs_combine_fp8.id == 0) continue;  // not sm_90
     std::map<std::string, DeviceBuffer> in;
     for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
     const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
+    const DevicePtr k_cache = in.at("k_cache").ptr();
     SplitDecodeFp8Args s{{in.at("q").ptr(),
-                          in.at("k_cache").ptr(),
-                          in.at("v_cache").ptr(),
+                          k_cache,
+                          in_m ? k_cache : in.at("v_cache").ptr(),
                           {},
                           {},
                           in.at("block_tables").ptr(),
@@ -167,12 +173,14 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
                           true},
                          c.scalars.at("cache_stride").as_u64(),
                          u32("sliding_window"),
-                         in.at("comp_pool").ptr(),
+                         in.count("comp_pool") != 0 ? in.at("comp_pool").ptr() : DevicePtr{},
                          u32("comp_block_count")};
     REQUIRE(s.num_splits == 8);
     const float v_scale = c.scalars.at("v_scale").as_f32();
     const FusedDecodeFp8Args f{s, in.at("sinks").ptr(), in.at("o").ptr(), v_scale};
-    if (rows == 64) {
+    if (in_m) {
+      mla_paged_decode_wgmma_latent_combine_fp8(*gpu, fast.wgmma_latent_combine_fp8, f);
+    } else if (rows == 64) {
       mla_paged_decode_wgmma_combine_fp8(*gpu, fast.wgmma_combine_fp8, f);
     } else {
       mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8, f);
@@ -182,7 +190,11 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
     DeviceBuffer partials(*gpu, std::size_t{3} * heads * 8 * 576 * 4), ml(*gpu, std::size_t{3} * heads * 8 * 2 * 4);
     s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
     upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
-    mla_paged_decode_wgmma_fp8(*gpu, rows == 64 ? fast.wgmma_fp8 : fast.wgmma16_rs_fp8, s);
+    mla_paged_decode_wgmma_fp8(*gpu,
+                               in_m         ? fast.wgmma_latent_fp8
+                               : rows == 64 ? fast.wgmma_fp8
+                                            : fast.wgmma16_rs_fp8,
+                               s);
     mla_paged_decode_combine(
         *gpu, fast.combine,
         {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), heads, 576, 8, v_scale, 3});
@@ -202,12 +214,12 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
 // rows follow their K rows) they walk as with two pools. Against the float64 reference on every
 // backend, and bit for bit against the same case with V a copy of the pool (a 64-head block of
 // five tiles wraps its two slots twice). Pages of 7 keys break the copies' runs inside a warp;
-// the logits rise along the keys, so the maxima move from tile to tile. The heads-in-M entry
-// (mla_paged_decode_wgmma_latent_fp8) reads V from the K rows: the same case with a copied V pool
-// is refused.
+// the logits rise along the keys, so the maxima move from tile to tile. The heads-in-M entries
+// (mla_paged_decode_wgmma_latent_fp8, and mla_paged_decode_wgmma_latent_combine_fp8 with the
+// combine in its clusters) read V from the K rows: the same case with a copied V pool is refused.
 TEST_CASE("one latent pool as both caches matches the reference and a copied V pool's bits",
           "[mla_fast][wgmma][latent]") {
-  enum Kind { staged, wide, heads_in_m, fused, path };
+  enum Kind { staged, wide, heads_in_m, fused, fused_in_m, path };
   const auto [kind, heads, tiles, comp] =
       GENERATE(table<Kind, std::uint32_t, std::uint32_t, bool>({{staged, 16, 1, false},
                                                                 {staged, 5, 3, false},
@@ -223,6 +235,9 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
                                                                 {fused, 16, 1, false},
                                                                 {fused, 20, 3, false},
                                                                 {fused, 40, 1, false},
+                                                                {fused_in_m, 40, 1, false},
+                                                                {fused_in_m, 128, 2, false},
+                                                                {fused_in_m, 70, 1, false},
                                                                 {path, 16, 1, false},
                                                                 {path, 70, 1, false}}));
   gen::PagedSpec p;
@@ -237,6 +252,7 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
                        : kind == wide       ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma)
                        : kind == heads_in_m ? gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma_latent)
                        : kind == fused      ? gen::fused_decode_case(p, tiles)
+                       : kind == fused_in_m ? gen::fused_decode_case(p, tiles, true)
                                             : gen::split_path_case(p);
   REQUIRE(c.aliases.at("v_cache") == "k_cache");
   REQUIRE(c.inputs.count("v_cache") == 0);
@@ -249,9 +265,8 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
     auto gpu = test::make_backend(name);
     if (entry_unavailable(*gpu, c.module, c.entry)) continue;
     if (path_in_m) continue;   // with a copied V pool the dispatcher takes another entry: other bits
-    if (kind == heads_in_m) {  // reads V from the K rows: another V pool is refused, not misread
-      test::require_error([&] { run_kernel_case(*gpu, copied); }, Errc::invalid_argument,
-                          {"mla_paged_decode_wgmma_latent_fp8", "is not k_cache"});
+    if (kind == heads_in_m || kind == fused_in_m) {  // reads V from the K rows: another V pool is refused
+      test::require_error([&] { run_kernel_case(*gpu, copied); }, Errc::invalid_argument, {c.entry, "is not k_cache"});
       continue;
     }
     const auto one = run_kernel_case(*gpu, c), two = run_kernel_case(*gpu, copied);
@@ -911,8 +926,9 @@ TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", 
 
 // A device whose shared memory holds the heads-in-M block but not the register-operand 64-head
 // block (between their sizes) still runs a latent 64-head step of 4200 keys on the heads-in-M
-// block, and a two-pool step on the mma.sync blocks; both match the float64 reference. (Until the
-// plan counted the heads-in-M block, the latent step fell back to mma.sync there.)
+// block (with the combine in its clusters), and a two-pool step on the mma.sync blocks; both match
+// the float64 reference. (Until the plan counted the heads-in-M block, the latent step fell back to
+// mma.sync there.)
 TEST_CASE("the heads-in-M block runs where it fits and the register-operand block does not",
           "[mla_fast][dispatch][latent]") {
   const std::uint32_t latent_bytes = wgmma_latent_shared_bytes(), wide_bytes = wgmma_shared_bytes(KvFormat::fp8, 64);
@@ -938,8 +954,10 @@ TEST_CASE("the heads-in-M block runs where it fits and the register-operand bloc
   std::vector<std::string> entries;
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));
-  const std::string decode = latent ? "mla_paged_decode_wgmma_latent_fp8" : "mla_paged_decode_split_fp8";
-  CHECK(entries == std::vector<std::string>{decode, "mla_paged_decode_combine"});
+  // One block per (sequence, head group) already fills the two SMs: the latent step combines in
+  // its clusters of one.
+  CHECK(entries == (latent ? std::vector<std::string>{"mla_paged_decode_wgmma_latent_combine_fp8"}
+                           : std::vector<std::string>{"mla_paged_decode_split_fp8", "mla_paged_decode_combine"}));
 }
 
 TEST_CASE("on a device with too little shared memory the dispatcher takes the seed kernel", "[mla_fast][dispatch]") {

@@ -41,10 +41,11 @@ struct MlaFastKernels {
   KernelHandle wgmma16_rs_combine_fp8;      // the same with the combine in its clusters; likewise
   KernelHandle wgmma_combine_fp8;           // the 64-head FP8 blocks with the combine in their clusters; likewise
   KernelHandle wgmma_latent_fp8;            // the 64-head FP8 block over one latent pool, heads in M; likewise
-  /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters) and of wgmma_combine_fp8's
-  /// (fused_clusters64) the device runs at once (GpuBackend::max_active_clusters), n = 1..8; all 0
-  /// without the entry.
-  std::array<std::uint32_t, 9> fused_clusters{}, fused_clusters64{};
+  KernelHandle wgmma_latent_combine_fp8;    // the same with the combine in its clusters; likewise
+  /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters), of wgmma_combine_fp8's
+  /// (fused_clusters64) and of wgmma_latent_combine_fp8's (fused_clusters_latent) the device runs
+  /// at once (GpuBackend::max_active_clusters), n = 1..8; all 0 without the entry.
+  std::array<std::uint32_t, 9> fused_clusters{}, fused_clusters64{}, fused_clusters_latent{};
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -62,8 +63,8 @@ struct SplitPlan {
   bool staged = false;
   bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
   /// FP8 wgmma blocks (16-head staged or 64-head) in n ≤ 8 splits that combine in clusters of n
-  /// (mla_paged_decode_wgmma16_rs_combine_fp8, mla_paged_decode_wgmma_combine_fp8): no
-  /// workspace, no combine launch.
+  /// (mla_paged_decode_wgmma16_rs_combine_fp8, mla_paged_decode_wgmma_combine_fp8,
+  /// mla_paged_decode_wgmma_latent_combine_fp8): no workspace, no combine launch.
   bool fused = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
@@ -82,12 +83,11 @@ struct SplitPlan {
 /// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
 /// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when
 /// `fused_clusters` (index n: the clusters of n blocks of the block's cluster entry the device
-/// runs at once, MlaFastKernels::fused_clusters or fused_clusters64 — the caller passes the one of
-/// wgmma_rows' blocks; empty: none) gives some n ≤ 8 splits whose rounds of clusters cost no more
-/// than the best unfused plan and its combine launch (two tiles' worth); the n that costs least
-/// is taken, and the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of
-/// other than 9 entries (or none); `unsupported` when not even a 16-head group fits in
-/// `max_shared_bytes`.
+/// runs at once, MlaFastKernels::fused_clusters, fused_clusters64 or fused_clusters_latent — the
+/// caller passes the one of the entry it will launch; empty: none) gives some n ≤ 8 splits whose rounds of clusters
+/// cost no more than the best unfused plan and its combine launch (two tiles' worth); the n that costs least is taken,
+/// and the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9 entries (or none);
+/// `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
                             std::span<const std::uint32_t> fused_clusters = {});
@@ -223,6 +223,11 @@ std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_
 /// mla_paged_decode_wgmma_combine_fp8: the same for mla_paged_decode_wgmma_fp8's 64-head blocks
 /// (rows_per_block 64, grid [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, one per SM),
 /// with the same errors but rows_per_block not 64.
+///
+/// mla_paged_decode_wgmma_latent_combine_fp8: the same for mla_paged_decode_wgmma_latent_fp8's
+/// heads-in-M blocks (one latent pool; wgmma_latent_shared_bytes, the partial rows kept in its two
+/// FP16 tiles' bytes), with the errors of the 64-head entry and the latent entry's: v_cache other
+/// than k_cache, or compressed entries. Source: docs/performance.md ("Twenty-fifth session").
 struct FusedDecodeFp8Args {
   SplitDecodeFp8Args split;
   DevicePtr sinks, o;  // sinks may be null
@@ -232,6 +237,8 @@ void mla_paged_decode_wgmma16_rs_combine_fp8(GpuBackend& gpu, KernelHandle kerne
                                              Stream stream = 0);
 void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                         Stream stream = 0);
+void mla_paged_decode_wgmma_latent_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
+                                               Stream stream = 0);
 
 struct CombineArgs {
   DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null
@@ -273,8 +280,11 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// dims past the latent are then P·K_rope): the FP8 staged 16-head blocks copy each key's row
 /// once (without compressed entries); FP8 steps on 64-head blocks without compressed entries whose
 /// table holds at least 4096 keys (max_blocks_per_seq · block_size) run on
-/// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products,
-/// unfused: the split kernel and the combine); every other kernel reads the row twice. Source:
+/// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products),
+/// or mla_paged_decode_wgmma_latent_combine_fp8 where the plan fuses the combine into its
+/// clusters; every other kernel reads the row twice. The wgmma steps combine in their clusters
+/// (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from
+/// q; otherwise the split kernel and the combine run. Source:
 /// SPEC §3, docs/performance.md. Errors: the launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);

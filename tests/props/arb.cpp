@@ -196,16 +196,19 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
     p.num_kv_heads = 1, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = sixteen ? u(1, 32) : u(33, 66);
     if (p.format == KvFormat::fp8) p.cache_stride = *rc::gen::arbitrary<bool>() ? 0 : 576 + 16 * u(1, 3);
     arb_batch(p, 2, 3);
+    const bool in_m = entry.find("_latent_") != std::string::npos;  // one latent pool, no compressed entries
+    if (in_m) p.latent = true, p.comp_pool = false, p.comp_block_count = 0;
     if (entry.ends_with("_combine_fp8")) {  // its cluster holds at most 8 chunks
       p.sinks = *rc::gen::arbitrary<bool>();
       const std::uint64_t keys =
           std::uint64_t{p.max_blocks_per_seq} * p.block_size + (p.comp_pool ? p.comp_block_count : 0);
       const auto least = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (keys + 7 * 64 - 1) / (7 * 64)));
-      return gen::fused_decode_case(p, least + u(0, 1));
+      return gen::fused_decode_case(p, least + u(0, 1), in_m);
     }
-    const gen::SplitEntry which = entry.find("_rs_") != std::string::npos ? gen::SplitEntry::wgmma16_rs
-                                  : sixteen                               ? gen::SplitEntry::wgmma16
-                                                                          : gen::SplitEntry::wgmma;
+    const gen::SplitEntry which = in_m                                      ? gen::SplitEntry::wgmma_latent
+                                  : entry.find("_rs_") != std::string::npos ? gen::SplitEntry::wgmma16_rs
+                                  : sixteen                                 ? gen::SplitEntry::wgmma16
+                                                                            : gen::SplitEntry::wgmma;
     return gen::split_kernel_case(p, u(1, 2), which);
   }
   if (entry == "mla_paged_decode_combine")

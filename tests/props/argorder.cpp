@@ -172,7 +172,7 @@ void paged_dispatchers() {
     const bool latent = fast.wgmma_latent_fp8.id != 0 && wgmma_rows(a, comp, sms) == 64 && a.v_cache == a.k_cache &&
                         comp == 0 && std::uint64_t{a.max_blocks_per_seq} * a.block_size >= 4096 &&
                         wgmma_latent_shared_bytes() <= rig.gpu.max_shared_bytes_per_block();
-    const bool clusters_allowed = !latent && a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
+    const bool clusters_allowed = a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
     const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
     note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {} q {:#x} o {:#x}",
                            a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count, a.q.addr,
@@ -185,6 +185,7 @@ void paged_dispatchers() {
       return;
     }
     const std::span<const std::uint32_t> clusters = !clusters_allowed                ? std::span<const std::uint32_t>{}
+                                                    : latent                         ? fast.fused_clusters_latent
                                                     : wgmma_rows(a, comp, sms) == 64 ? fast.fused_clusters64
                                                                                      : fast.fused_clusters;
     const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, sms, rig.gpu.max_shared_bytes_per_block(),
@@ -194,10 +195,11 @@ void paged_dispatchers() {
     const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "fp8");
     ExpectedLaunch split{module,
-                         latent && p.wgmma && p.rows_per_block == 64 ? "mla_paged_decode_wgmma_latent_fp8"
-                         : !fused                                    ? entry
-                         : p.rows_per_block == 64                    ? "mla_paged_decode_wgmma_combine_fp8"
-                                                                     : "mla_paged_decode_wgmma16_rs_combine_fp8",
+                         latent && fused                               ? "mla_paged_decode_wgmma_latent_combine_fp8"
+                         : latent && p.wgmma && p.rows_per_block == 64 ? "mla_paged_decode_wgmma_latent_fp8"
+                         : !fused                                      ? entry
+                         : p.rows_per_block == 64                      ? "mla_paged_decode_wgmma_combine_fp8"
+                                                                       : "mla_paged_decode_wgmma16_rs_combine_fp8",
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
