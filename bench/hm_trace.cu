@@ -5,7 +5,10 @@
 // where each warpgroup's cycles go per tile, between the kernel's trace points (HmTrace in
 // kernels/mla_wgmma.cu). A diagnostic for kernel work (docs/performance.md, "What limits it"),
 // not part of the product; the CMake target `hm_trace` builds both (sm_90a, needs nvcc):
-//   hm_trace B L H KEYS_PER_SPLIT       e.g. hm_trace_cycles 32 16384 128 8192
+//   hm_trace B L H KEYS_PER_SPLIT [MODE]       e.g. hm_trace_cycles 32 16384 128 8192
+// MODE: partial (the default: mla_paged_decode_wgmma_latent_fp8, partials to global memory),
+// cluster (mla_paged_decode_wgmma_latent_combine_fp8 in clusters of the splits, as the dispatcher
+// launches it) or fused (the same entry launched without a cluster: one split only).
 #include "mla_wgmma.cu"
 
 #include <cuda_runtime.h>
@@ -55,8 +58,15 @@ uint32_t argument(const char* program, const char* what, const char* text, uint6
 
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT (L and KEYS_PER_SPLIT multiples of 64)\n", program);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused] (L and KEYS_PER_SPLIT multiples of 64)\n",
+                 program);
+    return 2;
+  }
+  const char* const mode = argc == 6 ? argv[5] : "partial";
+  const bool partial = std::strcmp(mode, "partial") == 0, cluster = std::strcmp(mode, "cluster") == 0;
+  if (!partial && !cluster && std::strcmp(mode, "fused") != 0) {
+    std::fprintf(stderr, "%s: MODE %s is not partial, cluster or fused\n", program, mode);
     return 2;
   }
   const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
@@ -83,6 +93,10 @@ int main(int argc, char** argv) {
   }
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
+  if (!partial && splits > (cluster ? 8u : 1u)) {
+    std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, cluster ? 8 : 1);
+    return 2;
+  }
   std::mt19937_64 rng(1);
   std::vector<uint8_t> pool(size_t{B} * L * kDim);
   for (auto& code : pool) code = static_cast<uint8_t>(rng()) & 0xB7;
@@ -101,17 +115,31 @@ int main(int argc, char** argv) {
   const uint8_t* d_pool = upload(pool);
   const int32_t *d_table = upload(table), *d_lens = upload(lens);
   float *o_partial = nullptr, *ml_partial = nullptr;
+  __nv_bfloat16* o = nullptr;
   check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");
   check(cudaMalloc(&ml_partial, size_t{B} * H * splits * 8), "cudaMalloc");
+  check(cudaMalloc(&o, size_t{B} * H * kDim * 2), "cudaMalloc");
   // core/mla_fast.cpp's wgmma_latent_shared_bytes()
   const uint32_t shared = 1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
-  check(cudaFuncSetAttribute(mla_paged_decode_wgmma_latent_fp8, cudaFuncAttributeMaxDynamicSharedMemorySize, shared),
-        "cudaFuncSetAttribute");
+  for (const void* entry : {reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8),
+                             reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8)})
+    check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "cudaFuncSetAttribute");
   const dim3 grid(splits, (H + 63) / 64, B);
+  cudaLaunchAttribute clusters{};
+  clusters.id = cudaLaunchAttributeClusterDimension;
+  clusters.val.clusterDim.x = splits, clusters.val.clusterDim.y = clusters.val.clusterDim.z = 1;
+  const cudaLaunchConfig_t config{grid, 256, shared, nullptr, &clusters, cluster ? 1u : 0u};
   auto launch = [&] {
-    mla_paged_decode_wgmma_latent_fp8<<<grid, 256, shared>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table,
-                                                             d_lens, blocks_per_seq, H, kDim, kDim, kBlock, 0.07f, kDim,
-                                                             0, nullptr, 0, kps);
+    if (partial) {
+      mla_paged_decode_wgmma_latent_fp8<<<grid, 256, shared>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table,
+                                                               d_lens, blocks_per_seq, H, kDim, kDim, kBlock, 0.07f,
+                                                               kDim, 0, nullptr, 0, kps);
+    } else {
+      check(cudaLaunchKernelEx(&config, mla_paged_decode_wgmma_latent_combine_fp8, d_q, d_pool, d_pool,
+                               static_cast<const float*>(nullptr), o, d_table, d_lens, blocks_per_seq, H, kDim, kDim,
+                               kBlock, 0.07f, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps, 1.0f),
+            "cudaLaunchKernelEx");
+    }
   };
   launch();
   check(cudaDeviceSynchronize(), "warm-up launch");
@@ -130,8 +158,8 @@ int main(int argc, char** argv) {
   float ms = 0;
   check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
   const double us = 1e3 * ms / kReps, flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
-  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x, grid.y,
-              grid.z, us, flop / us * 1e-6);
+  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
+              grid.y, grid.z, mode, us, flop / us * 1e-6);
 #ifdef METRALE_HM_TRACE
   unsigned long long cycles[2][10] = {};
   check(cudaMemcpyFromSymbol(cycles, g_hm_trace, sizeof cycles), "cudaMemcpyFromSymbol");

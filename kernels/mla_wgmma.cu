@@ -1413,12 +1413,14 @@ struct HmAcc {
 // - kHmBarPv (warpgroup 1 arrives, 0 waits): warpgroup 1's P·V issued, so that the next tile's S
 //   queues behind both halves of P·V and the tile is free for the next conversion sooner;
 // - kHmBarRead (0 arrives, 1 waits): warpgroup 0's P·V done with a tile;
-// - kHmBarPFree (1 arrives, 0 waits): warpgroup 1's P·V done with the tile and P.
+// - kHmBarPFree (1 arrives, 0 waits): warpgroup 1's P·V done with the tile and P;
+// - kHmBarDone (both wait; ClusterOut only): both warpgroups past their last tile, before the
+//   partial rows go into the tiles' bytes.
 // The rescale factors, the one thing a warpgroup reads with plain loads from what the other wrote,
 // are double-buffered and handed over through a full and an empty mbarrier a buffer. kHmBarP orders
 // them as well, but with only the named barriers racecheck flagged them on the H200, single- or
 // double-buffered (a micro-kernel of the same handoff it passed; docs/performance.md).
-enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4 };
+enum : uint32_t { kHmBarP = 1, kHmBarRead = 2, kHmBarPFree = 3, kHmBarPv = 4, kHmBarDone = 5 };
 
 // Cycles between points of the heads-in-M walk, summed over its tiles and blocks into g_hm_trace
 // (bench/hm_trace.cu prints them): a diagnostic build, -DMETRALE_HM_TRACE; otherwise nothing.
@@ -1545,6 +1547,30 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   HmTrace trace;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0's rows r0 and r0 + 8
   const uint32_t tiles = begin < end ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
+  // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head
+  // (warpgroup 0's m and l). PartialOut: in o_partial and ml_partial. ClusterOut: in the two FP16
+  // tiles (exactly the FP32 rows) and Q's first bytes, once both warpgroups are done with them;
+  // cluster_combine then runs here.
+  auto finish = [&](const float* mm, const float* ll) {
+    float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
+    float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
+    if constexpr (Out::cluster) {
+      named_barrier<256>(kHmBarDone);  // both warpgroups past their last tile: the tiles and Q are free
+    } else {
+      metrale::allow_next_kernel();
+    }
+    acc.store(out, cluster_rows, num_q_heads, head0, s, z, r0, j, wg);
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t hb = r0 + 8 * h, head = head0 + hb;
+      if (mm == nullptr || j != 0 || head >= num_q_heads) continue;
+      float* const ml = out.ml((uint64_t{s} * num_q_heads + head) * gridDim.x + z, cluster_ml, hb);
+      ml[0] = mm[h] * kLn2;
+      ml[1] = ll[h];
+    }
+    if constexpr (Out::cluster)
+      cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
+  };
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
       const bool more = tile + kTileKeys < end;
@@ -1574,99 +1600,81 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       trace.mark(5);
     }
     trace.flush(1, tiles);
-  } else {  // warpgroup 0: S, the online softmax (log2 units) over the tile's live keys, P
-    const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
-    const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
-    float sacc[32];
-    if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
-    wgmma_wait<0>();
-    trace = HmTrace{};
-    for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-      const bool more = tile + kTileKeys < end;
-      float mx[2] = {-INFINITY, -INFINITY};
-      const bool whole = tile + kTileKeys <= end;  // else keys past the chunk's end are masked
+    finish(nullptr, nullptr);
+    return;
+  }
+
+  // Warpgroup 0: S, the online softmax (log2 units) over the tile's live keys, P.
+  const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
+  const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
+  float sacc[32];
+  if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
+  wgmma_wait<0>();
+  trace = HmTrace{};
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    const bool more = tile + kTileKeys < end;
+    float mx[2] = {-INFINITY, -INFINITY};
+    const bool whole = tile + kTileKeys <= end;  // else keys past the chunk's end are masked
 #pragma unroll
-      for (uint32_t e = 0; e < 32; ++e) {
-        const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
-        sacc[e] = whole || tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
-        mx[h] = fmaxf(mx[h], sacc[e]);
-      }
-      float alpha[2], base[2];
-#pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
-        const float next = fmaxf(m[h], mx[h]);
-        base[h] = next == -INFINITY ? 0.0f : next;  // a row without keys yet: P = 0, not NaN
-        alpha[h] = fast_exp2(m[h] - base[h]);
-        m[h] = next;
-        l[h] *= alpha[h];
-      }
-      uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
-#pragma unroll
-      for (uint32_t e = 0; e < 32; e += 2) {
-        const uint32_t h = (e % 4) / 2, kk = e / 8, c = (e % 8) / 2;  // A fragment kk, register c
-        const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
-        l[h] += p0 + p1;
-        pa[kk][c] = pack_f16(p0, p1);
-      }
-      trace.mark(0);
-      if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
-      trace.mark(1);
-#pragma unroll
-      for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
-        *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
-      if (i >= 2) mbar_wait(sm.alpha_empty + i % 2, (i / 2 - 1) % 2);  // read two tiles ago
-      if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
-      mbar_arrive(sm.alpha_full + i % 2);
-      fence_to_async_proxy();    // P, for the tensor cores
-      trace.mark(2);
-      named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
-      trace.mark(3);
-      rescale(alpha);
-      acc.issue_pv<0>(tile_at(i), pa, p_desc);
-      trace.mark(4);
-      if (more) {  // the next tile's S behind both halves of it
-        named_barrier<256>(kHmBarPv);
-        trace.mark(5);
-        hm_issue_s(sacc, q_desc, tile_at(i + 1));
-        trace.mark(6);
-        wgmma_wait<1>();
-        named_arrive<256>(kHmBarRead);  // this P·V done with the tile
-        trace.mark(7);
-      }
-      wgmma_wait<0>();
-      trace.mark(8);
+    for (uint32_t e = 0; e < 32; ++e) {
+      const uint32_t c = 8 * (e / 4) + 2 * j + e % 2, h = (e % 4) / 2;
+      sacc[e] = whole || tile + c < end ? sacc[e] * unscale[h] : -INFINITY;
+      mx[h] = fmaxf(mx[h], sacc[e]);
     }
-    trace.flush(0, tiles);
+    float alpha[2], base[2];
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xFFFFFFFFu, mx[h], 2));
+      const float next = fmaxf(m[h], mx[h]);
+      base[h] = next == -INFINITY ? 0.0f : next;  // a row without keys yet: P = 0, not NaN
+      alpha[h] = fast_exp2(m[h] - base[h]);
+      m[h] = next;
+      l[h] *= alpha[h];
     }
+    uint32_t pa[4][4];  // P as the A fragments of P·V's four k-steps
+#pragma unroll
+    for (uint32_t e = 0; e < 32; e += 2) {
+      const uint32_t h = (e % 4) / 2, kk = e / 8, c = (e % 8) / 2;  // A fragment kk, register c
+      const float p0 = fast_exp2(sacc[e] - base[h]), p1 = fast_exp2(sacc[e + 1] - base[h]);
+      l[h] += p0 + p1;
+      pa[kk][c] = pack_f16(p0, p1);
+    }
+    trace.mark(0);
+    if (i > 0) named_barrier<256>(kHmBarPFree);  // warpgroup 1 done with the last P
+    trace.mark(1);
+#pragma unroll
+    for (uint32_t e = 0; e < 32; e += 2)  // P for warpgroup 1: row r0 + 8h, keys 8·(e/4) + 2j and + 1
+      *reinterpret_cast<uint32_t*>(sm.sp + swizzled(r0 + 8 * ((e % 4) / 2), e / 4) + 4 * j) = pa[e / 8][(e % 8) / 2];
+    if (i >= 2) mbar_wait(sm.alpha_empty + i % 2, (i / 2 - 1) % 2);  // read two tiles ago
+    if (j == 0) sm.alpha[(i % 2) * kRows64 + r0] = alpha[0], sm.alpha[(i % 2) * kRows64 + r0 + 8] = alpha[1];
+    mbar_arrive(sm.alpha_full + i % 2);
+    fence_to_async_proxy();    // P, for the tensor cores
+    trace.mark(2);
+    named_barrier<256>(kHmBarP);  // P and the rescale factors written; the next tile converted
+    trace.mark(3);
+    rescale(alpha);
+    acc.issue_pv<0>(tile_at(i), pa, p_desc);
+    trace.mark(4);
+    if (more) {  // the next tile's S behind both halves of it
+      named_barrier<256>(kHmBarPv);
+      trace.mark(5);
+      hm_issue_s(sacc, q_desc, tile_at(i + 1));
+      trace.mark(6);
+      wgmma_wait<1>();
+      named_arrive<256>(kHmBarRead);  // this P·V done with the tile
+      trace.mark(7);
+    }
+    wgmma_wait<0>();
+    trace.mark(8);
   }
-  // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head
-  // (warpgroup 0's m and l). PartialOut: in o_partial and ml_partial. ClusterOut: in the two FP16
-  // tiles (exactly the FP32 rows) and Q's first bytes, once both warpgroups are done with them;
-  // cluster_combine then runs here.
-  float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
-  float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
-  if constexpr (Out::cluster) {
-    __syncthreads();  // both warpgroups past their last tile: the tiles and Q are free
-  } else {
-    metrale::allow_next_kernel();
-  }
-  acc.store(out, cluster_rows, num_q_heads, head0, s, z, r0, j, wg);
+  trace.flush(0, tiles);
 #pragma unroll
   for (uint32_t h = 0; h < 2; ++h) {
-    const uint32_t hb = r0 + 8 * h, head = head0 + hb;
-    if (wg != 0 || j != 0 || head >= num_q_heads) continue;
-    float* const ml = out.ml((uint64_t{s} * num_q_heads + head) * gridDim.x + z, cluster_ml, hb);
-    ml[0] = m[h] * kLn2;
-    ml[1] = l[h];
+    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
   }
-  if constexpr (Out::cluster)
-    cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
+  finish(m, l);
 }
 
 }  // namespace

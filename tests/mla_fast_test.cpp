@@ -926,20 +926,22 @@ TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", 
 
 // A device whose shared memory holds the heads-in-M block but not the register-operand 64-head
 // block (between their sizes) still runs a latent 64-head step of 4200 keys on the heads-in-M
-// block (with the combine in its clusters), and a two-pool step on the mma.sync blocks; both match
-// the float64 reference. (Until the plan counted the heads-in-M block, the latent step fell back to
-// mma.sync there.)
+// block, and a two-pool step on the mma.sync blocks; both match the float64 reference. (Until the
+// plan counted the heads-in-M block, the latent step fell back to mma.sync there.) On two SMs the
+// latent step's one chunk of 4200 keys keeps the combine kernel; on four, two chunks of 2112 keys
+// combine in clusters (the heads-in-M block fuses chunks of at most 4096 keys).
 TEST_CASE("the heads-in-M block runs where it fits and the register-operand block does not",
           "[mla_fast][dispatch][latent]") {
   const std::uint32_t latent_bytes = wgmma_latent_shared_bytes(), wide_bytes = wgmma_shared_bytes(KvFormat::fp8, 64);
   REQUIRE(latent_bytes < wide_bytes);
   emu::EmulatorOptions o;
   o.max_shared_bytes_per_block = latent_bytes + (wide_bytes - latent_bytes) / 2;
-  o.multiprocessor_count = 2;  // work enough for 64-head blocks (wgmma_rows)
+  o.multiprocessor_count = GENERATE(2u, 4u);  // work enough for 64-head blocks (wgmma_rows)
   emu::EmulatorBackend gpu(o);
   gpu.record_launches(true);
   const bool latent = GENERATE(true, false);
-  INFO((latent ? "one latent pool" : "two pools") << ", " << o.max_shared_bytes_per_block << " bytes a block");
+  INFO((latent ? "one latent pool" : "two pools") << ", " << o.max_shared_bytes_per_block << " bytes a block, "
+                                                  << o.multiprocessor_count << " SMs");
   gen::PagedSpec p;
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = 64, p.block_size = 7, p.num_seqs = 2;
   p.max_blocks_per_seq = 600, p.num_blocks = 150, p.seq_lens = {320, 130}, p.fill = -1, p.sinks = true;
@@ -954,10 +956,12 @@ TEST_CASE("the heads-in-M block runs where it fits and the register-operand bloc
   std::vector<std::string> entries;
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));
-  // One block per (sequence, head group) already fills the two SMs: the latent step combines in
-  // its clusters of one.
-  CHECK(entries == (latent ? std::vector<std::string>{"mla_paged_decode_wgmma_latent_combine_fp8"}
-                           : std::vector<std::string>{"mla_paged_decode_split_fp8", "mla_paged_decode_combine"}));
+  const std::string decode = latent ? "mla_paged_decode_wgmma_latent_fp8" : "mla_paged_decode_split_fp8";
+  if (latent && o.multiprocessor_count == 4) {
+    CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma_latent_combine_fp8"});
+  } else {
+    CHECK(entries == std::vector<std::string>{decode, "mla_paged_decode_combine"});
+  }
 }
 
 TEST_CASE("on a device with too little shared memory the dispatcher takes the seed kernel", "[mla_fast][dispatch]") {
