@@ -605,8 +605,12 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
   v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
   v.non_null({{"o", a.o}});
   v.aligned(8, {{"o", a.o}});
-  v.check(!o_overlaps_q(a.o, s.q, std::uint64_t{s.num_seqs} * s.num_q_heads, s.q_head_dim),
-          "o {:#x} overlaps q {:#x}: a cluster's blocks read q while others write o", a.o.addr, s.q.addr);
+  const std::uint64_t o_rows = std::uint64_t{s.num_seqs} * s.num_q_heads;
+  v.check(!o_overlaps_q(a.o, s.q, o_rows, s.q_head_dim),
+          "o spans [{:#x}, {:#x}), which overlaps q's [{:#x}, {:#x}) (num_seqs {} x num_q_heads {} rows of {} and {} "
+          "bf16): a cluster's blocks read q while others write o",
+          a.o.addr, a.o.addr + o_rows * kWgmmaDim * 2, s.q.addr, s.q.addr + o_rows * s.q_head_dim * 2, s.num_seqs,
+          s.num_q_heads, kWgmmaDim, s.q_head_dim);
   v.positive_finite("v_scale", a.v_scale);
   validate_entry(v, gpu, kernel, {entry});
   if (latent) validate_latent(v, s);

@@ -565,7 +565,7 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
                         Errc::invalid_argument, {"o is null"});
     g.o = g.split.q + 64 * 576;  // q's second row
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
-                        Errc::invalid_argument, {"overlaps q"});
+                        Errc::invalid_argument, {"which overlaps q's", "num_q_heads"});
     g.o = g.split.q + 64 * 576 * 2, g.split.o_partial = buf.ptr() + 4;  // o just past q; o_partial not used
     try {  // (the launch then reads the buffer's unwritten seq_lens: the emulator's fault)
       mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g);
@@ -648,6 +648,26 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     a.o_partial = buf.ptr(), a.max_blocks_per_seq = 10;  // 160 keys, one chunk of 64
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"num_splits 1 x keys_per_split 64 covers fewer keys than the table holds (160)"});
+  }
+  SECTION("the heads-in-M entry that combines in clusters: one latent pool, its handle, o apart from q") {
+    a.o_partial = a.ml_partial = {}, a.num_splits = 2;
+    FusedDecodeFp8Args f{a, {}, buf.ptr() + (1 << 19), 1.0f};
+    f.split.v_cache = buf.ptr() + 4096;  // a V pool of its own
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_fp8(gpu, fast.wgmma_latent_combine_fp8, f); },
+                        Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_combine_fp8", "v_cache 0x", "is not k_cache 0x"});
+    f.split.v_cache = f.split.k_cache, f.split.comp_pool = buf.ptr() + 8192, f.split.comp_block_count = 3;
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_fp8(gpu, fast.wgmma_latent_combine_fp8, f); },
+                        Errc::invalid_argument, {"comp_block_count 3 with a comp_pool"});
+    f.split.comp_pool = {}, f.split.comp_block_count = 0;
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_fp8(gpu, fast.wgmma_combine_fp8, f); },
+                        Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma_combine_fp8 is not "
+                         "mla_paged_decode_wgmma_latent_combine_fp8"});
+    f.o = f.split.q + 576;  // q's second row: o's extent follows num_seqs × num_q_heads, which it names
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_fp8(gpu, fast.wgmma_latent_combine_fp8, f); },
+                        Errc::invalid_argument,
+                        {"o spans [0x", "which overlaps q's [0x", "num_seqs 1 x num_q_heads 64 rows of 576 and 576"});
   }
 }
 
