@@ -169,9 +169,8 @@ void paged_dispatchers() {
       a.o = a.q;
     if (u(0, 3) == 0) a.v_cache = a.k_cache;  // one latent pool: the heads-in-M entry where 64-head blocks run
     const std::uint32_t comp = a.comp_pool ? a.comp_block_count : 0, sms = rig.gpu.multiprocessor_count();
-    const bool latent = fast.wgmma_latent_fp8.id != 0 && wgmma_rows(a, comp, sms) == 64 && a.v_cache == a.k_cache &&
-                        comp == 0 && std::uint64_t{a.max_blocks_per_seq} * a.block_size >= 4096 &&
-                        wgmma_latent_shared_bytes() <= rig.gpu.max_shared_bytes_per_block();
+    const bool latent = fast.wgmma_latent_fp8.id != 0 && wgmma_rows(a, comp, sms) == 64 &&
+                        latent_applies(a, comp, rig.gpu.max_shared_bytes_per_block());
     const bool clusters_allowed = a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
     const DecodePath path = paged_decode_fp8(rig.gpu, seed, fast, a, ws);
     note_input(fmt::format("fp8 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} comp {} q {:#x} o {:#x}",
