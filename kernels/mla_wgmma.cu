@@ -566,7 +566,8 @@ constexpr uint32_t kMaxClusterSplits = 8;  // the portable cluster size
 // head group) are one cluster, each holding its chunk's partial rows [kHeads][576] and (max, sum)
 // [kHeads][2] in shared memory. Block z finishes dims [z·w, (z + 1)·w), w = 4·⌈576 / 4n⌉, of the
 // group's heads, kThreads / kHeads threads a head (8 of the 16-head block's 128, 4 of the 64-head
-// block's 256) and four dims a thread, reading every block's rows through distributed shared
+// block's 256, 2 of the heads-in-M block's warpgroup 0) and four dims a thread, with the block's
+// other threads, if any, in cluster_combine_bystander; reading every block's rows through distributed shared
 // memory, with the combine's arithmetic (chunk_weights and combine_term, the chunks summed by
 // residue mod 4): the bits of mla_paged_decode_combine.
 template <uint32_t kHeads, uint32_t kThreads>
@@ -611,6 +612,13 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
     }
   }
   cluster.sync();  // every block's rows stay until the cluster has read them
+}
+// cluster_combine's part for the threads of a block past its first kThreads: the cluster's two
+// barriers, reading nothing.
+__device__ void cluster_combine_bystander() {
+  metrale::allow_next_kernel();
+  cooperative_groups::this_cluster().sync();  // every block's partial written
+  cooperative_groups::this_cluster().sync();  // every block's rows read
 }
 
 // The split decode of one 16-head block (the memory-bound rows: a 64-row wgmma
@@ -1550,7 +1558,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head
   // (warpgroup 0's m and l). PartialOut: in o_partial and ml_partial. ClusterOut: in the two FP16
   // tiles (exactly the FP32 rows) and Q's first bytes, once both warpgroups are done with them;
-  // cluster_combine then runs here.
+  // warpgroup 0 then combines (cluster_combine, two threads a head) while warpgroup 1 only meets the
+  // cluster's barriers. With the combine on both warpgroups' paths, ptxas scheduled warpgroup 1's
+  // walk apart from the partials' build (all of the next tile's loads after kHmBarP; the walk 6–8%
+  // slower on the H200); so, its loops are the partials' build's (bench/sass_loops.py;
+  // docs/performance.md, "Twenty-sixth session").
   auto finish = [&](const float* mm, const float* ll) {
     float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
     float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
@@ -1568,8 +1580,12 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       ml[0] = mm[h] * kLn2;
       ml[1] = ll[h];
     }
-    if constexpr (Out::cluster)
-      cluster_combine<kRows64, 256>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
+    if constexpr (Out::cluster) {
+      if (wg == 0)
+        cluster_combine<kRows64, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
+      else
+        cluster_combine_bystander();
+    }
   };
   if (wg == 1) {
     for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
