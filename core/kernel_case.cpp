@@ -66,11 +66,6 @@ struct Adapter {
 constexpr ArgKind U32 = ArgKind::u32, U64 = ArgKind::u64, F32 = ArgKind::f32;
 constexpr std::string_view kAliasPrefix = "alias.";
 
-// Heads per block of a wgmma entry: 16 for mla_paged_decode_wgmma16_* (the _rs_ entry too), else 64.
-std::uint32_t wgmma_entry_rows(std::string_view entry) {
-  return entry.starts_with("mla_paged_decode_wgmma16") ? 16 : 64;
-}
-
 PagedDecodeCommon paged_common(const CaseArgs& a) {
   return {a.ptr("q"),
           a.ptr("k_cache"),
@@ -632,7 +627,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
     if (shaped && g->second == 'c' && std::uint64_t{c.grid.x} * kK3ChunkWarps > 0xFFFF'FFFFu)
       fail(Errc::invalid_argument, "case {}: grid.x {} gives {} past 2^32 - 1 (four per block)", c.name, c.grid.x,
            field);
-    const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_entry_rows(a.entry);
+    const std::uint32_t rows = a.module != kMlaWgmmaModule ? c.block.x / 8 : wgmma_block(a.entry).rows;
     const auto implied = [&] {
       return from_block ? rows : g->second == 'c' ? c.grid.x * kK3ChunkWarps : dim_of(c.grid, g->second);
     };
@@ -663,11 +658,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
            c.entry);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
-  const std::uint32_t wgmma_block =
-      wgmma_threads(wgmma_entry_rows(a.entry), a.entry.starts_with("mla_paged_decode_wgmma16_rs"));
-  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_block, 1, 1})
+  const std::uint32_t wgmma_threads = wgmma_block(a.entry).threads;
+  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_threads, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
-         c.block.y, c.block.z, a.entry, wgmma_block);
+         c.block.y, c.block.z, a.entry, wgmma_threads);
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
       // check_output compares these dtypes; any other would fail only after the launch.

@@ -148,16 +148,18 @@ void validate_partials_apart(const Validator& v, const SplitDecodeArgs& a, Devic
   v.disjoint(ml, {o});
 }
 
-// Grid, block, shared memory and the common arguments of a split (or, `wgmma`, wgmma; `staged16`,
-// the staged 16-head wgmma entry) launch; `outputs` the pointers in o_partial's and ml_partial's
-// places (the entry that combines in its clusters takes sinks and o there).
-KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, bool wgmma, bool staged16 = false,
+// Grid, block, shared memory and the common arguments of a launch of split entry `entry` (module
+// mla_fast's, or mla_wgmma's: its block is wgmma_block(entry)); `outputs` the pointers in
+// o_partial's and ml_partial's places (the entries that combine in their clusters take sinks and o
+// there).
+KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, std::string_view entry,
                          std::optional<std::pair<DevicePtr, DevicePtr>> outputs = {}) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
+  const bool wgmma = entry.starts_with("mla_paged_decode_wgmma");
+  const WgmmaBlock b = wgmma_block(entry);
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
-      .block({wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1})
-      .shared_bytes(wgmma ? wgmma_shared_bytes(format, a.rows_per_block, staged16)
-                          : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
+      .block({wgmma ? b.threads : 8 * a.rows_per_block, 1, 1})
+      .shared_bytes(wgmma ? b.shared_bytes : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
       .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)
@@ -205,12 +207,7 @@ std::optional<std::string> entry_unavailable(const GpuBackend& gpu, std::string_
   if (!module_runs_on(gpu, module))
     return fmt::format("module {} is not built for compute capability {}", module, gpu.compute_capability());
   if (module != kMlaWgmmaModule) return std::nullopt;
-  const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
-  const std::uint32_t bytes =
-      entry == kLatentEntry || entry == kFusedLatentEntry
-          ? wgmma_latent_shared_bytes()
-          : wgmma_shared_bytes(format, entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows,
-                               entry.starts_with("mla_paged_decode_wgmma16_rs"));  // the staged entries
+  const std::uint32_t bytes = wgmma_block(entry).shared_bytes;
   if (bytes <= gpu.max_shared_bytes_per_block()) return std::nullopt;
   return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", entry, bytes,
                      gpu.max_shared_bytes_per_block());
@@ -245,13 +242,14 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
     r.wgmma_latent_fp8 = gpu.kernel(kMlaWgmmaModule, kLatentEntry);
     r.wgmma_latent_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedLatentEntry);
+    auto clusters = [&](KernelHandle kernel, const char* entry, std::uint32_t n) {
+      const WgmmaBlock b = wgmma_block(entry);
+      return gpu.max_active_clusters(kernel, {b.threads, 1, 1}, b.shared_bytes, n);
+    };
     for (std::uint32_t n = 1; n <= kMaxClusterSplits; ++n) {
-      r.fused_clusters[n] = gpu.max_active_clusters(r.wgmma16_rs_combine_fp8, {wgmma_threads(kWgmma16Rows, true), 1, 1},
-                                                    wgmma_shared_bytes(KvFormat::fp8, kWgmma16Rows, true), n);
-      r.fused_clusters64[n] = gpu.max_active_clusters(r.wgmma_combine_fp8, {wgmma_threads(kWgmmaRows), 1, 1},
-                                                      wgmma_shared_bytes(KvFormat::fp8, kWgmmaRows), n);
-      r.fused_clusters_latent[n] = gpu.max_active_clusters(
-          r.wgmma_latent_combine_fp8, {wgmma_threads(kWgmmaRows), 1, 1}, wgmma_latent_shared_bytes(), n);
+      r.fused_clusters[n] = clusters(r.wgmma16_rs_combine_fp8, kFusedEntry, n);
+      r.fused_clusters64[n] = clusters(r.wgmma_combine_fp8, kFusedEntry64, n);
+      r.fused_clusters_latent[n] = clusters(r.wgmma_latent_combine_fp8, kFusedLatentEntry, n);
     }
   }
   return r;
@@ -295,6 +293,15 @@ std::uint32_t wgmma_latent_shared_bytes() {
 
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged) {
   return rows_per_block != kWgmma16Rows ? 256 : staged ? 128 : 384;
+}
+
+WgmmaBlock wgmma_block(std::string_view entry) {
+  const std::uint32_t rows = entry.starts_with("mla_paged_decode_wgmma16") ? kWgmma16Rows : kWgmmaRows;
+  const bool staged = entry.starts_with("mla_paged_decode_wgmma16_rs");
+  const KvFormat format = entry.ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
+  return {rows, wgmma_threads(rows, staged),
+          entry.starts_with("mla_paged_decode_wgmma_latent") ? wgmma_latent_shared_bytes()
+                                                             : wgmma_shared_bytes(format, rows, staged)};
 }
 
 std::uint32_t wgmma_rows(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t multiprocessors) {
@@ -524,14 +531,13 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   if (latent) validate_latent(v, a);
   validate_partials_apart(v, a, a.comp_pool);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::fp8, wgmma, name == "mla_paged_decode_wgmma16_rs_fp8")  // the handle's entry
+  split_args(l, a, KvFormat::fp8, name)  // the handle's entry
       .arg_u64(a.cache_stride)
       .arg_u32(a.sliding_window)
       .arg_ptr(a.comp_pool)
       .arg_u32(a.comp_block_count)
-      .arg_u32(a.keys_per_split);
-  if (latent) l.shared_bytes(wgmma_latent_shared_bytes());
-  l.launch(stream);
+      .arg_u32(a.keys_per_split)
+      .launch(stream);
 }
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
@@ -562,7 +568,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
   }
   validate_partials_apart(v, a);
   KernelLaunch l(gpu, kernel);
-  split_args(l, a, KvFormat::nvfp4, wgmma, name == "mla_paged_decode_wgmma16_rs_nvfp4")  // the handle's entry
+  split_args(l, a, KvFormat::nvfp4, name)  // the handle's entry
       .arg_u64(a.block_stride_bytes)
       .arg_u64(a.data_section_bytes)
       .arg_u32(a.keys_per_split)
@@ -615,16 +621,15 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
   validate_entry(v, gpu, kernel, {entry});
   if (latent) validate_latent(v, s);
   KernelLaunch l(gpu, kernel);
-  split_args(l, s, KvFormat::fp8, true, true, std::pair{a.sinks, a.o})
+  split_args(l, s, KvFormat::fp8, entry, std::pair{a.sinks, a.o})
       .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
       .arg_u64(s.cache_stride)
       .arg_u32(s.sliding_window)
       .arg_ptr(s.comp_pool)
       .arg_u32(s.comp_block_count)
       .arg_u32(s.keys_per_split)
-      .arg_f32(a.v_scale);
-  if (latent) l.shared_bytes(wgmma_latent_shared_bytes());
-  l.launch(stream);
+      .arg_f32(a.v_scale)
+      .launch(stream);
 }
 
 }  // namespace

@@ -199,6 +199,17 @@ std::uint32_t wgmma_latent_shared_bytes();
 bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes);
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
+/// The block of module mla_wgmma's entry `entry`, from its name: `rows` heads (16 for the
+/// mla_paged_decode_wgmma16_* entries, else 64), `threads` (wgmma_threads; staged: the
+/// mla_paged_decode_wgmma16_rs_* entries) and `shared_bytes` of dynamic shared memory
+/// (wgmma_latent_shared_bytes for the heads-in-M entries, mla_paged_decode_wgmma_latent_*, else
+/// wgmma_shared_bytes of the entry's format, rows and staging). The one table the launchers,
+/// entry_unavailable, the cluster occupancy and the case files read. Source: kernels/mla_wgmma.cu
+/// (each entry's shared-memory carve-up).
+struct WgmmaBlock {
+  std::uint32_t rows, threads, shared_bytes;
+};
+WgmmaBlock wgmma_block(std::string_view entry);
 
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
 /// scales, padded to 16).
