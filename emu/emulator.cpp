@@ -522,8 +522,9 @@ struct EmulatorBackend::Impl {
     return entries[kernel.id - 1];
   }
 
-  void record(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args) {
-    LaunchRecord r{e.module, e.entry, grid, block, {}};
+  void record(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
+              std::uint32_t shared_bytes, Dim3 cluster) {
+    LaunchRecord r{e.module, e.entry, grid, block, {}, shared_bytes, cluster};
     for (std::size_t i = 0; i < args.size(); ++i) r.args.push_back({e.params[i].name, args[i]});
     log.push_back(std::move(r));
   }
@@ -665,7 +666,7 @@ void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std:
   if (e.cluster_rule) {
     if (auto why = e.cluster_rule(grid, cluster)) fail(Errc::launch_failed, "{}", *why);
   }
-  if (impl_->recording || impl_->dry_run) impl_->record(e, grid, block, args);
+  if (impl_->recording || impl_->dry_run) impl_->record(e, grid, block, args, shared_bytes, cluster);
   if (impl_->dry_run) return;
   const auto t0 = std::chrono::steady_clock::now();
   if (!impl_->recorder) {

@@ -847,13 +847,15 @@ TEST_CASE("emu: the launch log names every argument", "[emu]") {
   gpu.launch("fill").block({32, 1, 1}).arg_ptr(out.ptr()).arg_u32(32).launch();
   CHECK(b.launch_log().empty());  // not recording yet
   b.record_launches(true);
-  gpu.launch("fill").grid({1, 1, 1}).block({32, 1, 1}).arg_ptr(out.ptr()).arg_u32(7).launch();
+  gpu.launch("fill").grid({1, 1, 1}).block({32, 1, 1}).shared_bytes(4096).arg_ptr(out.ptr()).arg_u32(7).launch();
   REQUIRE(b.launch_log().size() == 1);
   const LaunchRecord& r = b.launch_log()[0];
   CHECK(r.module == "test");
   CHECK(r.entry == "fill");
   CHECK(r.grid == Dim3{1, 1, 1});
   CHECK(r.block == Dim3{32, 1, 1});
+  CHECK(r.shared_bytes == 4096);
+  CHECK(r.cluster == Dim3{1, 1, 1});
   REQUIRE(r.args.size() == 2);
   CHECK(r.args[0].name == "out");
   CHECK(r.args[1].name == "n");

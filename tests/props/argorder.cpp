@@ -33,14 +33,17 @@ std::string show(const KernelArg& a) {
                                 : fmt::format("{} {:#x}", to_string(a.kind), a.bits);
 }
 
-// The record must be `e`: same kernel and launch shape, the declared parameters in the expected
-// order, each holding the value of the field of its name.
+// The record must be `e`: same kernel and launch shape (grid, block, shared memory, cluster), the
+// declared parameters in the expected order, each holding the value of the field of its name.
 void check_record(const emu::LaunchRecord& r, const ExpectedLaunch& e) {
   if (r.module != e.module || r.entry != e.entry)
     RC_FAIL(fmt::format("launched {}.{}, expected {}.{}", r.module, r.entry, e.module, e.entry));
   if (!(r.grid == e.grid) || !(r.block == e.block))
     RC_FAIL(fmt::format("{}: grid {} block {}, expected grid {} block {}", e.entry, dims(r.grid), dims(r.block),
                         dims(e.grid), dims(e.block)));
+  if (r.shared_bytes != e.shared_bytes || !(r.cluster == e.cluster))
+    RC_FAIL(fmt::format("{}: {} bytes of shared memory, cluster {}; expected {} bytes, cluster {}", e.entry,
+                        r.shared_bytes, dims(r.cluster), e.shared_bytes, dims(e.cluster)));
   if (r.args.size() != e.args.size())
     RC_FAIL(fmt::format("{}: {} arguments recorded, {} expected", e.entry, r.args.size(), e.args.size()));
   for (std::size_t i = 0; i < e.args.size(); ++i) {
@@ -205,6 +208,10 @@ void paged_dispatchers() {
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d * a.k_scale)};
     if (fused) split.args[3] = {"sinks", P(a.sinks)}, split.args[4] = {"o", P(a.o)};
+    // The heads-in-M block: Q, two FP16 tiles and P, its factors and mbarriers (225.8 KiB); the
+    // others' as the plan sized them. Fused: a (sequence, head group)'s chunks are one cluster.
+    split.shared_bytes = latent && p.wgmma && p.rows_per_block == 64 ? 231200 : p.shared_bytes;
+    if (fused) split.cluster = {p.num_splits, 1, 1};
     split.args.insert(split.args.end(), {{"cache_stride", Q(a.cache_stride)},
                                          {"sliding_window", U(a.sliding_window)},
                                          {"comp_pool", P(a.comp_pool)},
@@ -239,6 +246,7 @@ void paged_dispatchers() {
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d)};
+    split.shared_bytes = p.shared_bytes;
     split.args.insert(split.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
                                          {"data_section_bytes", Q(a.data_section_bytes)},
                                          {"keys_per_split", U(p.keys_per_split)}});

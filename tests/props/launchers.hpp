@@ -23,6 +23,8 @@ struct ExpectedLaunch {
   Dim3 grid, block;
   /// By the kernel's declared parameter names, in declaration order.
   std::vector<std::pair<std::string, KernelArg>> args;
+  std::uint32_t shared_bytes = 0;  // dynamic shared memory a block
+  Dim3 cluster{1, 1, 1};
 };
 
 /// How one broken rule must be reported.

@@ -111,11 +111,27 @@ void arb_wgmma(SplitDecodeArgs& a, std::uint32_t rows) {
   a.q_head_dim = a.kv_cache_dim = 576;
 }
 
+// Dynamic shared memory of a wgmma entry's block, from its carve-up in kernels/mla_wgmma.cu (1 KiB
+// to align the swizzled tiles; Q and P as FP16; the raw tiles (FP8 576 bytes a key, NVFP4 288 +
+// 36) or FP16 tiles; the per-head factors; the mbarriers), written out here, not read from the
+// library: 64 heads, two slots of raw K and V tiles; 16 heads, FP16 K and V tiles; 16 staged, raw
+// K and V half-tiles.
+std::uint32_t wgmma_entry_bytes(std::string_view kn) {
+  const bool nvfp4 = kn.ends_with("nvfp4");
+  if (kn.starts_with("mla_paged_decode_wgmma16_rs")) return nvfp4 ? 63312 : 95568;
+  if (kn.starts_with("mla_paged_decode_wgmma16")) return 169280;
+  return nvfp4 ? 167248 : 231760;
+}
+
 ExpectedLaunch split_launch(const char* kn, const SplitDecodeArgs& a, bool wgmma) {
   const bool staged16 = std::string_view(kn).starts_with("mla_paged_decode_wgmma16_rs");
   auto e = launch_of(wgmma ? kWgmma : kFast, kn,
                      {a.num_splits, div_ceil(a.num_q_heads, a.rows_per_block), a.num_seqs},
                      {wgmma ? wgmma_threads(a.rows_per_block, staged16) : 8 * a.rows_per_block, 1, 1});
+  const KvFormat format = std::string_view(kn).ends_with("nvfp4") ? KvFormat::nvfp4 : KvFormat::fp8;
+  e.shared_bytes = wgmma ? wgmma_entry_bytes(kn)
+                         : split_shared_bytes(a.rows_per_block, a.kv_cache_dim,
+                                              a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0);
   e.args = {{"q", P(a.q)},
             {"k_cache", P(a.k_cache)},
             {"v_cache", P(a.v_cache)},

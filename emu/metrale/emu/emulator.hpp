@@ -53,6 +53,8 @@ struct LaunchRecord {
   std::string module, entry;
   Dim3 grid, block;
   std::vector<Arg> args;
+  std::uint32_t shared_bytes = 0;  // dynamic shared memory a block
+  Dim3 cluster{1, 1, 1};           // blocks a cluster
   /// The argument named `name`; throws `not_found` when there is none.
   const KernelArg& arg(std::string_view name) const;
 };
