@@ -562,14 +562,38 @@ struct ClusterOut {
 };
 constexpr uint32_t kMaxClusterSplits = 8;  // the portable cluster size
 
+// cluster_combine's sums for dims [d_begin, d_end) of one head, four a step from 4·part, over
+// exactly kN chunks (peer[c]: chunk c's row, w[c] its weight): the chunks summed by residue mod 4,
+// each term rounded on its own (combine_term), the four sums added in order and scaled by inv.
+// Unrolled for each kN, so that a step issues only its chunks' loads and terms.
+template <uint32_t kN, uint32_t kParts>
+__device__ void cluster_sum(const float* const (&peer)[kMaxClusterSplits], const float (&w)[kMaxClusterSplits],
+                            float inv, __nv_bfloat16* dst, uint32_t d_begin, uint32_t d_end, uint32_t part) {
+  for (uint32_t d = d_begin + 4 * part; d < d_end; d += 4 * kParts) {
+    float acc[4][4] = {};  // [residue mod 4][dim]
+#pragma unroll
+    for (uint32_t c = 0; c < kN; ++c) {
+      const float4 v = *reinterpret_cast<const float4*>(peer[c] + d);
+      acc[c % 4][0] += combine_term(w[c], v.x), acc[c % 4][1] += combine_term(w[c], v.y);
+      acc[c % 4][2] += combine_term(w[c], v.z), acc[c % 4][3] += combine_term(w[c], v.w);
+    }
+    float total[4];
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) total[e] = (((acc[0][e] + acc[1][e]) + acc[2][e]) + acc[3][e]) * inv;
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(total[0], total[1]), hi = __floats2bfloat162_rn(total[2], total[3]);
+    *reinterpret_cast<uint2*>(dst + d) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+
 // The combine inside a cluster (ClusterOut): the n = num_splits ≤ 8 blocks of one (sequence,
 // head group) are one cluster, each holding its chunk's partial rows [kHeads][576] and (max, sum)
 // [kHeads][2] in shared memory. Block z finishes dims [z·w, (z + 1)·w), w = 4·⌈576 / 4n⌉, of the
 // group's heads, kThreads / kHeads threads a head (8 of the 16-head block's 128, 4 of the 64-head
-// block's 256, 2 of the heads-in-M block's warpgroup 0) and four dims a thread, with the block's
-// other threads, if any, in cluster_combine_bystander; reading every block's rows through distributed shared
-// memory, with the combine's arithmetic (chunk_weights and combine_term, the chunks summed by
-// residue mod 4): the bits of mla_paged_decode_combine.
+// block's 256, 2 of the heads-in-M block's warpgroup 0, whose other warpgroup meanwhile runs
+// cluster_combine_bystander) and four dims a thread, reading every block's rows through
+// distributed shared memory, with the combine's arithmetic (chunk_weights, cluster_sum): the bits
+// of mla_paged_decode_combine.
 template <uint32_t kHeads, uint32_t kThreads>
 __device__ void cluster_combine(const ClusterOut& out, const float* rows, const float* mls, uint32_t s, uint32_t head0,
                                 uint32_t num_q_heads, uint32_t z, uint32_t n) {
@@ -593,22 +617,15 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
     }
     const float inv = chunk_weights(m, l, n, out.sinks != nullptr ? out.sinks + h : nullptr, out.v_scale, w);
     __nv_bfloat16* const dst = out.o + (uint64_t{s} * num_q_heads + h) * kDim;
-    for (uint32_t d = d_begin + 4 * part; d < d_end; d += 4 * kParts) {
-      float acc[4][4] = {};  // [residue mod 4][dim]
-#pragma unroll
-      for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
-        if (c >= n) continue;
-        const float4 v = *reinterpret_cast<const float4*>(peer[c] + d);
-        acc[c % 4][0] += combine_term(w[c], v.x), acc[c % 4][1] += combine_term(w[c], v.y);
-        acc[c % 4][2] += combine_term(w[c], v.z), acc[c % 4][3] += combine_term(w[c], v.w);
-      }
-      float total[4];
-#pragma unroll
-      for (uint32_t e = 0; e < 4; ++e) total[e] = (((acc[0][e] + acc[1][e]) + acc[2][e]) + acc[3][e]) * inv;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(total[0], total[1]),
-                           hi = __floats2bfloat162_rn(total[2], total[3]);
-      *reinterpret_cast<uint2*>(dst + d) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    switch (n) {  // the launcher's num_splits: 1 to 8
+      case 1: cluster_sum<1, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 2: cluster_sum<2, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 3: cluster_sum<3, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 4: cluster_sum<4, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 5: cluster_sum<5, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 6: cluster_sum<6, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      case 7: cluster_sum<7, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
+      default: cluster_sum<8, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
     }
   }
   cluster.sync();  // every block's rows stay until the cluster has read them
