@@ -658,10 +658,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
            c.entry);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
-  const std::uint32_t wgmma_threads = wgmma_block(a.entry).threads;
-  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{wgmma_threads, 1, 1})
+  const std::uint32_t threads = wgmma_block(a.entry).threads;
+  if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{threads, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
-         c.block.y, c.block.z, a.entry, wgmma_threads);
+         c.block.y, c.block.z, a.entry, threads);
   for (const auto& [tname, t] : f.tensors) {
     if (tname.starts_with("expected.")) {
       // check_output compares these dtypes; any other would fail only after the launch.

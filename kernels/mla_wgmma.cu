@@ -1575,11 +1575,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   // The partial: unnormalised O with the true maximum (natural log units) and the sum, per head
   // (warpgroup 0's m and l). PartialOut: in o_partial and ml_partial. ClusterOut: in the two FP16
   // tiles (exactly the FP32 rows) and Q's first bytes, once both warpgroups are done with them;
-  // warpgroup 0 then combines (cluster_combine, two threads a head) while warpgroup 1 only meets the
-  // cluster's barriers. With the combine on both warpgroups' paths, ptxas scheduled warpgroup 1's
-  // walk apart from the partials' build (all of the next tile's loads after kHmBarP; the walk 6–8%
-  // slower on the H200); so, its loops are the partials' build's (bench/sass_loops.py;
-  // docs/performance.md, "Twenty-sixth session").
+  // warpgroup 0 then combines (cluster_combine, two threads a head) while warpgroup 1 only meets
+  // the cluster's barriers. With the combine on both warpgroups' paths, ptxas scheduled warpgroup
+  // 1's walk apart from the partials' build (all of the next tile's loads after kHmBarP; the walk
+  // 6–8% slower on the H200); split this way, both loops compile as the partials' build's do
+  // (bench/sass_loops.py; docs/performance.md, "Twenty-sixth session").
   auto finish = [&](const float* mm, const float* ll) {
     float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
     float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
