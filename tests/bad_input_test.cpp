@@ -128,14 +128,16 @@ TEST_CASE("bad input: a sparse terabyte file behind a small header is refused wi
                 {fmt::format("the data section has {} bytes, its tensors cover 12", (std::uint64_t{1} << 40) - head)});
 }
 
-TEST_CASE("bad input: a safetensors file whose tensors would not fit twice in memory is refused before reading",
+TEST_CASE("bad input: a safetensors file of more than a quarter of the host's memory is refused before reading",
           "[bad_input][safetensors]") {
   // Before: read() took the bytes and then the tensors' copies; past the host's memory the
-  // allocations succeeded (overcommit) and the process was killed filling them.
+  // allocations succeeded (overcommit) and the process was killed filling them. At half the
+  // host's memory, a case run on the emulator (the tensors, each device byte and its written
+  // mark: three times) was killed the same way.
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   REQUIRE(pages > 0);
   const std::uint64_t host = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
-  const std::uint64_t n = host / 2 + 64;  // one U8 tensor of n bytes
+  const std::uint64_t n = host / 4 + 64;  // one U8 tensor of n bytes
   std::string header = fmt::format(R"({{"x":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}})", n, n);
   header.append((8 - header.size() % 8) % 8, ' ');
   TempPath tmp(".safetensors");
@@ -150,9 +152,9 @@ TEST_CASE("bad input: a safetensors file whose tensors would not fit twice in me
     WARN("no sparse files here (" << ec.message() << "); test skipped");
     return;
   }
-  require_error([&] { (void)SafeTensors::read(tmp.path); }, Errc::out_of_memory,
-                {fmt::format("its tensors hold {} bytes; reading them takes twice that, more than this host's {} bytes",
-                             n, host)});
+  require_error(
+      [&] { (void)SafeTensors::read(tmp.path); }, Errc::out_of_memory,
+      {fmt::format("its tensors hold {} bytes, more than a quarter of this host's {} bytes of memory", n, host)});
 }
 
 TEST_CASE("bad input: safetensors data no tensor covers is refused", "[bad_input][safetensors]") {

@@ -64,7 +64,9 @@ class SafeTensors {
   /// malformed (header length, JSON, a key twice in one object, dtype,
   /// shape/offset disagreement, overlapping or out-of-file data, bytes of
   /// the data section no tensor covers: the format allows no holes),
-  /// `out_of_memory` when the referenced data does not fit in memory.
+  /// `out_of_memory` when the referenced data is more than a quarter of the host's memory
+  /// (reading takes twice it, a kernel case run on the emulator three times: the tensors, each
+  /// device byte and its written mark).
   static SafeTensors read(const std::filesystem::path& path);
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
