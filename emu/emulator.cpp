@@ -645,7 +645,8 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
 std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
 std::uint32_t EmulatorBackend::compute_capability() const { return impl_->options.compute_capability; }
 std::uint32_t EmulatorBackend::multiprocessor_count() const {
-  return impl_->options.multiprocessor_count != 0 ? impl_->options.multiprocessor_count : 132;
+  if (impl_->options.multiprocessor_count != 0) return impl_->options.multiprocessor_count;
+  return compute_capability() == 121 ? 48 : 132;  // a GB10's 6144 cores, 128 an SM; an H200's
 }
 
 void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,

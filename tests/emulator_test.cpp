@@ -746,14 +746,16 @@ TEST_CASE("emu: METRALE_EMU_SHARED_BYTES sets the shared memory a block may have
 // the mma.sync entries, and its o still matches the float64 reference. An H200 (the default)
 // takes the wgmma entries on the same step.
 TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla_fast]") {
-  ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", "121", 1);  // and a GB10's shared memory by default
+  ::setenv("METRALE_EMU_COMPUTE_CAPABILITY", "121", 1);  // and a GB10's shared memory and SMs by default
   EmulatorBackend gb10;
   ::unsetenv("METRALE_EMU_COMPUTE_CAPABILITY");
   EmulatorBackend h200;
   CHECK(gb10.compute_capability() == 121u);
   CHECK(gb10.max_shared_bytes_per_block() == 101376u);
+  CHECK(gb10.multiprocessor_count() == 48u);  // 6144 CUDA cores, 128 an SM
   CHECK(h200.compute_capability() == 90u);
   CHECK(h200.max_shared_bytes_per_block() == 232448u);
+  CHECK(h200.multiprocessor_count() == 132u);
   const Error refused = error_of([&] { gb10.kernel("mla_wgmma", "mla_paged_decode_wgmma_fp8"); });
   CHECK(refused.code() == Errc::unsupported);
   CHECK_THAT(std::string(refused.what()), Contains("module mla_wgmma is not built for compute capability 121"));

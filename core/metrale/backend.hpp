@@ -85,7 +85,7 @@ class GpuBackend {
   /// "module.entry" of a handle this backend returned, for messages.
   virtual std::string kernel_name(KernelHandle kernel) const = 0;
   /// Streaming multiprocessors, for launchers that size their grid to the
-  /// device; the emulator answers as an H200 (132).
+  /// device; the emulator answers as the device it plays (an H200's 132, a GB10's 48).
   virtual std::uint32_t multiprocessor_count() const { return 132; }
   /// The most dynamic shared memory a block may opt in to, in bytes; the emulator answers as
   /// sm_90 (227 KiB) unless told otherwise (sm_121: 99 KiB).

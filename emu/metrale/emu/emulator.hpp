@@ -107,8 +107,8 @@ struct EmulatorOptions {
   /// of the constructor when it is not a positive 64-bit integer).
   std::uint64_t max_launch_accesses = 0;
   /// The streaming multiprocessors the backend reports, for the plans that size grids to the
-  /// device; 0 = an H200's 132. A few let a small problem take the plans' many-tiles-per-slot
-  /// paths.
+  /// device; 0 = the played device's: an H200's 132, a GB10's 48 (compute_capability 121). A few
+  /// let a small problem take the plans' many-tiles-per-slot paths.
   std::uint32_t multiprocessor_count = 0;
 };
 
