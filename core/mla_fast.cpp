@@ -42,7 +42,9 @@ constexpr std::uint64_t kLatentMinKeys = 4096;
 // block walks its tiles 6–8% slower than the partials' build (the same loop, other registers), which
 // the saved partials and combine launch repay at 4K-key chunks (B = 32 × 4K: 106.7 against 112.8
 // µs; 128 × 4K: 359.8 against 391.5) but not from 8K (32 × 16K: 336.5 against 331.6; 32 × 64K:
-// 1234.8 against 1190).
+// 1234.8 against 1190). The twenty-sixth session's build compiles its loops as the partials' build
+// does (the combine on warpgroup 0 alone) but is not timed: scripts/device_latent.sh decides
+// whether this rule can go.
 constexpr std::uint64_t kLatentFusedMaxKeys = 4096;
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
