@@ -4,7 +4,9 @@ session": the heads-in-M block's cluster build against its partials' build).
 
     cuobjdump -sass -fun ENTRY_A kernels.cubin > a.sass
     cuobjdump -sass -fun ENTRY_B kernels.cubin > b.sass
-    python3 bench/sass_loops.py a.sass b.sass [--min 600 --max 1500]
+    python3 bench/sass_loops.py a.sass b.sass [--min 600 --max 1500] [--check LOOP:MOST ...]
+
+scripts/sass_check.sh runs it on the heads-in-M block's two builds with --check.
 
 The CUDA toolkit on the build machine has no disassembler; `pip download nvidia-cuda-cuobjdump`
 fetches one (its wheel holds bin/cuobjdump). The cubin: nvcc -cubin -gencode=arch=compute_90a,
@@ -54,11 +56,20 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--min", type=int, default=600, help="least instructions of a loop compared")
     ap.add_argument("--max", type=int, default=1500, help="most instructions of a loop compared")
+    ap.add_argument("--check", action="append", default=[], metavar="LOOP:MOST",
+                    help="exit 1 when loop LOOP has more than MOST instructions in other places (repeatable)")
     args = ap.parse_args()
+    limits = {}
+    for c in args.check:
+        loop, _, most = c.partition(":")
+        if not (loop.isdigit() and most.isdigit()):
+            sys.exit(f"sass_loops: --check {c!r} is not LOOP:MOST (two non-negative integers)")
+        limits[int(loop)] = int(most)
     a = main_loops(parse(args.a), args.min, args.max)
     b = main_loops(parse(args.b), args.min, args.max)
     if not a or len(a) != len(b):
         sys.exit(f"sass_loops: {len(a)} loops in {args.a}, {len(b)} in {args.b}: nothing to pair")
+    failed = []
     for n, (x, y) in enumerate(zip(a, b)):
         xo, yo = [opcode(t) for _, t in x], [opcode(t) for _, t in y]
         ops = difflib.SequenceMatcher(None, xo, yo, autojunk=False).get_opcodes()
@@ -66,6 +77,12 @@ def main():
         strip = lambda body: [re.sub(r"0x[0-9a-f]+", "A", t) for _, t in body]
         same = sum(m.size for m in difflib.SequenceMatcher(None, strip(x), strip(y), autojunk=False).get_matching_blocks())
         print(f"loop {n}: {len(x)} and {len(y)} instructions; {moved} in other places; {same} the same text")
+        if n in limits and moved > limits.pop(n):
+            failed.append(n)
+    if limits:
+        sys.exit(f"sass_loops: no loop {', '.join(map(str, sorted(limits)))} to check ({len(a)} paired)")
+    if failed:
+        sys.exit(f"sass_loops: loop {', '.join(map(str, failed))} past the limit of --check")
 
 
 if __name__ == "__main__":

@@ -1579,7 +1579,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   // the cluster's barriers. With the combine on both warpgroups' paths, ptxas scheduled warpgroup
   // 1's walk apart from the partials' build (all of the next tile's loads after kHmBarP; the walk
   // 6–8% slower on the H200); split this way, both loops compile as the partials' build's do
-  // (bench/sass_loops.py; docs/performance.md, "Twenty-sixth session").
+  // (scripts/sass_check.sh checks it; docs/performance.md, "Twenty-sixth session").
   auto finish = [&](const float* mm, const float* ll) {
     float* const cluster_rows = reinterpret_cast<float*>(sm.st);  // [64 heads][576]
     float* const cluster_ml = reinterpret_cast<float*>(sm.sq);    // [64 heads][2]
