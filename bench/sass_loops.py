@@ -8,8 +8,9 @@ session": the heads-in-M block's cluster build against its partials' build).
 
 scripts/sass_check.sh runs it on the heads-in-M block's two builds with --check.
 
-The CUDA toolkit on the build machine has no disassembler; `pip download nvidia-cuda-cuobjdump`
-fetches one (its wheel holds bin/cuobjdump). The cubin: nvcc -cubin -gencode=arch=compute_90a,
+The CUDA toolkit on the build machine has no disassembler; `pip download nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm` fetches one (cuobjdump -sass runs nvdisasm; scripts/sass_check.sh does it
+all). The cubin: nvcc -cubin -gencode=arch=compute_90a,
 code=sm_90a -Ikernels kernels/mla_wgmma.cu. A loop is the span from a backward branch's target to
 the branch; those of --min to --max instructions that issue wgmma (HGMMA) are compared in order of
 their place in the function, by opcode (places) and by whole text, branch targets aside.
