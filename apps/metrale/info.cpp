@@ -99,7 +99,7 @@ void add_info(CLI::App& app) {
     fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
-      fmt::print("    {:<50} {} parameters\n", e.full_name(), e.params.size());
+      fmt::print("    {:<52} {} parameters\n", e.full_name(), e.params.size());
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
   });
