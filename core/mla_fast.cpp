@@ -157,11 +157,13 @@ void validate_partials_apart(const Validator& v, const SplitDecodeArgs& a, Devic
 KernelLaunch& split_args(KernelLaunch& l, const SplitDecodeArgs& a, KvFormat format, std::string_view entry,
                          std::optional<std::pair<DevicePtr, DevicePtr>> outputs = {}) {
   const std::uint32_t raw = a.staged ? split_raw_pitch(format, a.kv_cache_dim) : 0;
-  const bool wgmma = entry.starts_with("mla_paged_decode_wgmma");
-  const WgmmaBlock b = wgmma_block(entry);
+  const WgmmaBlock b = entry.starts_with("mla_paged_decode_wgmma")
+                           ? wgmma_block(entry)
+                           : WgmmaBlock{a.rows_per_block, 8 * a.rows_per_block,
+                                        split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw)};
   return l.grid({a.num_splits, (a.num_q_heads + a.rows_per_block - 1) / a.rows_per_block, a.num_seqs})
-      .block({wgmma ? b.threads : 8 * a.rows_per_block, 1, 1})
-      .shared_bytes(wgmma ? b.shared_bytes : split_shared_bytes(a.rows_per_block, a.kv_cache_dim, raw))
+      .block({b.threads, 1, 1})
+      .shared_bytes(b.shared_bytes)
       .early_start()  // the kernel waits for the one ahead before it touches memory
       .arg_ptr(a.q)
       .arg_ptr(a.k_cache)

@@ -468,6 +468,8 @@ struct EmulatorBackend::Impl {
     options.compute_capability = checked_compute_capability(options.compute_capability);
     if (options.max_shared_bytes_per_block == 0)
       options.max_shared_bytes_per_block = default_shared_bytes(options.compute_capability);
+    if (options.multiprocessor_count == 0)  // a GB10's 6144 cores, 128 an SM; an H200's 132
+      options.multiprocessor_count = options.compute_capability == 121 ? 48 : 132;
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
     if (options.record_limit_bytes == 0 && !options.record_dir.empty())
@@ -644,10 +646,7 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
 
 std::uint32_t EmulatorBackend::max_shared_bytes_per_block() const { return impl_->options.max_shared_bytes_per_block; }
 std::uint32_t EmulatorBackend::compute_capability() const { return impl_->options.compute_capability; }
-std::uint32_t EmulatorBackend::multiprocessor_count() const {
-  if (impl_->options.multiprocessor_count != 0) return impl_->options.multiprocessor_count;
-  return compute_capability() == 121 ? 48 : 132;  // a GB10's 6144 cores, 128 an SM; an H200's
-}
+std::uint32_t EmulatorBackend::multiprocessor_count() const { return impl_->options.multiprocessor_count; }
 
 void EmulatorBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                                 Stream /*stream: blocks run synchronously*/, std::uint32_t shared_bytes,
