@@ -619,8 +619,17 @@ KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint
   return c;
 }
 
-double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h) {
-  constexpr double kU = 0x1p-24;  // FP32 unit roundoff
+namespace {
+
+constexpr double kU = 0x1p-24;  // FP32 unit roundoff
+
+// Head h's FP32 logit error δ (dq/32 + 8 rounded additions per lane sum and butterfly, over
+// Σ|q·k|/√dq) and its largest |V|.
+struct K3SdpaTerms {
+  double delta = 0, vmax = 0;
+};
+
+K3SdpaTerms k3_sdpa_terms(const ref::K3SdpaProblem& p, std::size_t h) {
   double qk = 0, vmax = 0;
   for (std::size_t j = 0; j < p.seq_len; ++j) {
     double s = 0;
@@ -629,8 +638,19 @@ double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h) {
     qk = std::max(qk, s);
     for (std::size_t d = 0; d < p.dv; ++d) vmax = std::max(vmax, std::fabs(double{p.v[(j * p.heads + h) * p.dv + d]}));
   }
-  const double delta = qk / std::sqrt(static_cast<double>(p.dq)) * (p.dq / 32.0 + 8) * 2 * kU;
-  return vmax * (4 * delta + (4.0 * p.seq_len + 32) * kU) + 1e-30;
+  return {qk / std::sqrt(static_cast<double>(p.dq)) * (p.dq / 32.0 + 8) * 2 * kU, vmax};
+}
+
+}  // namespace
+
+double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h) {
+  const auto t = k3_sdpa_terms(p, h);
+  return t.vmax * (4 * t.delta + (4.0 * p.seq_len + 32) * kU) + 1e-30;
+}
+
+double k3_sdpa_backend_bound(const ref::K3SdpaProblem& p, std::size_t h) {
+  const auto t = k3_sdpa_terms(p, h);
+  return t.vmax * (2 * t.delta + 16 * kU) + 1e-30;
 }
 
 namespace {
@@ -694,8 +714,11 @@ ref::K3SdpaProblem k3_sdpa_problem(std::uint32_t heads, std::uint32_t dq, std::u
 KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv, std::uint32_t seq_len, bool use_gate,
                         std::uint64_t seed, bool split_path) {
   const ref::K3SdpaProblem p = k3_sdpa_problem(heads, dq, dv, seq_len, use_gate, seed);
-  double bound = 0;
-  for (std::size_t h = 0; h < heads; ++h) bound = std::max(bound, k3_sdpa_bound(p, h));
+  double bound = 0, backend_bound = 0;
+  for (std::size_t h = 0; h < heads; ++h) {
+    bound = std::max(bound, k3_sdpa_bound(p, h));
+    backend_bound = std::max(backend_bound, k3_sdpa_backend_bound(p, h));
+  }
   KernelCase c =
       make_case(fmt::format("k3_sdpa{} heads={} dq={} dv={} seq_len={} use_gate={}", split_path ? "_split_path" : "",
                             heads, dq, dv, seq_len, use_gate),
@@ -710,6 +733,10 @@ KernelCase k3_sdpa_case(std::uint32_t heads, std::uint32_t dq, std::uint32_t dv,
   c.inputs["out"] = tensor<float>({heads, dv}, std::vector<float>(std::size_t{heads} * dv, std::nanf("")));
   c.expected["out"] = tensor<double>({heads, dv}, ref::k3_sdpa_gate(p));
   c.tolerance["out"] = {bound, 0, 0};
+  // Between backends the logits' δ: the kernels' fused multiply-adds and expf round differently
+  // from the ports' separate roundings and std::exp (4e-6 of a one-dim output, dq = 23, seen on
+  // the H200 against a same-arithmetic tolerance of 1e-6).
+  c.backend_tolerance["out"] = {backend_bound, 0, 0};
   c.scalars = {{"seq_len", KernelArg::u32(seq_len)},
                {"heads", KernelArg::u32(heads)},
                {"dq", KernelArg::u32(dq)},

@@ -37,15 +37,6 @@ constexpr const char* kFusedLatentEntry = "mla_paged_decode_wgmma_latent_combine
 // 0.77–0.96× the time of the register-operand block (fused in clusters where the plan says); at
 // 1K keys up to 1.28× (batch 32 and 128), where the clusters' combine pays most.
 constexpr std::uint64_t kLatentMinKeys = 4096;
-// The heads-in-M block combines in its clusters only where its plan's chunks hold at most this many
-// keys. Measured on the H200 (docs/performance.md, twenty-fifth session): the cluster build of the
-// block walks its tiles 6–8% slower than the partials' build (the same loop, other registers), which
-// the saved partials and combine launch repay at 4K-key chunks (B = 32 × 4K: 106.7 against 112.8
-// µs; 128 × 4K: 359.8 against 391.5) but not from 8K (32 × 16K: 336.5 against 331.6; 32 × 64K:
-// 1234.8 against 1190). The twenty-sixth session's build compiles its loops as the partials' build
-// does (the combine on warpgroup 0 alone) but is not timed: scripts/device_latent.sh decides
-// whether this rule can go.
-constexpr std::uint64_t kLatentFusedMaxKeys = 4096;
 constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
@@ -721,16 +712,12 @@ DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, con
   // The cluster entries' o: 8-byte aligned, apart from q (which the step may overwrite in place).
   const bool clusters = fused.id != 0 && a.o.addr % 8 == 0 &&
                         !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
-  auto plan = [&](bool fuse) {
-    return plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(), gpu.max_shared_bytes_per_block(),
-                             fast.wgmma_fp8.id != 0,
-                             !fuse    ? std::span<const std::uint32_t>{}
-                             : latent ? fast.fused_clusters_latent
-                             : wide   ? fast.fused_clusters64
-                                      : fast.fused_clusters);
-  };
-  SplitPlan p = plan(clusters);
-  if (latent && p.fused && p.keys_per_split > kLatentFusedMaxKeys) p = plan(false);  // long chunks: unfused
+  const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, gpu.multiprocessor_count(),
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0,
+                                        !clusters ? std::span<const std::uint32_t>{}
+                                        : latent  ? fast.fused_clusters_latent
+                                        : wide    ? fast.fused_clusters64
+                                                  : fast.fused_clusters);
   const DevicePtr w = p.fused ? DevicePtr{} : ws.get(gpu, p.workspace_bytes);  // fused: no partials, no workspace
   SplitDecodeFp8Args s{split_from(a, p, w, a.inv_sqrt_d * a.k_scale), a.cache_stride, a.sliding_window, a.comp_pool,
                        a.comp_block_count};

@@ -6,6 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" build/bin build/kernels /work
+tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 export METRALE_GOLDEN_DIR=$PWD/.carry/golden
 cp .carry/bin/* build/bin/ && cp .carry/kernels/* build/kernels/
@@ -14,7 +15,7 @@ cd /work/main || exit 1
 M=build/bin/metrale
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  for f in build/kernels/*.fatbin; do echo "$f"; cuobjdump -lelf "$f"; cuobjdump -lptx "$f"; done
+  cuobjdump -lelf "$M"; cuobjdump -lptx "$M"  # the embedded fatbins' images
 } > "$OUT/device.txt" 2>&1
 step() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $? in $((SECONDS - t0)) s"; }
 step tests build/bin/metrale_tests

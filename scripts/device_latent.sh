@@ -9,6 +9,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 # B L H KEYS_PER_SPLIT: the sweep's batch ≥ 32 rows from 4K keys at 128 heads, and one at 64.
 rows=("32 4096 128 2048" "128 4096 128 4096" "32 16384 128 8192" "128 16384 128 16384" "32 65536 128 32768"

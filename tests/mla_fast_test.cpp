@@ -947,9 +947,9 @@ TEST_CASE("the split path runs with an sm_121's shared memory on the emulator", 
 // A device whose shared memory holds the heads-in-M block but not the register-operand 64-head
 // block (between their sizes) still runs a latent 64-head step of 4200 keys on the heads-in-M
 // block, and a two-pool step on the mma.sync blocks; both match the float64 reference. (Until the
-// plan counted the heads-in-M block, the latent step fell back to mma.sync there.) On two SMs the
-// latent step's one chunk of 4200 keys keeps the combine kernel; on four, two chunks of 2112 keys
-// combine in clusters (the heads-in-M block fuses chunks of at most 4096 keys).
+// plan counted the heads-in-M block, the latent step fell back to mma.sync there.) The latent step
+// is one launch of the cluster entry: on two SMs one chunk of 4200 keys a sequence (a cluster of
+// one), on four two chunks of 2112 keys combined in their clusters.
 TEST_CASE("the heads-in-M block runs where it fits and the register-operand block does not",
           "[mla_fast][dispatch][latent]") {
   const std::uint32_t latent_bytes = wgmma_latent_shared_bytes(), wide_bytes = wgmma_shared_bytes(KvFormat::fp8, 64);
@@ -977,8 +977,9 @@ TEST_CASE("the heads-in-M block runs where it fits and the register-operand bloc
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));
   const std::string decode = latent ? "mla_paged_decode_wgmma_latent_fp8" : "mla_paged_decode_split_fp8";
-  if (latent && o.multiprocessor_count == 4) {
+  if (latent) {
     CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma_latent_combine_fp8"});
+    CHECK(gpu.launch_log()[0].cluster.x == o.multiprocessor_count / 2);
   } else {
     CHECK(entries == std::vector<std::string>{decode, "mla_paged_decode_combine"});
   }

@@ -137,6 +137,10 @@ KernelCase k3_combine_case(std::uint32_t heads, std::uint32_t dv, std::uint32_t 
 /// by ≲ 2δ relatively; the online rescaling adds a few roundings per key to the
 /// accumulators and the denominator.
 double k3_sdpa_bound(const ref::K3SdpaProblem& p, std::size_t h);
+/// How far two FP32 backends' head-h outputs may differ: each logit's δ (as k3_sdpa_bound) moves
+/// a weight by ≲ 2δ relatively, and the exponentials (CUDA's expf and libm's exp differ by up to
+/// 2 ulps) a few units of 2^-24, over the largest |V|.
+double k3_sdpa_backend_bound(const ref::K3SdpaProblem& p, std::size_t h);
 
 /// Every kernel with a launcher over its sweep of shapes and edge cases
 /// (odd sizes, the model's dimensions, empty and block-edge sequences,

@@ -293,9 +293,7 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// table holds at least 4096 keys (max_blocks_per_seq · block_size) run on
 /// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products),
 /// or mla_paged_decode_wgmma_latent_combine_fp8 where the plan fuses the combine into its
-/// clusters in chunks of at most 4096 keys (the twenty-fifth session's cluster build walked a tile
-/// 6–8% slower, which only short chunks repaid; the rule stays until the twenty-sixth session's
-/// build is timed); every other kernel reads the row twice. The wgmma steps combine in their clusters
+/// clusters; every other kernel reads the row twice. The wgmma steps combine in their clusters
 /// (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from
 /// q; otherwise the split kernel and the combine run. Source:
 /// SPEC §3, docs/performance.md. Errors: the launchers'.

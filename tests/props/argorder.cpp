@@ -190,10 +190,8 @@ void paged_dispatchers() {
                                                     : latent                         ? fast.fused_clusters_latent
                                                     : wgmma_rows(a, comp, sms) == 64 ? fast.fused_clusters64
                                                                                      : fast.fused_clusters;
-    SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, sms, rig.gpu.max_shared_bytes_per_block(),
-                                    fast.wgmma_fp8.id != 0, clusters);
-    if (latent && p.fused && p.keys_per_split > 4096)  // the heads-in-M block fuses only chunks of ≤ 4096 keys
-      p = plan_split_decode(a, KvFormat::fp8, comp, sms, rig.gpu.max_shared_bytes_per_block(), fast.wgmma_fp8.id != 0);
+    const SplitPlan p = plan_split_decode(a, KvFormat::fp8, comp, sms, rig.gpu.max_shared_bytes_per_block(),
+                                          fast.wgmma_fp8.id != 0, clusters);
     const bool fused = p.fused;  // the combine in the split kernel's clusters
     RC_ASSERT(log.size() == (fused ? 1u : 2u));
     const DevicePtr w = fused ? DevicePtr{} : ws.get(rig.gpu, 0);
