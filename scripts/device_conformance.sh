@@ -15,7 +15,7 @@ cd /work/main || exit 1
 M=build/bin/metrale
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  cuobjdump -lelf "$M"; cuobjdump -lptx "$M"  # the embedded fatbins' images
+  for f in build/kernels/*.fatbin; do echo "$f"; cuobjdump -lelf "$f"; cuobjdump -lptx "$f"; done
 } > "$OUT/device.txt" 2>&1
 step() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $? in $((SECONDS - t0)) s"; }
 step tests build/bin/metrale_tests

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pack what scripts/device_conformance.sh and scripts/device_latent.sh need into .carry/pack.tgz
-# (git-ignored): stripped binaries (the kernels' fatbins are built into them), the shared
-# libraries the Debian build links (fmt, spdlog), the kernels' PTX (ptx_signature_test reads it)
-# and the golden cases. The working tree and the carry travel under 64 MiB together, so the
+# (git-ignored): stripped binaries, the shared libraries the Debian build links (fmt, spdlog), the
+# kernels' fatbins (built into the binaries as well; cuobjdump lists these files) and PTX
+# (ptx_signature_test reads it), and the golden cases. The working tree and the carry travel under 64 MiB together, so the
 # carry goes compressed; the device scripts unpack it into .carry/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity "$stage/bin
 [ ! -x build/bin/hm_trace ] || cp build/bin/hm_trace "$stage/bin/"
 strip "$stage"/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libspdlog.so.1.10 "$stage/lib/"
-cp build/kernels/*.ptx "$stage/kernels/"
+cp build/kernels/*.fatbin build/kernels/*.ptx "$stage/kernels/"
 # The golden cases as the test suite finds them: METRALE_GOLDEN_DIR, else ../shared/golden, else the copies here.
 golden=${METRALE_GOLDEN_DIR:-}
 [ -n "$golden" ] || { [ -d ../shared/golden ] && golden=../shared/golden || golden=cases/golden; }
