@@ -1553,7 +1553,15 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
     entries_of(begin + 3 * kTileKeys, entries);
   }
-  if (tid < 4) mbar_init(sm.alpha_full + tid, 128), fence_mbar_init();  // alpha_full[0..1], alpha_empty[0..1]
+  // alpha_full[0..1], alpha_empty[0..1], by one thread as the other blocks do theirs. With
+  // `tid < 4`, ptxas ran the init as a loop under a uniform predicate that warps 1–7 never take,
+  // and racecheck counted it in those warps too, as writes at whatever their (unset) register
+  // held: WAW hazards on Q's scales and P (twenty-seventh session, docs/conformance.md).
+  if (tid == 0) {
+#pragma unroll
+    for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
+    fence_mbar_init();
+  }
   load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
                                [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
                                  st_shared_v4(sm.sq + swizzled(row, part), w[0], w[1], w[2], w[3]);
