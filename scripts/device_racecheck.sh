@@ -14,7 +14,7 @@ race() {
   local t0=$SECONDS
   timeout 90 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 40 --report-api-errors no "$@" \
     > "$OUT/race_$name.txt" 2>&1
-  echo "$name: exit $? in $((SECONDS - t0)) s; $(grep -c "Race reported\|Error: Race" "$OUT/race_$name.txt") lines of races;" \
+  echo "$name: exit $? in $((SECONDS - t0)) s; $(grep -c "hazard detected" "$OUT/race_$name.txt") hazards shown;" \
     "$(grep "RACECHECK SUMMARY" "$OUT/race_$name.txt")"
 }
 race conform_latent .carry/bin/metrale conform --backend cuda --no-golden --only latent

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Pack what scripts/device_conformance.sh and scripts/device_latent.sh need into .carry/pack.tgz
-# (git-ignored): stripped binaries, the shared libraries the Debian build links (fmt, spdlog), the
-# kernels' fatbins (built into the binaries as well; cuobjdump lists these files) and PTX
-# (ptx_signature_test reads it), and the golden cases. The working tree and the carry travel under 64 MiB together, so the
-# carry goes compressed; the device scripts unpack it into .carry/.
+# Pack what the device scripts (scripts/device_*.sh) need into .carry/pack.tgz (git-ignored):
+# stripped binaries, the shared libraries the Debian build links (fmt, spdlog), the kernels'
+# fatbins (built into the binaries as well; cuobjdump lists these files) and PTX
+# (ptx_signature_test reads it), and the golden cases. The working tree and the carry travel
+# under 64 MiB together, so the carry goes compressed; the device scripts unpack it into .carry/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
