@@ -1195,6 +1195,13 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: mla_wgmma from METRALE_CUDA_FATBIN_DIR '" +
                                             dir.path.string() + "', "));
+  // Before: a folder named as a module's image was reported as that module's image, which the CUDA
+  // backend refuses (not a regular file).
+  std::filesystem::create_directories(dir.path / "mla_fast.fatbin");
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: an error: " + (dir.path / "mla_fast.fatbin").string() +
+                                            " is not a regular file"));
   std::filesystem::remove_all(dir.path);
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);
@@ -1364,6 +1371,10 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
             "rows[1] has no best_us (a number or null)"},
            {R"({"matmul_tflops": "fast"})", "matmul_tflops (a json string) is not a positive number"},
            {R"({"matmul_tflops": -2.5})", "matmul_tflops -2.5 is not a positive number"},
+           {R"({"matmul_tflops": 1e308})", "matmul_tflops 1e+308 is not a positive number of finite FLOP/s"},
+           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": -5}]})", "rows[0] best_us -5 is not a positive time"},
+           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 0}]})",
+            "rows[1] best_us 0 is not a positive time"},
            // Before: a SIGSEGV (the value dumped into the message recursed off the stack).
            {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
             "JSON nests deeper than 8 levels"},

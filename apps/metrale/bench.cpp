@@ -311,14 +311,15 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
 constexpr int kMaxTorchJsonDepth = 8;
 
 // bench/torch_baseline.py's output as the sweep reads it: an object; matmul_tflops, when there, a
-// positive number; rows, when there, an array of objects with unsigned B, L and H and best_us a
-// number or null. Errors: `invalid_argument` naming the file, the row and the key.
+// positive number whose FLOP/s are finite; rows, when there, an array of objects with unsigned B,
+// L and H and best_us a positive number or null. Errors: `invalid_argument` naming the file, the
+// row and the key.
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("matmul_tflops");
-      it != torch.end() && !(it->is_number() && it->get<double>() > 0))  // (a number shown, anything else named)
-    fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a positive number", path,
-         it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()));
+      it != torch.end() && !(it->is_number() && it->get<double>() > 0 && std::isfinite(it->get<double>() * 1e12)))
+    fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a positive number of finite FLOP/s", path,
+         it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()));  // a number shown
   if (!torch.contains("rows")) return;
   if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
   std::size_t i = 0;
@@ -329,6 +330,9 @@ void check_torch_json(const ordered_json& torch, const std::string& path) {
         fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no unsigned integer {}", path, i, key);
     if (!r.contains("best_us") || !(r["best_us"].is_number() || r["best_us"].is_null()))
       fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no best_us (a number or null)", path, i);
+    if (r["best_us"].is_number() && !(r["best_us"].get<double>() > 0))
+      fail(Errc::invalid_argument, "bench --torch {}: rows[{}] best_us {} is not a positive time", path, i,
+           r["best_us"].dump());
     ++i;
   }
 }

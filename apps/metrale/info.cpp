@@ -45,10 +45,19 @@ void add_info(CLI::App& app) {
                  printable(fatbin_dir));
     } else {
       std::set<std::string> modules, found;
+      std::vector<std::string> not_files;  // the CUDA backend refuses these (cuda_backend.cpp)
       for (const auto& e : emu.registry().entries()) modules.insert(e.module);
-      for (const auto& m : modules)
-        if (std::filesystem::exists(std::filesystem::path(fatbin_dir) / (m + ".fatbin"), ec)) found.insert(m);
-      if (found.empty())
+      for (const auto& m : modules) {
+        const auto path = std::filesystem::path(fatbin_dir) / (m + ".fatbin");
+        if (std::filesystem::is_regular_file(path, ec))
+          found.insert(m);
+        else if (std::filesystem::exists(path, ec))
+          not_files.push_back(printable(path.string()));
+      }
+      if (!not_files.empty())
+        fmt::print("  cuda kernel images: an error: {} {} not a regular file (METRALE_CUDA_FATBIN_DIR)\n",
+                   fmt::join(not_files, ", "), not_files.size() == 1 ? "is" : "are");
+      else if (found.empty())
         fmt::print("  cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR '{}' holds no <module>.fatbin)\n",
                    printable(fatbin_dir));
       else
