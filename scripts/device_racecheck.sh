@@ -7,7 +7,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-[ -d .carry/bin ] || tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
+tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 race() {
   local name=$1; shift
