@@ -9,12 +9,15 @@
 // MODE: partial (the default: mla_paged_decode_wgmma_latent_fp8, partials to global memory),
 // cluster (mla_paged_decode_wgmma_latent_combine_fp8 in clusters of the splits, as the dispatcher
 // launches it) or fused (the same entry launched without a cluster: one split only).
+// With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
+// the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01).
 #include "mla_wgmma.cu"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -97,11 +100,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, cluster ? 8 : 1);
     return 2;
   }
+  const char* const as_bench_env = std::getenv("HM_TRACE_AS_BENCH");
+  const bool as_bench = as_bench_env != nullptr && std::strcmp(as_bench_env, "1") == 0;
+  const float logit_scale = as_bench ? 0.01f / std::sqrt(192.0f) : 0.07f;
   std::mt19937_64 rng(1);
   std::vector<uint8_t> pool(size_t{B} * L * kDim);
-  for (auto& code : pool) code = static_cast<uint8_t>(rng()) & 0xB7;
-  std::vector<uint16_t> q(size_t{B} * H * kDim);  // BF16 (truncated) of uniform values in [-2, 2)
-  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  const size_t drawn = as_bench ? std::min<size_t>(pool.size(), size_t{16} << 20) : pool.size();
+  for (size_t i = 0; i < drawn; ++i) pool[i] = static_cast<uint8_t>(rng()) & 0xB7;
+  for (size_t i = drawn; i < pool.size(); ++i) pool[i] = pool[i % drawn];
+  std::vector<uint16_t> q(size_t{B} * H * kDim);  // BF16 (truncated) of uniform values in [-2, 2) ([-1, 1) as bench)
+  std::uniform_real_distribution<float> uniform(as_bench ? -1.0f : -2.0f, as_bench ? 1.0f : 2.0f);
   for (auto& x : q) {
     const float f = uniform(rng);
     uint32_t bits = 0;
@@ -132,12 +140,13 @@ int main(int argc, char** argv) {
   auto launch = [&] {
     if (partial) {
       mla_paged_decode_wgmma_latent_fp8<<<grid, 256, shared>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table,
-                                                               d_lens, blocks_per_seq, H, kDim, kDim, kBlock, 0.07f,
-                                                               kDim, 0, nullptr, 0, kps);
+                                                               d_lens, blocks_per_seq, H, kDim, kDim, kBlock,
+                                                               logit_scale, kDim, 0, nullptr, 0, kps);
     } else {
       check(cudaLaunchKernelEx(&config, mla_paged_decode_wgmma_latent_combine_fp8, d_q, d_pool, d_pool,
                                static_cast<const float*>(nullptr), o, d_table, d_lens, blocks_per_seq, H, kDim, kDim,
-                               kBlock, 0.07f, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps, 1.0f),
+                               kBlock, logit_scale, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps,
+                               1.0f),
             "cudaLaunchKernelEx");
     }
   };
@@ -158,8 +167,8 @@ int main(int argc, char** argv) {
   float ms = 0;
   check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
   const double us = 1e3 * ms / kReps, flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
-  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
-              grid.y, grid.z, mode, us, flop / us * 1e-6);
+  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s%s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
+              grid.y, grid.z, mode, as_bench ? " (bench data)" : "", us, flop / us * 1e-6);
 #ifdef METRALE_HM_TRACE
   unsigned long long cycles[2][10] = {};
   check(cudaMemcpyFromSymbol(cycles, g_hm_trace, sizeof cycles), "cudaMemcpyFromSymbol");
