@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Why B = 128 × 64K × 128 heads takes longer as a `metrale bench` sweep step than the same block
-# alone in hm_trace (docs/performance.md, "Twenty-seventh session"): both programs on that row and
-# on a control row (128 × 16K × 128), hm_trace also on bench's data (HM_TRACE_AS_BENCH=1), bench
-# also in groups of 5 launches, then ncu's kernel duration at base clocks in both programs, with
-# the SM clock and power logged throughout. Needs .carry/bin/hm_trace (scripts/pack_device.sh);
-# logs under $OUT. About four minutes; run it as `timeout 330 scripts/device_step_gap.sh`.
+# alone in hm_trace (docs/performance.md, "Twenty-seventh session"). Both programs on that row and
+# on a control row (128 × 16K × 128); hm_trace also on bench's data (HM_TRACE_AS_BENCH=1); bench
+# also in groups of 5 launches and after the two-pool problem of the same row (as in the sweep);
+# then ncu's kernel duration at base clocks in both programs; the SM clock and power logged
+# throughout. Needs .carry/bin/hm_trace (scripts/pack_device.sh); logs under $OUT. About five
+# minutes; run it as `timeout 400 scripts/device_step_gap.sh`.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -14,17 +15,18 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
   --format=csv -lms 100 > "$OUT/clocks.csv" 2>&1 &
 smi=$!
 hm() { echo "$(date +%T) hm_trace $* ${HM_TRACE_AS_BENCH:+(bench data)}: $(.carry/bin/hm_trace "$@" 2>&1 | tail -n 1)"; }
-step() {
-  echo "$(date +%T) bench $*:"
-  .carry/bin/metrale bench --backend cuda --sweep --cache fp8 --layout latent "$@" 2>&1 | grep -E "latent|rror" | head -n 4
+step() {  # LAYOUTS then bench's sweep options
+  echo "$(date +%T) bench --layout $*:"
+  .carry/bin/metrale bench --backend cuda --sweep --cache fp8 --layout "$@" 2>&1 | grep -E "latent|separate|rror" | head -n 4
 }
 {
   hm 128 65536 128 65536 cluster
   HM_TRACE_AS_BENCH=1 hm 128 65536 128 65536 cluster
-  step --batch 128 --context 65536 --heads 128
-  step --batch 128 --context 65536 --heads 128 --group 5
+  step latent --batch 128 --context 65536 --heads 128
+  step latent --batch 128 --context 65536 --heads 128 --group 5
+  step separate,latent --batch 128 --context 65536 --heads 128  # as the sweep: the two pools' problem first
   hm 128 16384 128 16384 cluster
-  step --batch 128 --context 16384 --heads 128
+  step latent --batch 128 --context 16384 --heads 128
 } 2>&1 | tee "$OUT/gap.txt"
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,lts__t_sector_hit_rate.pct
 ncu --clock-control base --metrics $metrics -k regex:latent_combine -c 2 .carry/bin/hm_trace 128 65536 128 65536 cluster \
