@@ -18,15 +18,47 @@ std::string_view to_string(Errc code) {
   return "unknown";
 }
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence at the start of `text` (its first byte ≥ 0x80),
+// or 0: the Unicode standard's table 3-7 (no overlong forms, surrogates or code points past
+// U+10FFFF).
+std::size_t utf8_sequence(std::string_view text) {
+  const auto at = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = at(0);
+  std::size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  }
+  if (length == 0 || text.size() < length || at(1) < low || at(1) > high) return 0;
+  for (std::size_t i = 2; i < length; ++i)
+    if (at(i) < 0x80 || at(i) > 0xBF) return 0;
+  return length;
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (const char ch : text) {
-    const auto byte = static_cast<unsigned char>(ch);
-    if (byte < 0x20 || byte == 0x7F) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::size_t sequence = byte >= 0x80 ? utf8_sequence(text.substr(i)) : 1;
+    if (byte < 0x20 || byte == 0x7F || sequence == 0) {
       out += fmt::format("\\x{:02X}", byte);
+      ++i;
     } else {
-      out += ch;
+      out.append(text.substr(i, sequence));
+      i += sequence;
     }
   }
   return out;

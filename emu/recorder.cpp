@@ -74,7 +74,10 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 19) continue;
     next_ = std::max<std::uint64_t>(next_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
   }
-  if (files > 0)
+  if (files > 0 && next_ >= kMaxCases)
+    spdlog::warn("recorder: {} already holds {} case file{}, one numbered {}: no number is left for a new one",
+                 printable(dir_.string()), files, files == 1 ? "" : "s", kMaxCases - 1);
+  else if (files > 0)
     spdlog::warn("recorder: {} already holds {} case file{}; new ones are numbered from {:04}",
                  printable(dir_.string()), files, files == 1 ? "" : "s", next_);
 }
@@ -156,8 +159,8 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   // run's scan reads back.
   for (;; ++next_) {
     if (next_ >= kMaxCases)
-      fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", dir_.string(), next_ - 1,
-           kMaxCases - 1);
+      fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),
+           next_ - 1, kMaxCases - 1);
     c.name = fmt::format("{:04}_{}", next_, c.entry);
     if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
   }

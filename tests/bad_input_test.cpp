@@ -396,6 +396,13 @@ TEST_CASE("bad input: control characters from a case file are escaped in names a
           "[bad_input][kernel_case]") {
   CHECK(printable("a\nb\x1b[2Jc\x7f\td") == "a\\x0Ab\\x1B[2Jc\\x7F\\x09d");
   CHECK(printable("plain ü") == "plain ü");
+  // Well-formed UTF-8 stays (2, 3 and 4 bytes); a byte that is not part of it is escaped, alone:
+  // a stray continuation, a lead byte cut short or at the end, an overlong form, a surrogate,
+  // past U+10FFFF. (A JSON parser's excerpt of a binary file had reached stderr raw.)
+  CHECK(printable("\xE2\x82\xAC \xF0\x9F\x98\x80") == "\xE2\x82\xAC \xF0\x9F\x98\x80");
+  CHECK(printable("a\xFF\xC3(b") == "a\\xFF\\xC3(b");
+  CHECK(printable("\x80x\xE2\x82") == "\\x80x\\xE2\\x82");
+  CHECK(printable("\xC0\xAF\xED\xA0\x80\xF4\x90\x80\x80") == "\\xC0\\xAF\\xED\\xA0\\x80\\xF4\\x90\\x80\\x80");
   SafeTensors f = recorded_decode_case();
   f.metadata["case"] = "x\nPASS all";
   const KernelCase c = kernel_case_from(f, "c");
@@ -1142,7 +1149,8 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
            {"-5", "'-5' is not a size"},
            {"18446744073709551616",
             "'18446744073709551616' bytes is more than 2^64 - 1"},  // (was "error (internal): stoull")
-           {"lots", "unit not recognized"},
+           {"lots", "'lots' is not a size"},
+           {"MB", "'MB' is not a size"},  // (was 1 MB: AsSizeValue reads a bare unit as one)
            {"1zb", "unit not recognized"}}) {
     out.clear();
     CHECK(run_cli(fmt::format("--record-limit {} {}", bad, run), out) > 100);
@@ -1430,7 +1438,7 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   for (const auto& c : report.at("cases")) {
     const auto name = c.at("name").get<std::string>();
     if (name == "zq_broken") broken = !c.at("pass").get<bool>() && c.at("kernel") == "model case file";
-    if (name == "x\xEF\xBF\xBD_zq.safetensors") renamed = c.at("pass").get<bool>();  // U+FFFD for the 0xFF
+    if (name == "x\\xFF_zq.safetensors") renamed = c.at("pass").get<bool>();  // the 0xFF escaped by printable()
   }
   CHECK(broken);
   CHECK(renamed);
@@ -1455,6 +1463,10 @@ TEST_CASE("bad input: the recorder stops before a case number it could not read 
   out.clear();
   CHECK(run_cli(run, out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("holds case number 9999999999999999999; numbers stop at"));
+  // The warning ahead of it says so too (it had said "new ones are numbered from 10000000000000000000").
+  CHECK_THAT(out, Catch::Matchers::Contains("already holds 2 case files, one numbered 9999999999999999999: no number "
+                                            "is left for a new one"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("numbered from"));
   // Nothing overwritten, no partial file.
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator{}) == 2);
 }

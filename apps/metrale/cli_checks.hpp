@@ -1,6 +1,7 @@
 // CLI11 checks the metrale CLI and the fuzz drivers share.
 #pragma once
 
+#include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <iterator>
@@ -71,13 +72,20 @@ inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
           "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]"};
 }
 
-/// The check of a size in bytes, after CLI::AsSizeValue has turned "4GB" into digits: positive
-/// and within 64 bits.
-inline CLI::Validator positive_bytes() {
+/// The check and conversion of a size option: a whole number with an optional unit ("4GB", "2 GiB",
+/// "1024"), converted by CLI::AsSizeValue (1000-based units, "Ki"-style 1024-based), rewritten as
+/// decimal bytes, positive and within 64 bits. The number must come first: AsSizeValue reads a
+/// bare unit ("MB") as one of it.
+inline CLI::Validator size_in_bytes() {
   return {[](std::string& s) {
+            const std::size_t at = s.find_first_not_of(" \t");
+            if (at == std::string::npos || std::isdigit(static_cast<unsigned char>(s[at])) == 0)
+              return "'" + s + "' is not a size (4GB, 500MB, 1024)";
+            const std::string given = s;
+            if (std::string error = CLI::AsSizeValue(true)(s); !error.empty()) return error;
             const Decimal d = read_decimal(s);
-            if (d.error == std::errc::result_out_of_range) return "'" + s + "' bytes is more than 2^64 - 1";
-            if (d.error != std::errc{}) return "'" + s + "' is not a size (4GB, 500MB, 1024)";
+            if (d.error == std::errc::result_out_of_range) return "'" + given + "' bytes is more than 2^64 - 1";
+            if (d.error != std::errc{}) return "'" + given + "' is not a size (4GB, 500MB, 1024)";
             if (d.value == 0) return std::string{"a size of 0 bytes (give a positive size)"};
             s = std::to_string(d.value);
             return std::string{};

@@ -253,7 +253,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
                             {"seconds", seconds},
                             {"pass", failed == 0},
                             {"cases", cases}};
-  // (A case file's name need not be UTF-8: such bytes are written as U+FFFD.)
+  // (A case file's name need not be UTF-8: printable() wrote such bytes as \xNN; any other text
+  // that is not UTF-8 would be written as U+FFFD.)
   const std::string json_text = report.dump(2, ' ', false, ordered_json::error_handler_t::replace) + '\n';
 
   // report.md: one row per (group, kernel) with the largest errors seen, each beside the largest

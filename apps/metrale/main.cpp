@@ -60,8 +60,7 @@ int main(int argc, char** argv) {
                  "the most bytes of case files --record writes (4GB unless METRALE_RECORD_LIMIT says otherwise); "
                  "a launch that could pass it fails before it runs")
       ->option_text("SIZE")
-      ->transform(CLI::AsSizeValue(true))
-      ->check(metrale::cli::positive_bytes())  // (digits after it: the conversion below cannot fail)
+      ->transform(metrale::cli::size_in_bytes())  // (digits after it: the conversion below cannot fail)
       ->each([](const std::string& s) { metrale::cli::limit_recording_to(std::stoull(s)); });
   int exit_code = 0;
   metrale::cli::add_replay(app, [&](int code) { exit_code = code; });

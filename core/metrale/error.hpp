@@ -29,9 +29,11 @@ enum class Errc {
 /// The code's name as written in SPEC §1 ("invalid_argument", ...).
 std::string_view to_string(Errc code);
 
-/// `text` with its control characters (bytes below 0x20, and 0x7F) written as \xNN, so that a
-/// value read from a file (a case name, a metadata value) cannot start or fake a line of output;
-/// every other byte as it is. An Error's message and context frames go through it.
+/// `text` with its control characters (bytes below 0x20, and 0x7F) and every byte that is not
+/// part of well-formed UTF-8 written as \xNN, so that a value read from a file (a case name, a
+/// metadata value, a JSON parser's excerpt of it) cannot start or fake a line of output, and the
+/// output stays UTF-8; every other byte as it is. An Error's message and context frames go
+/// through it.
 std::string printable(std::string_view text);
 
 class Error : public std::exception {
