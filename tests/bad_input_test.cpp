@@ -1324,6 +1324,13 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
            "- case folders: " + cases.path.string() + "\n", "- golden folders: none\n",
            "- cases: 1 run, 0 failed, 0 skipped (the device cannot run them), "})
     CHECK_THAT(md, Catch::Matchers::Contains(line));
+  // The kernel's row names the check nearest its tolerance, its error beside that fraction (before:
+  // the largest error of any check beside the largest fraction of any, possibly two outputs).
+  const auto& check = report.at("cases").at(0).at("checks").at(0);
+  CHECK_THAT(md, Catch::Matchers::Contains(
+                     fmt::format("| file | mla_paged_decode_fp8 | 1 | 0 | {} | {:.3e} | {:.3g} | - | - | - |",
+                                 check.at("output").get<std::string>(), check.at("max_abs").get<double>(),
+                                 check.at("tolerance_used").get<double>())));
 }
 
 TEST_CASE("bad input: conform says a golden folder's file that is not a model case is skipped", "[bad_input][cli]") {
