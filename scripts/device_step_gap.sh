@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
   --format=csv -lms 100 > "$OUT/clocks.csv" 2>&1 &
 smi=$!
-hm() { echo "$(date +%T) hm_trace $* ${HM_TRACE_AS_BENCH:+(bench data)}: $(.carry/bin/hm_trace "$@" 2>&1 | tail -n 1)"; }
+hm() { echo "$(date +%T) hm_trace $*: $(.carry/bin/hm_trace "$@" 2>&1 | tail -n 1)"; }
 step() {  # LAYOUTS then bench's sweep options
   echo "$(date +%T) bench --layout $*:"
   .carry/bin/metrale bench --backend cuda --sweep --cache fp8 --layout "$@" 2>&1 | grep -E "latent|separate|rror" | head -n 4
