@@ -594,9 +594,11 @@ __device__ void cluster_sum(const float* const (&peer)[kMaxClusterSplits], const
 // cluster_combine_bystander) and four dims a thread, reading every block's rows through
 // distributed shared memory, with the combine's arithmetic (chunk_weights, cluster_sum): the bits
 // of mla_paged_decode_combine.
+// `rank0`: the cluster rank of the group's chunk 0 (the heads-in-M block's pairs: its head group's
+// row of the cluster, [n, 2, 1]).
 template <uint32_t kHeads, uint32_t kThreads>
 __device__ void cluster_combine(const ClusterOut& out, const float* rows, const float* mls, uint32_t s, uint32_t head0,
-                                uint32_t num_q_heads, uint32_t z, uint32_t n) {
+                                uint32_t num_q_heads, uint32_t z, uint32_t n, uint32_t rank0 = 0) {
   namespace cg = cooperative_groups;
   constexpr uint32_t kParts = kThreads / kHeads;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -610,8 +612,8 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
     float m[kMaxClusterSplits], l[kMaxClusterSplits], w[kMaxClusterSplits];
 #pragma unroll
     for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
-      peer[c] = cluster.map_shared_rank(rows, c < n ? c : 0) + hl * kDim;
-      const float* const ml = cluster.map_shared_rank(mls, c < n ? c : 0) + 2 * hl;
+      peer[c] = cluster.map_shared_rank(rows, rank0 + (c < n ? c : 0)) + hl * kDim;
+      const float* const ml = cluster.map_shared_rank(mls, rank0 + (c < n ? c : 0)) + 2 * hl;
       m[c] = c < n ? ml[0] : 0.0f;
       l[c] = c < n ? ml[1] : 0.0f;
     }
@@ -1009,6 +1011,28 @@ __device__ void named_arrive(uint32_t id) {
 __device__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// Distributed shared memory (sm_90 clusters): `p`'s place in the shared memory of block `rank` of
+// the cluster (its own rank included), for the forms below and st.shared::cluster.
+__device__ uint32_t cluster_addr(const void* p, uint32_t rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+  return a;
+}
+// An arrival at the mbarrier at cluster address `bar`, releasing this thread's writes to the
+// cluster; the wait that acquires them (at this block's own barrier).
+__device__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// This thread's writes to the cluster's shared memory made visible to the tensor cores' reads.
+__device__ void fence_cluster_to_async_proxy() { asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory"); }
 // The online softmax's lazy rescale (as FlashAttention-4's): a head's reference maximum moves only
 // when a tile's logits pass it by more than this (natural log units), so P = exp(s − m) stays
 // below e^8 (FP16 holds it), and O and l are rescaled only then; the walk's end rescales them to
@@ -1330,6 +1354,10 @@ struct SmemHm {
   float* alpha;      // [2][64] the heads' rescale factors of tile i at [i % 2]
   uint64_t* alpha_full;   // [2] mbarriers: alpha[b] written (warpgroup 0's 128 threads arrive)
   uint64_t* alpha_empty;  // [2] mbarriers: alpha[b] read (warpgroup 1's 128 threads arrive)
+  // Pairs only (kPair): tile b's two halves written (warpgroup 1's 128 threads of each block of the
+  // pair arrive), and the peer's tile b free (the peer's warpgroup 1 arrives): 32 bytes more.
+  uint64_t* tile_full;   // [2]
+  uint64_t* tile_empty;  // [2]
 };
 constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575: 32 a warpgroup
 constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
@@ -1361,6 +1389,36 @@ struct HmShare {
         st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part), w[0], w[1], w[2], w[3]);
         st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part + 1), w[4], w[5], w[6], w[7]);
       }
+  }
+};
+// A block of a pair's share (kPair): one key of the tile's 64, `key` (its units first + 4u), written
+// into both blocks' FP16 copies of the tile — `tile` here, `peer` (cluster address) there. (A
+// template, kUnits = kHmUnits, only so that the module's own build, which takes no pairs, does
+// not warn of its unused members.)
+template <uint32_t kUnits>
+struct HmHalfShare {
+  uint4 raw[kUnits];
+  __device__ void load(const uint8_t* row, uint32_t first) {
+#pragma unroll
+    for (uint32_t u = 0; u < kUnits; ++u)
+      raw[u] = row != nullptr ? ld_stream16(row + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint8_t* tile, uint32_t peer, uint32_t key, uint32_t first) const {
+#pragma unroll
+    for (uint32_t u = 0; u < kUnits; ++u) {
+      const uint32_t part = first + 4 * u, lo = swizzled(key, 2 * part), hi = swizzled(key, 2 * part + 1);
+      uint32_t w[8];
+      fp8x16_to_f16(raw[u], w);
+      st_shared_v4(tile + lo, w[0], w[1], w[2], w[3]);
+      st_shared_v4(tile + hi, w[4], w[5], w[6], w[7]);
+      st_cluster(peer + lo, w[0], w[1], w[2], w[3]);
+      st_cluster(peer + hi, w[4], w[5], w[6], w[7]);
+    }
+  }
+  // 16 bytes to the cluster address `addr` (the peer's shared memory).
+  __device__ static void st_cluster(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
   }
 };
 
@@ -1496,7 +1554,13 @@ __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st
 // P·V is done with it) from rows it loaded into registers under the last P·V. Each warpgroup
 // accumulates half of O's 576 dims (HmAcc). The two run apart loops (their registers allocated
 // apart: O, and S or the raw rows), meeting at kHmBarP a tile.
-template <class Out>
+// kPair (an experiment, bench/hm_trace.cu's pair modes; no entry of the module takes it yet): the
+// blocks of head groups 2g and 2g + 1 of a (sequence, chunk) are one cluster's column, [n, 2, 1],
+// and each block's warpgroup 1 loads and converts half of every tile's keys (keys 32r..32r + 31,
+// r its row of the cluster) into both blocks' FP16 copies, through distributed shared memory:
+// half the loads and conversions a block. Tile b's copy is full once both halves are written
+// (tile_full), and is written again only once the peer is done with it (tile_empty).
+template <class Out, bool kPair = false>
 __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                 uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1508,6 +1572,8 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   sm.alpha = sm.q_unscale + kRows64;
   sm.alpha_full = reinterpret_cast<uint64_t*>(sm.alpha + 2 * kRows64);
   sm.alpha_empty = sm.alpha_full + 2;
+  sm.tile_full = sm.alpha_full + 4;
+  sm.tile_empty = sm.alpha_full + 6;
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
   const uint32_t wg = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);  // warp-uniform, known so to the compiler
@@ -1517,41 +1583,68 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint32_t r0 = 16 * warp + lane / 4;  // the thread's rows r0 and r0 + 8 (HmAcc)
   const uint64_t p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
   auto tile_at = [&](uint32_t i) { return sm.st + (i % 2) * kHmTileBytes; };  // tile i's FP16 copy
+  // kPair: this block's row of the cluster (its half of each tile) and the peer's rank.
+  uint32_t pair_row = 0, peer = 0;
+  if constexpr (kPair) {
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    pair_row = cluster.block_index().y;
+    peer = cluster.block_rank() + (pair_row == 0 ? cluster.dim_blocks().x : -cluster.dim_blocks().x);
+  }
 
   // Warpgroup 1's keys of a tile (key_a and key_a + 32), its units first + 4u. A tile's rows are
   // found in three steps a tile apart, so that no wait for memory falls on the walk: the block
   // table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch (tile
   // i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at tile i.
+  // kPair: key key_a + 32·pair_row alone.
+  constexpr uint32_t kBatches = kPair ? 1 : 2;
   const uint32_t key_a = (tid % 128) / 4, first = tid % 4;
-  auto entries_of = [&](uint32_t tile, int32_t(&e)[2]) {
+  auto entries_of = [&](uint32_t tile, int32_t(&e)[kBatches]) {
 #pragma unroll
-    for (uint32_t b = 0; b < 2; ++b) {
-      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
+    for (uint32_t b = 0; b < kBatches; ++b) {
+      const uint32_t k = tile + key_a + (kPair ? pair_row : b) * kHmKeysPerBatch;
       e[b] = k < end ? layout.entry(k) : 0;
     }
   };
-  auto rows_of = [&](uint32_t tile, const int32_t(&e)[2], const uint8_t*(&r)[2]) {
+  auto rows_of = [&](uint32_t tile, const int32_t(&e)[kBatches], const uint8_t*(&r)[kBatches]) {
 #pragma unroll
-    for (uint32_t b = 0; b < 2; ++b) {
-      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
+    for (uint32_t b = 0; b < kBatches; ++b) {
+      const uint32_t k = tile + key_a + (kPair ? pair_row : b) * kHmKeysPerBatch;
       const uint8_t* rows[4];
       if (k < end) layout.locate(k, e[b], rows);
       r[b] = k < end ? rows[0] : nullptr;
       prefetch_row_l2(r[b], first);
     }
   };
-  HmShare share;
-  int32_t entries[2];      // tile i + 4's (after tile i)
-  const uint8_t* rows[2];  // tile i + 3's (after tile i)
-  if (wg == 1) {           // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
-    int32_t e[2];
-    const uint8_t* r[2];
-    entries_of(begin, e), rows_of(begin, e, r), share.load(r, first);
-    entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, r);
-    share.store(tile_at(0), key_a, first);
-    share.load(r, first);
-    entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
-    entries_of(begin + 3 * kTileKeys, entries);
+  std::conditional_t<kPair, HmHalfShare<kHmUnits>, HmShare> share;
+  int32_t entries[kBatches];      // tile i + 4's (after tile i)
+  const uint8_t* rows[kBatches];  // tile i + 3's (after tile i)
+  auto load = [&](const uint8_t* const(&r)[kBatches]) {
+    if constexpr (kPair)
+      share.load(r[0], first);
+    else
+      share.load(r, first);
+  };
+  // kPair: this block's half of tile i into both copies, then an arrival at both blocks' tile_full.
+  auto store_pair = [&](uint32_t i) {
+    if constexpr (kPair) {
+      share.store(tile_at(i), cluster_addr(tile_at(i), peer), key_a + pair_row * kHmKeysPerBatch, first);
+      fence_cluster_to_async_proxy();  // both copies, for the tensor cores
+      mbar_arrive_cluster(cluster_addr(sm.tile_full + i % 2, peer));
+      mbar_arrive_cluster(smem_addr(sm.tile_full + i % 2));  // the block's own (its cluster address)
+    }
+  };
+  const uint8_t* tile1[kBatches];  // kPair: tile 1's rows, loaded once the cluster has started
+  if (wg == 1) {                   // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
+    int32_t e[kBatches];
+    const uint8_t* r[kBatches];
+    entries_of(begin, e), rows_of(begin, e, r), load(r);
+    entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, kPair ? tile1 : r);
+    if constexpr (!kPair) {  // kPair: once both blocks' barriers are set up, below
+      share.store(tile_at(0), key_a, first);
+      load(r);
+      entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
+      entries_of(begin + 3 * kTileKeys, entries);
+    }
   }
   // alpha_full[0..1], alpha_empty[0..1], by one thread as the other blocks do theirs. With
   // `tid < 4`, ptxas ran the init as a loop under a uniform predicate that warps 1–7 never take,
@@ -1560,6 +1653,10 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   if (tid == 0) {
 #pragma unroll
     for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
+    if constexpr (kPair) {
+#pragma unroll
+      for (uint32_t b = 0; b < 2; ++b) mbar_init(sm.tile_full + b, 256), mbar_init(sm.tile_empty + b, 128);
+    }
     fence_mbar_init();
   }
   load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
@@ -1570,6 +1667,16 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   __syncthreads();
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
+  if constexpr (kPair) {
+    cooperative_groups::this_cluster().sync();  // both blocks' barriers set up before either arrives
+    if (wg == 1) {
+      int32_t e[kBatches];
+      if (begin < end) store_pair(0);  // an empty chunk: both blocks skip it (the peer may be gone)
+      load(tile1);
+      entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
+      entries_of(begin + 3 * kTileKeys, entries);
+    }
+  }
 
   HmAcc acc;
   // Rows r0 and r0 + 8 rescaled by f, skipped where the warp's factors are all 1 (a tile that
@@ -1607,7 +1714,8 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     }
     if constexpr (Out::cluster) {
       if (wg == 0)
-        cluster_combine<kRows64, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
+        cluster_combine<kRows64, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x,
+                                      pair_row * gridDim.x);
       else
         cluster_combine_bystander();
     }
@@ -1617,7 +1725,17 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       const bool more = tile + kTileKeys < end;
       if (i > 0) named_barrier<256>(kHmBarRead);  // warpgroup 0's P·V done with the last tile
       trace.mark(0);
-      if (more) {                              // the next tile into that tile's FP16 copy
+      if constexpr (kPair) {
+        if (more) {     // this block's half of the next tile into both blocks' copies of it
+          if (i > 0) {  // tile i − 1's copy: free here (told to the peer) and there
+            mbar_arrive_cluster(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));
+            mbar_wait_cluster(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
+          }
+          store_pair(i + 1);
+          mbar_wait_cluster(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);  // and the peer's half
+          fence_to_async_proxy();
+        }
+      } else if (more) {  // the next tile into that tile's FP16 copy
         share.store(tile_at(i + 1), key_a, first);
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
@@ -1632,7 +1750,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
       if (more) named_arrive<256>(kHmBarPv);
       trace.mark(3);
-      share.load(rows, first);  // tile i + 2, loading under this P·V
+      load(rows);                                    // tile i + 2, loading under this P·V
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       trace.mark(4);
@@ -1649,7 +1767,14 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
   const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
   float sacc[32];
-  if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
+  // kPair: a tile's copy whole (both halves) before its S; warpgroup 1 has waited for it too.
+  auto wait_whole = [&](uint32_t i) {
+    if constexpr (kPair) {
+      mbar_wait_cluster(sm.tile_full + i % 2, (i / 2) % 2);
+      fence_to_async_proxy();
+    }
+  };
+  if (begin < end) wait_whole(0), hm_issue_s(sacc, q_desc, tile_at(0));
   wgmma_wait<0>();
   trace = HmTrace{};
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
@@ -1700,6 +1825,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     if (more) {  // the next tile's S behind both halves of it
       named_barrier<256>(kHmBarPv);
       trace.mark(5);
+      wait_whole(i + 1);
       hm_issue_s(sacc, q_desc, tile_at(i + 1));
       trace.mark(6);
       wgmma_wait<1>();

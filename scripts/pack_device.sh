@@ -10,8 +10,9 @@ stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,lib,kernels,golden}
 # fuzz_capacity: the test that kills a fuzz driver mid-run (all six drivers would pass the carry limit)
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity "$stage/bin/"
-# hm_trace (scripts/device_latent.sh), where `cmake --build build --target hm_trace` built it
-[ ! -x build/bin/hm_trace ] || cp build/bin/hm_trace "$stage/bin/"
+# hm_trace and hm_trace_cycles (scripts/device_latent.sh, device_pair.sh), where
+# `cmake --build build --target hm_trace` built them
+for tool in hm_trace hm_trace_cycles; do [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"; done
 strip "$stage"/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libspdlog.so.1.10 "$stage/lib/"
 cp build/kernels/*.fatbin build/kernels/*.ptx "$stage/kernels/"
