@@ -1019,9 +1019,14 @@ __device__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   return a;
 }
 // An arrival at the mbarrier at cluster address `bar`, releasing this thread's writes to the
-// cluster; the wait that acquires them (at this block's own barrier).
+// cluster (on sm_90 a GPU-wide memory barrier first: MEMBAR.ALL.GPU); the wait that acquires them
+// (at this block's own barrier). mbar_arrive_remote: an arrival there with no such barrier (the
+// CTA-scope release), for a signal that orders no writes of the thread (reads it has finished).
 __device__ void mbar_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ void mbar_arrive_remote(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
   asm volatile(
@@ -1630,7 +1635,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       share.store(tile_at(i), cluster_addr(tile_at(i), peer), key_a + pair_row * kHmKeysPerBatch, first);
       fence_cluster_to_async_proxy();  // both copies, for the tensor cores
       mbar_arrive_cluster(cluster_addr(sm.tile_full + i % 2, peer));
-      mbar_arrive_cluster(smem_addr(sm.tile_full + i % 2));  // the block's own (its cluster address)
+      mbar_arrive(sm.tile_full + i % 2);  // the block's own: a CTA-scope release (its waiters are here)
     }
   };
   const uint8_t* tile1[kBatches];  // kPair: tile 1's rows, loaded once the cluster has started
@@ -1728,7 +1733,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       if constexpr (kPair) {
         if (more) {     // this block's half of the next tile into both blocks' copies of it
           if (i > 0) {  // tile i − 1's copy: free here (told to the peer) and there
-            mbar_arrive_cluster(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));
+            mbar_arrive_remote(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));  // its reads are done
             mbar_wait_cluster(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
           }
           store_pair(i + 1);
