@@ -3,10 +3,10 @@
 # tile's loads and conversion through distributed shared memory) against the unpaired block, on
 # the sweep's 128-head rows over one latent pool, at the dispatcher's chunk lengths: each pair mode
 # checks its bits against the unpaired block's and prints both times (bench/hm_trace.cu). Then the
-# same check on ragged sequences (empty chunks, partial tiles), the trace build of both, and
-# memcheck, racecheck and synccheck on small pairs. Needs .carry/bin/hm_trace and hm_trace_cycles
+# same check on ragged sequences (empty chunks, partial tiles), the trace build of both,
+# memcheck, racecheck and synccheck on small pairs, and ncu's sections for both blocks. Needs .carry/bin/hm_trace and hm_trace_cycles
 # (`cmake --build build --target hm_trace`, then scripts/pack_device.sh); logs under $OUT. About
-# three minutes; run it as `timeout 400 scripts/device_pair.sh`.
+# four minutes; run it as `timeout 500 scripts/device_pair.sh`.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -39,3 +39,9 @@ for tool in memcheck racecheck "synccheck --num-cuda-barriers 100000"; do
   done
 done 2>&1 | tee -a "$OUT/pair.txt"
 rm -f "$OUT/sanitizer.txt.part"
+# Where the two blocks' time goes: the first two launches of a pair-cluster run are the unpaired
+# block (the bit check's reference) and the paired one.
+timeout 150 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+  --section WarpStateStats -k regex:'latent_combine|hm_pair' -c 2 $hm 32 16384 128 8192 pair-cluster \
+  > "$OUT/ncu_pair.txt" 2>&1
+echo "ncu: exit $?" | tee -a "$OUT/pair.txt"
