@@ -1564,7 +1564,8 @@ __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st
 // and each block's warpgroup 1 loads and converts half of every tile's keys (keys 32r..32r + 31,
 // r its row of the cluster) into both blocks' FP16 copies, through distributed shared memory:
 // half the loads and conversions a block. Tile b's copy is full once both halves are written
-// (tile_full), and is written again only once the peer is done with it (tile_empty).
+// (tile_full), and is written again only once the peer is done with it (tile_empty);
+// bench/hm_pair_model.py checks that handshake under random schedules.
 template <class Out, bool kPair = false>
 __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                 uint32_t keys_per_split, const Fp8Rows& layout) {
