@@ -73,8 +73,10 @@ DeepseekMlaDecoder::DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, s
                                        std::span<const Bf16> w_uv, PagedKvCache& cache)
     : gpu_(gpu), cfg_(cfg), cache_(cache), k_(MlaAbsorbedKernels::resolve(gpu)), fast_(MlaFastKernels::resolve(gpu)) {
   if (&cache.backend() != &gpu)  // its pool addresses mean nothing (or something else) on this backend
-    fail(Errc::invalid_argument, "deepseek mla: the paged cache lives on another backend ({}) than the decoder ({})",
-         cache.backend().name(), gpu.name());
+    fail(Errc::invalid_argument,
+         "deepseek mla: the paged cache lives on another backend ({} at {}) than the decoder's ({} at {})",
+         cache.backend().name(), static_cast<const void*>(&cache.backend()), gpu.name(),
+         static_cast<const void*>(&gpu));
   const MlaDims& d = cfg_.dims;
   // The store's assemble kernel takes a rope part of at least one value (DeepSeek's is 64).
   if (cfg_.heads == 0 || d.kv_lora == 0 || d.rope == 0 || d.nope == 0 || d.v_head == 0)

@@ -48,14 +48,23 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
           "max_blocks_per_seq {} x block_size {} keys exceed {}", a.max_blocks_per_seq, a.block_size, kMaxKeys);
 }
 
-// A decode launcher's last rule: o may be q itself, row for row (a step in place: a seed block
-// reads its q row before it writes that row of o, and the split path reads all of q before its
-// combine writes o); else apart from it.
-void validate_o_and_q(const Validator& v, const PagedDecodeCommon& a) {
-  if (a.o.addr == a.q.addr && a.q_head_dim == a.kv_cache_dim) return;
+// A decode launcher's last rules: o apart from what the launch reads that the launcher can size —
+// the tables, each pool's first row (`pool_row` bytes; a pool's extent follows its table, which is
+// device data) and `more` (FP8: sinks, the compressed pool's first row) — and from q, unless o is
+// q itself, row for row (a step in place: a seed block reads its q row before it writes that row
+// of o, and the split path reads all of q before its combine writes o).
+void validate_o_apart(const Validator& v, const PagedDecodeCommon& a, std::uint64_t pool_row,
+                      std::initializer_list<Validator::Extent> more = {}) {
+  using detail::saturating_product;
   const std::uint64_t rows = std::uint64_t{a.num_seqs} * a.num_q_heads;
-  v.disjoint({"o", a.o, detail::saturating_product({rows, a.kv_cache_dim, 2})},
-             {{"q", a.q, detail::saturating_product({rows, a.q_head_dim, 2})}});
+  const Validator::Extent o{"o", a.o, saturating_product({rows, a.kv_cache_dim, 2})};
+  v.disjoint(o, {{"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
+                 {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4},
+                 {"k_cache", a.k_cache, pool_row},
+                 {"v_cache", a.v_cache, pool_row}});
+  v.disjoint(o, more);
+  if (a.o.addr == a.q.addr && a.q_head_dim == a.kv_cache_dim) return;
+  v.disjoint(o, {{"q", a.q, saturating_product({rows, a.q_head_dim, 2})}});
 }
 
 // NVFP4 block layout: [block_size rows of row_width/2 bytes][block_size rows of row_width/16 scales].
@@ -240,7 +249,7 @@ void validate(const PagedDecodeNvfp4Args& a) {
   validate_paged_decode(v, a);
   validate_nvfp4_layout(v, std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.block_size, a.block_stride_bytes,
                         a.data_section_bytes);
-  validate_o_and_q(v, a);
+  validate_o_apart(v, a, std::uint64_t{a.num_kv_heads} * a.kv_cache_dim / 2);
 }
 
 void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream) {
@@ -272,7 +281,10 @@ void validate(const PagedDecodeFp8Args& a) {
             a.max_blocks_per_seq, a.block_size, kMaxKeys);
     validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   }
-  validate_o_and_q(v, a);
+  const std::uint64_t row = std::uint64_t{a.num_kv_heads} * a.kv_cache_dim;
+  validate_o_apart(v, a, row,
+                   {{"sinks", a.sinks, std::uint64_t{a.num_q_heads} * 4},
+                    {"comp_pool", a.comp_block_count > 0 ? a.comp_pool : DevicePtr{}, row}});
 }
 
 void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {

@@ -446,6 +446,9 @@ namespace {
 std::variant<MlaKv, MlaDeviceKv> make_kv(GpuBackend& gpu, const MlaConfig& cfg, std::size_t max_tokens,
                                          MlaKvPlacement placement) {
   validate(cfg);
+  if (placement != MlaKvPlacement::host && placement != MlaKvPlacement::device)
+    fail(Errc::invalid_argument, "k3 mla: placement {} is neither host (0) nor device (1)",
+         static_cast<int>(placement));
   if (placement == MlaKvPlacement::host) return MlaKv{};
   return MlaDeviceKv::alloc(gpu, max_tokens, cfg.k_row(), cfg.v_row());
 }

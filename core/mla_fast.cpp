@@ -122,22 +122,29 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
   }
 }
 
-// The partials apart from what the split blocks read: q, the tables and each pool (and comp_pool)
-// from its first row's data at least (a pool's extent follows its table), and from each other.
-// Checked last, after the rules that name a bad shape, so that those come first.
+// `out` apart from what the split blocks read: q (unless `with_q` is false: the caller checks it),
+// the tables and each pool (and comp_pool) from its first row's data at least (a pool's extent
+// follows its table). Checked last, after the rules that name a bad shape, so that those come first.
+void validate_apart_from_reads(const Validator& v, const SplitDecodeArgs& a, const Validator::Extent& out,
+                               DevicePtr comp_pool, bool with_q = true) {
+  using detail::saturating_product;
+  const std::uint64_t pool_row = a.kv_cache_dim / 2;  // NVFP4's packed row; FP8's is twice that
+  const Validator::Extent q{"q", with_q ? a.q : DevicePtr{},
+                            saturating_product({a.num_seqs, a.num_q_heads, a.q_head_dim, 2})};
+  v.disjoint(out, {q,
+                   {"k_cache", a.k_cache, pool_row},
+                   {"v_cache", a.v_cache, pool_row},
+                   {"comp_pool", comp_pool, pool_row},
+                   {"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
+                   {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4}});
+}
+// The partials apart from what the split blocks read, and from each other.
 void validate_partials_apart(const Validator& v, const SplitDecodeArgs& a, DevicePtr comp_pool = {}) {
   using detail::saturating_product;
   const std::uint64_t slots = saturating_product({a.num_seqs, a.num_q_heads, a.num_splits});
-  const std::uint64_t pool_row = a.kv_cache_dim / 2;  // NVFP4's packed row; FP8's is twice that
   const Validator::Extent o{"o_partial", a.o_partial, saturating_product({slots, a.kv_cache_dim, 4})};
   const Validator::Extent ml{"ml_partial", a.ml_partial, saturating_product({slots, 2, 4})};
-  for (const Validator::Extent& out : {o, ml})
-    v.disjoint(out, {{"q", a.q, saturating_product({a.num_seqs, a.num_q_heads, a.q_head_dim, 2})},
-                     {"k_cache", a.k_cache, pool_row},
-                     {"v_cache", a.v_cache, pool_row},
-                     {"comp_pool", comp_pool, pool_row},
-                     {"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
-                     {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4}});
+  for (const Validator::Extent& out : {o, ml}) validate_apart_from_reads(v, a, out, comp_pool);
   v.disjoint(ml, {o});
 }
 
@@ -615,6 +622,9 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
   v.positive_finite("v_scale", a.v_scale);
   validate_entry(v, gpu, kernel, {entry});
   if (latent) validate_latent(v, s);
+  const Validator::Extent o{"o", a.o, o_rows * kWgmmaDim * 2};
+  validate_apart_from_reads(v, s, o, s.comp_block_count > 0 ? s.comp_pool : DevicePtr{}, false);  // q: above
+  v.disjoint(o, {{"sinks", a.sinks, std::uint64_t{s.num_q_heads} * 4}});
   KernelLaunch l(gpu, kernel);
   split_args(l, s, KvFormat::fp8, entry, std::pair{a.sinks, a.o})
       .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster

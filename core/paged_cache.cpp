@@ -6,6 +6,7 @@
 #include <random>
 
 #include "metrale/error.hpp"
+#include "metrale/formats.hpp"
 #include "validate.hpp"
 
 namespace metrale {
@@ -23,6 +24,9 @@ namespace {
 std::uint64_t align16(std::uint64_t n) { return (n + 15) / 16 * 16; }
 
 PagedCacheConfig validated(PagedCacheConfig cfg) {
+  if (cfg.format != KvFormat::fp8 && cfg.format != KvFormat::nvfp4)
+    fail(Errc::invalid_argument, "paged cache: format {} is neither fp8 ({}) nor nvfp4 ({})",
+         static_cast<int>(cfg.format), static_cast<int>(KvFormat::fp8), static_cast<int>(KvFormat::nvfp4));
   if (cfg.num_blocks == 0) fail(Errc::invalid_argument, "paged cache: num_blocks is 0");
   if (cfg.block_size == 0) fail(Errc::invalid_argument, "paged cache: block_size is 0");
   if (cfg.num_kv_heads == 0) fail(Errc::invalid_argument, "paged cache: num_kv_heads is 0");
@@ -56,6 +60,12 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
       fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
     if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)
       fail(Errc::invalid_argument, "paged cache: v_scale {} is not a finite positive number", cfg.v_scale);
+    // The decode launchers' rule, here rather than at the first decode: a stored code times its
+    // scale stays finite in FP32.
+    for (const auto& [name, scale] : {std::pair{"k_scale", cfg.k_scale}, {"v_scale", cfg.v_scale}})
+      if (!std::isfinite(kE4m3Max * scale))
+        fail(Errc::invalid_argument, "paged cache: {} {} times the largest E4M3 code ({}) is past FP32's range", name,
+             scale, kE4m3Max);
     if (cfg.latent && cfg.k_scale != cfg.v_scale)
       fail(Errc::invalid_argument, "paged cache: a latent pool has one scale, but k_scale {} and v_scale {} differ",
            cfg.k_scale, cfg.v_scale);
@@ -156,8 +166,10 @@ SlotReservation PagedKvCache::reserve(std::span<const SeqId> tokens) {
              "paged cache: sequence {} is full at {} tokens (max_blocks_per_seq {} x block_size {})", seq, s.len,
              cfg_.max_blocks_per_seq, cfg_.block_size);
       if (free_.empty())
-        fail(Errc::capacity_exceeded, "paged cache: no free block for sequence {} ({} blocks, all in use)", seq,
-             cfg_.num_blocks);
+        fail(Errc::capacity_exceeded,
+             "paged cache: no free block for sequence {}: the reservation needs more blocks than the {} of {} that "
+             "were free before it",
+             seq, r.taken_blocks_.size(), cfg_.num_blocks);
       s.table.push_back(free_.back());
       r.taken_blocks_.push_back(free_.back());
       free_.pop_back();

@@ -1144,6 +1144,12 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB (0 bytes already written in 0 cases); the "
                                             "launch did not run"));
   CHECK(std::filesystem::is_empty(dir.path));
+  // The same after the command (it was "not expected" there, exit 109).
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + some_case + " --record " + dir.path.string() + " --record-limit 1kb",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB"));
+  CHECK(std::filesystem::is_empty(dir.path));
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
            {"0", "a size of 0 bytes (give a positive size)"},
            {"-5", "'-5' is not a size"},

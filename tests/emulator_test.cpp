@@ -216,6 +216,23 @@ TEST_CASE("emu: copies round-trip and are bounds-checked", "[emu]") {
   CHECK(download<float>(b, other.ptr(), 8) == std::vector<float>(host.begin() + 4, host.begin() + 12));
 }
 
+// Before: a buffer that is not whole elements came back short (6 bytes as one uint32_t, or as no
+// double), and an empty buffer's to_host went through a null backend.
+TEST_CASE("DeviceBuffer::to_host refuses a buffer that is not whole elements of its type", "[emu]") {
+  Gpu gpu;
+  const std::vector<std::uint16_t> host{1, 2, 3};
+  const auto buf = DeviceBuffer::from_host<std::uint16_t>(gpu.backend, host);
+  CHECK(buf.to_host<std::uint16_t>() == host);
+  const auto calls = gpu.backend.calls(emu::Op::copy_d2h);
+  test::require_error([&] { (void)buf.to_host<std::uint32_t>(); }, Errc::invalid_argument,
+                      {"to_host", "6 bytes", "4-byte elements"});
+  test::require_error([&] { (void)buf.to_host<double>(); }, Errc::invalid_argument, {"6 bytes", "8-byte elements"});
+  CHECK(gpu.backend.calls(emu::Op::copy_d2h) == calls);  // refused before any copy
+  CHECK(DeviceBuffer{}.to_host<double>().empty());
+  DeviceBuffer moved = DeviceBuffer::from_host<std::uint16_t>(gpu.backend, host), to(std::move(moved));
+  CHECK(moved.to_host<float>().empty());  // NOLINT(bugprone-use-after-move): what a moved-from buffer holds
+}
+
 TEST_CASE("emu: copy_d2d marks what it copies as written and refuses never-written source bytes", "[emu]") {
   Gpu gpu;
   auto& b = gpu.backend;

@@ -617,6 +617,18 @@ void common_decode_rules(Case& c, Args& a, const char* kn) {
       reject(bad, {kn, "o spans", "which overlaps q's"});
     }
   }
+  // Before: accepted; the kernel wrote o over the tables (later launches read garbage entries) or
+  // over a pool's stored rows.
+  SECTION("o over the tables or a pool's first row") {
+    for (const auto& [at, name] : std::vector<std::pair<DevicePtr, std::string>>{{a.block_tables + 4, "block_tables'"},
+                                                                                 {a.seq_lens, "seq_lens'"},
+                                                                                 {a.k_cache, "k_cache's"},
+                                                                                 {a.v_cache + 2, "v_cache's"}}) {
+      INFO(name);
+      a.o = at;
+      reject(bad, {kn, "o spans", "which overlaps " + name});
+    }
+  }
   SECTION("num_q_heads past the grid's x limit") {
     a.num_q_heads = 0x8000'0000u;  // a multiple of num_kv_heads 2
     reject(bad, {kn, "num_q_heads 2147483648", "2147483647"});
@@ -718,6 +730,14 @@ TEST_CASE("mla_paged_decode_fp8: every validation rule", "[validation]") {
   SECTION("cache_stride < row width") {
     a.cache_stride = 63;  // row width 2 x 32
     reject(bad, {kn, "cache_stride 63", "64"});
+  }
+  SECTION("o over sinks or the compressed pool") {
+    a.o = a.sinks;
+    reject(bad, {kn, "o spans", "which overlaps sinks'"});
+    a.o = a.comp_pool + 8;
+    reject(bad, {kn, "o spans", "which overlaps comp_pool's"});
+    a.comp_block_count = 0;  // no compressed entries: the pool is not read
+    c.require_accepted_dry([&] { c.launch(a); });
   }
 }
 

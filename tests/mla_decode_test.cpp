@@ -367,6 +367,9 @@ TEST_CASE("the decoder entry point takes the device path unless K3_CUDA_MLA=0, a
     test::require_error([&] { (void)K3MlaDecoder(gpu, kCfg, 4); }, Errc::invalid_argument, {"K3_CUDA_MLA"});
   }
   unsetenv("K3_CUDA_MLA");
+  // Before: a value outside the enum was taken for the device path.
+  test::require_error([&] { (void)K3MlaDecoder(gpu, kCfg, 4, static_cast<MlaKvPlacement>(9)); }, Errc::invalid_argument,
+                      {"placement 9 is neither host (0) nor device (1)"});
   CHECK(gpu.live_allocations().empty());
 }
 

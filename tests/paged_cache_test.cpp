@@ -202,6 +202,20 @@ TEST_CASE("paged cache: config validation names the field", "[paged_cache]") {
     cfg.latent = true, cfg.k_scale = 0.5f, cfg.v_scale = 0.25f;
     reject({"a latent pool has one scale", "k_scale 0.5 and v_scale 0.25 differ"});
   }
+  // Before: accepted, and every decode over the cache then refused.
+  SECTION("fp8 scale times the largest code past FP32's range") {
+    cfg.k_scale = 1e38f;
+    reject({"k_scale 1e+38 times the largest E4M3 code (448)", "FP32"});
+    cfg.k_scale = 1.0f, cfg.v_scale = 7.6e36f;
+    reject({"v_scale 7.6e+36"});
+    cfg.v_scale = 7.5e35f;  // 448 x 7.5e35 = 3.36e38: still finite
+    REQUIRE_NOTHROW(PagedKvCache(gpu, cfg));
+  }
+  // Before: accepted and run as NVFP4 (any value other than fp8 was taken for it).
+  SECTION("a format outside the enum") {
+    cfg.format = static_cast<KvFormat>(7);
+    reject({"format 7 is neither fp8 (0) nor nvfp4 (1)"});
+  }
 }
 
 TEST_CASE("paged cache: kv format names", "[paged_cache]") {
@@ -453,8 +467,11 @@ TEST_CASE("paged cache: a reservation that does not fit entirely changes nothing
   SECTION("the pool runs out part-way") {
     // a +5 tokens (6 in 3 blocks: +2), b 6 tokens (+3), c 2 tokens (+1): 6 new blocks > 5 free,
     // though every sequence stays within 3 blocks and the first tokens fit.
-    require_error([&] { t.main.reserve(std::vector<SeqId>{a, b, b, c, a, b, b, a, c, b, b, a, a}); },
-                  Errc::capacity_exceeded, {"sequence", "no free block"});
+    require_error(
+        [&] {
+          t.main.reserve(std::vector<SeqId>{a, b, b, c, a, b, b, a, c, b, b, a, a});
+        },
+        Errc::capacity_exceeded, {"sequence", "no free block", "more blocks than the 5 of 6 that were free"});
   }
   SECTION("one sequence's table is full part-way") {
     // b's seventh token needs a fourth column; the pool has room for it.

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   CLI::App app{"metrale: MLA decode kernels on the CUDA backend or the checked device emulator"};
   app.set_version_flag("--version", METRALE_VERSION);
   app.require_subcommand(1);
+  app.fallthrough();  // --record and --record-limit after the command too (its subcommands inherit this)
   std::string record_dir;
   app.add_option("--record", record_dir, "write every launch as a kernel case file in DIR (emulator only)")
       ->option_text("DIR")
@@ -77,10 +78,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // "metrale bogus", "metrale case bogus": name the unknown command rather than "a subcommand is
     // required".
+    // (What a subcommand does not take falls through to the top, so look there too.)
     CLI::App* last = &app;
     while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
-    if (last->get_require_subcommand_min() > 0 && !last->remaining().empty())
-      return app.exit(CLI::ExtrasError(last->remaining()));
+    const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
+    if (last->get_require_subcommand_min() > 0 && !extra.empty()) return app.exit(CLI::ExtrasError(extra));
     return app.exit(e);
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());

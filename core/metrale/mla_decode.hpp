@@ -258,8 +258,8 @@ MlaKvPlacement mla_kv_placement_from_env();
 class K3MlaDecoder {
  public:
   /// `max_tokens` bounds the device KV (0 becomes 1); the host KV grows
-  /// freely. Errors: `invalid_argument` for the config; `not_found` for a
-  /// missing kernel; the device KV's allocation errors.
+  /// freely. Errors: `invalid_argument` for the config or a placement other than the enum's two;
+  /// `not_found` for a missing kernel; the device KV's allocation errors.
   K3MlaDecoder(GpuBackend& gpu, const MlaConfig& cfg, std::size_t max_tokens,
                MlaKvPlacement placement = mla_kv_placement_from_env());
 

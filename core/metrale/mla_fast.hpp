@@ -228,8 +228,9 @@ std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_
 /// launched early. Errors (`invalid_argument`): those of mla_paged_decode_wgmma_fp8 but for
 /// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null, not 8-byte
 /// aligned or overlapping q (a cluster's blocks read q while others write o; the dispatcher
-/// takes the two kernels for a step in place); v_scale not finite or ≤ 0; `kernel` not this entry. Source: SPEC §3 (the
-/// decode), docs/performance.md (the cluster combine).
+/// takes the two kernels for a step in place), or overlapping sinks, the tables or a pool's first
+/// row (as the partials may not); v_scale not finite or ≤ 0; `kernel` not this entry. Source:
+/// SPEC §3 (the decode), docs/performance.md (the cluster combine).
 ///
 /// mla_paged_decode_wgmma_combine_fp8: the same for mla_paged_decode_wgmma_fp8's 64-head blocks
 /// (rows_per_block 64, grid [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, one per SM),

@@ -73,13 +73,13 @@ class SlotReservation {
 class PagedKvCache {
  public:
   /// Allocate the K and V pools (latent: the one pool). Errors: `invalid_argument` naming the field
-  /// (num_blocks, block_size, num_kv_heads or kv_cache_dim 0; max_blocks_per_seq
-  /// past num_blocks; row width past
+  /// (a format other than fp8 or nvfp4; num_blocks, block_size, num_kv_heads or kv_cache_dim 0;
+  /// max_blocks_per_seq past num_blocks; row width past
   /// UINT32_MAX; NVFP4 row width not a multiple of 16; cache_stride < row width;
   /// an FP8 pool past 2^64 bytes; block_size × cache_stride (FP8) or an NVFP4
-  /// block's bytes reaching 2^32, past what the decode kernels address; a scale
-  /// not finite or ≤ 0; latent FP8 with k_scale ≠ v_scale; a slot index past
-  /// INT32_MAX); `out_of_memory`.
+  /// block's bytes reaching 2^32, past what the decode kernels address; an FP8 scale
+  /// not finite or ≤ 0, or 448 (the largest E4M3 code) times it past FP32's range; latent FP8
+  /// with k_scale ≠ v_scale; a slot index past INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
 
   const PagedCacheConfig& config() const { return cfg_; }
@@ -101,9 +101,11 @@ class PagedKvCache {
   std::uint32_t max_blocks_per_seq() const { return cfg_.max_blocks_per_seq; }
 
   /// A new empty sequence. Ids count up from 0, wrap past 2^32 − 1 and skip the live ones, so an
-  /// id is never two sequences'. Errors: `capacity_exceeded` when all 2^32 ids are live.
+  /// id is never two sequences'. Errors: `capacity_exceeded` when all 2^32 ids are live;
+  /// `internal` while a reservation is outstanding (as reserve's).
   SeqId add_sequence();
-  /// Return a sequence's blocks to the free list. Errors: `not_found`.
+  /// Return a sequence's blocks to the free list. Errors: `not_found`; `internal` while a
+  /// reservation is outstanding.
   void free_sequence(SeqId seq);
   bool contains(SeqId seq) const { return seqs_.count(seq) != 0; }
   /// Errors: `not_found`.
