@@ -16,7 +16,9 @@
 // With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
 // the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01). With HM_TRACE_RAGGED=1
 // sequence s attends (37·s² + 1237·s) mod (L + 1) keys, not L: sequence 0 none (every chunk
-// empty), the others partial tiles and chunks (for the pair modes' bit check).
+// empty), the others partial tiles and chunks (for the pair modes' bit check). With
+// HM_TRACE_CHECK_ONLY=1 it stops after the first launches (and a pair mode's bit check), untimed:
+// for compute-sanitizer, under which each launch takes seconds.
 #include "mla_wgmma.cu"
 
 #include <cuda_runtime.h>
@@ -243,6 +245,8 @@ int main(int argc, char** argv) {
                 differ == 0 ? "the same bits" : "DIFFERENT", differ, paired_bytes.size());
     if (differ != 0) return 1;
   }
+  const char* const check_only_env = std::getenv("HM_TRACE_CHECK_ONLY");
+  if (check_only_env != nullptr && std::strcmp(check_only_env, "1") == 0) return 0;
 #ifdef METRALE_HM_TRACE
   const unsigned long long zero[2][10] = {};
   check(cudaMemcpyToSymbol(g_hm_trace, zero, sizeof zero), "cudaMemcpyToSymbol");
