@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");
   check(cudaMalloc(&ml_partial, size_t{B} * H * splits * 8), "cudaMalloc");
   check(cudaMalloc(&o, size_t{B} * H * kDim * 2), "cudaMalloc");
-  // core/mla_fast.cpp's wgmma_latent_shared_bytes(); the pairs' two mbarriers more
+  // core/mla_fast.cpp's wgmma_latent_shared_bytes(); the pairs' four mbarriers (32 bytes) more
   const uint32_t shared = 1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
   const uint32_t pair_shared = shared + 4 * 8;
   for (const void* entry : {reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8),
@@ -244,6 +244,23 @@ int main(int argc, char** argv) {
     std::printf("%s against %s: %s (%zu of %zu bytes differ)\n", mode, pair ? "partial" : "cluster",
                 differ == 0 ? "the same bits" : "DIFFERENT", differ, paired_bytes.size());
     if (differ != 0) return 1;
+    // How many clusters of each shape the device runs at once (a pair takes two SMs of one GPC).
+    auto active = [&](bool paired_now) {
+      cudaLaunchAttribute a{};
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = cluster ? splits : 1, a.val.clusterDim.y = paired_now ? 2 : 1, a.val.clusterDim.z = 1;
+      const cudaLaunchConfig_t c{grid, 256, paired_now ? pair_shared : shared, nullptr, &a, 1};
+      int n = 0;
+      const void* entry = partial
+                              ? (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_fp8)
+                                            : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8))
+                              : (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_combine_fp8)
+                                            : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8));
+      check(cudaOccupancyMaxActiveClusters(&n, entry, &c), "cudaOccupancyMaxActiveClusters");
+      return n;
+    };
+    std::printf("active clusters at once: unpaired %d of %u blocks, paired %d of %u\n", active(false),
+                cluster ? splits : 1, active(true), 2 * (cluster ? splits : 1));
   }
   const char* const check_only_env = std::getenv("HM_TRACE_CHECK_ONLY");
   if (check_only_env != nullptr && std::strcmp(check_only_env, "1") == 0) return 0;

@@ -1595,6 +1595,13 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     pair_row = cluster.block_index().y;
     peer = cluster.block_rank() + (pair_row == 0 ? cluster.dim_blocks().x : -cluster.dim_blocks().x);
+    // A launch of another cluster shape, or without the tile mbarriers' 32 bytes: stop here rather
+    // than wait on a peer that is not there or write past the block's shared memory.
+    uint32_t dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    if (cluster.dim_blocks().y != 2 ||
+        reinterpret_cast<uint8_t*>(sm.tile_empty + 2) - smem_raw > static_cast<ptrdiff_t>(dynamic_bytes))
+      __trap();
   }
 
   // Warpgroup 1's keys of a tile (key_a and key_a + 32), its units first + 4u. A tile's rows are
@@ -1734,11 +1741,15 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       if constexpr (kPair) {
         if (more) {     // this block's half of the next tile into both blocks' copies of it
           if (i > 0) {  // tile i − 1's copy: free here (told to the peer) and there
-            mbar_arrive_remote(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));  // its reads are done
+            // Both warpgroups' reads of it are done (kHmBarRead, the P·V wait): a CTA-scope release,
+            // as CUTLASS's consumers release a peer's buffer, with no GPU-wide barrier.
+            mbar_arrive_remote(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));
             mbar_wait_cluster(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
           }
           store_pair(i + 1);
-          mbar_wait_cluster(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);  // and the peer's half
+          // The peer's half too, acquired and fenced for the tensor cores here for both warpgroups:
+          // warpgroup 0 issues the tile's S after kHmBarP.
+          mbar_wait_cluster(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);
           fence_to_async_proxy();
         }
       } else if (more) {  // the next tile into that tile's FP16 copy
@@ -1773,14 +1784,12 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
   const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
   float sacc[32];
-  // kPair: a tile's copy whole (both halves) before its S; warpgroup 1 has waited for it too.
-  auto wait_whole = [&](uint32_t i) {
-    if constexpr (kPair) {
-      mbar_wait_cluster(sm.tile_full + i % 2, (i / 2) % 2);
-      fence_to_async_proxy();
-    }
-  };
-  if (begin < end) wait_whole(0), hm_issue_s(sacc, q_desc, tile_at(0));
+  // kPair: tile 0's copy whole (both halves) before its S. Each later tile's, warpgroup 1 waits for
+  // (and fences for the tensor cores) before its kHmBarP, which precedes the tile's S here.
+  if constexpr (kPair) {
+    if (begin < end) mbar_wait_cluster(sm.tile_full, 0), fence_to_async_proxy();
+  }
+  if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
   wgmma_wait<0>();
   trace = HmTrace{};
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
@@ -1831,7 +1840,6 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     if (more) {  // the next tile's S behind both halves of it
       named_barrier<256>(kHmBarPv);
       trace.mark(5);
-      wait_whole(i + 1);
       hm_issue_s(sacc, q_desc, tile_at(i + 1));
       trace.mark(6);
       wgmma_wait<1>();
