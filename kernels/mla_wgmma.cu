@@ -1646,8 +1646,9 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       mbar_arrive(sm.tile_full + i % 2);  // the block's own: a CTA-scope release (its waiters are here)
     }
   };
-  const uint8_t* tile1[kBatches];  // kPair: tile 1's rows, loaded once the cluster has started
-  if (wg == 1) {                   // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
+  // kPair: tile 1's rows, loaded once the cluster has started.
+  const uint8_t* tile1[kBatches];
+  if (wg == 1) {  // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
     int32_t e[kBatches];
     const uint8_t* r[kBatches];
     entries_of(begin, e), rows_of(begin, e, r), load(r);
@@ -1659,10 +1660,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       entries_of(begin + 3 * kTileKeys, entries);
     }
   }
-  // alpha_full[0..1], alpha_empty[0..1], by one thread as the other blocks do theirs. With
-  // `tid < 4`, ptxas ran the init as a loop under a uniform predicate that warps 1–7 never take,
-  // and racecheck counted it in those warps too, as writes at whatever their (unset) register
-  // held: WAW hazards on Q's scales and P (twenty-seventh session, docs/conformance.md).
+  // alpha_full[0..1], alpha_empty[0..1] (kPair: and tile_full, tile_empty), by one thread as the
+  // other blocks do theirs. With `tid < 4`, ptxas ran the init as a loop under a uniform predicate
+  // that warps 1–7 never take, and racecheck counted it in those warps too, as writes at whatever
+  // their (unset) register held: WAW hazards on Q's scales and P (twenty-seventh session,
+  // docs/conformance.md).
   if (tid == 0) {
 #pragma unroll
     for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
