@@ -94,13 +94,10 @@ class DeviceBuffer {
   /// default-constructed or moved from included). Errors: `invalid_argument` when bytes() is not
   /// a multiple of sizeof(T) (the last element would be cut short); those of copy_d2h.
   template <class T>
-  requires std::is_trivially_copyable_v<T> std::vector<T> to_host()
-  const {
+  std::vector<T> to_host() const {
     if (bytes_ % sizeof(T) != 0)
-      fail(Errc::invalid_argument,
-           "DeviceBuffer::to_host: the buffer's {} bytes are not a whole number of {}-byte "
-           "elements",
-           bytes_, sizeof(T));
+      fail(Errc::invalid_argument, "DeviceBuffer::to_host: {} bytes are not a whole number of {}-byte elements", bytes_,
+           sizeof(T));
     if (bytes_ == 0) return {};
     return download<T>(*gpu_, ptr_, bytes_ / sizeof(T));
   }
