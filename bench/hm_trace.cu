@@ -90,6 +90,12 @@ __global__ void __launch_bounds__(256, 1)
   wgmma_hm_decode<ClusterOut, true>(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
+// Whether environment variable `name` is "1".
+bool env_is_1(const char* name) {
+  const char* const value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 // The bytes of `n` elements at device address `p`.
 template <class T>
 std::vector<unsigned char> download(const T* p, size_t n) {
@@ -151,8 +157,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: H %u; MODE %s pairs head groups, so H must be a multiple of 128\n", program, H, mode);
     return 2;
   }
-  const char* const as_bench_env = std::getenv("HM_TRACE_AS_BENCH");
-  const bool as_bench = as_bench_env != nullptr && std::strcmp(as_bench_env, "1") == 0;
+  const bool as_bench = env_is_1("HM_TRACE_AS_BENCH");
   const float logit_scale = as_bench ? 0.01f / std::sqrt(192.0f) : 0.07f;
   std::mt19937_64 rng(1);
   std::vector<uint8_t> pool(size_t{B} * L * kDim);
@@ -168,8 +173,7 @@ int main(int argc, char** argv) {
     x = static_cast<uint16_t>(bits >> 16);
   }
   std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
-  const char* const ragged_env = std::getenv("HM_TRACE_RAGGED");
-  const bool ragged = ragged_env != nullptr && std::strcmp(ragged_env, "1") == 0;
+  const bool ragged = env_is_1("HM_TRACE_RAGGED");
   if (ragged)
     for (uint64_t s = 0; s < B; ++s) lens[s] = static_cast<int32_t>((37 * s * s + 1237 * s) % (uint64_t{L} + 1));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
@@ -193,14 +197,20 @@ int main(int argc, char** argv) {
     check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, pair_shared),
           "cudaFuncSetAttribute");
   const dim3 grid(splits, (H + 63) / 64, B);
-  // Launch the block of `mode` (paired or not) as the modes above say.
-  auto launch = [&](bool paired_now) {
-    cudaLaunchAttribute clusters{};
+  // The launch configuration of the block of `mode`, paired or not, as the modes above say, its
+  // cluster shape in `clusters` (the caller's); that attribute only where the mode has clusters,
+  // unless `with_cluster`.
+  auto config_of = [&](bool paired_now, bool with_cluster, cudaLaunchAttribute& clusters) {
+    clusters = {};
     clusters.id = cudaLaunchAttributeClusterDimension;
     clusters.val.clusterDim.x = cluster ? splits : 1, clusters.val.clusterDim.y = paired_now ? 2 : 1;
     clusters.val.clusterDim.z = 1;
-    const cudaLaunchConfig_t config{grid,    256,       paired_now ? pair_shared : shared,
-                                    nullptr, &clusters, cluster || paired_now ? 1u : 0u};
+    return cudaLaunchConfig_t{grid,    256,       paired_now ? pair_shared : shared,
+                              nullptr, &clusters, with_cluster || cluster || paired_now ? 1u : 0u};
+  };
+  auto launch = [&](bool paired_now) {
+    cudaLaunchAttribute clusters;
+    const cudaLaunchConfig_t config = config_of(paired_now, false, clusters);
     cudaError_t e = cudaSuccess;
     if (partial) {
       e = cudaLaunchKernelEx(&config, paired_now ? hm_pair_latent_fp8 : mla_paged_decode_wgmma_latent_fp8, d_q, d_pool,
@@ -246,24 +256,21 @@ int main(int argc, char** argv) {
     if (differ != 0) return 1;
     // How many clusters of each shape the device runs at once (a pair takes two SMs of one GPC).
     auto active = [&](bool paired_now) {
-      cudaLaunchAttribute a{};
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = cluster ? splits : 1, a.val.clusterDim.y = paired_now ? 2 : 1, a.val.clusterDim.z = 1;
-      const cudaLaunchConfig_t c{grid, 256, paired_now ? pair_shared : shared, nullptr, &a, 1};
       int n = 0;
       const void* entry = partial
                               ? (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_fp8)
                                             : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8))
                               : (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_combine_fp8)
                                             : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8));
-      check(cudaOccupancyMaxActiveClusters(&n, entry, &c), "cudaOccupancyMaxActiveClusters");
+      cudaLaunchAttribute clusters;
+      const cudaLaunchConfig_t config = config_of(paired_now, true, clusters);
+      check(cudaOccupancyMaxActiveClusters(&n, entry, &config), "cudaOccupancyMaxActiveClusters");
       return n;
     };
     std::printf("active clusters at once: unpaired %d of %u blocks, paired %d of %u\n", active(false),
                 cluster ? splits : 1, active(true), 2 * (cluster ? splits : 1));
   }
-  const char* const check_only_env = std::getenv("HM_TRACE_CHECK_ONLY");
-  if (check_only_env != nullptr && std::strcmp(check_only_env, "1") == 0) return 0;
+  if (env_is_1("HM_TRACE_CHECK_ONLY")) return 0;
 #ifdef METRALE_HM_TRACE
   const unsigned long long zero[2][10] = {};
   check(cudaMemcpyToSymbol(g_hm_trace, zero, sizeof zero), "cudaMemcpyToSymbol");
