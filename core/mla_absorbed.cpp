@@ -49,19 +49,15 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
 }
 
 // A decode launcher's last rules: o apart from what the launch reads that the launcher can size —
-// the tables, each pool's first row (`pool_row` bytes; a pool's extent follows its table, which is
-// device data) and `more` (FP8: sinks, the compressed pool's first row) — and from q, unless o is
-// q itself, row for row (a step in place: a seed block reads its q row before it writes that row
-// of o, and the split path reads all of q before its combine writes o).
-void validate_o_apart(const Validator& v, const PagedDecodeCommon& a, std::uint64_t pool_row,
+// each pool's and comp_pool's first row (`pool_row` bytes), the tables and `more` (FP8: sinks) —
+// and from q, unless o is q itself, row for row (a step in place: a seed block reads its q row
+// before it writes that row of o, and the split path reads all of q before its combine writes o).
+void validate_o_apart(const Validator& v, const PagedDecodeCommon& a, std::uint64_t pool_row, DevicePtr comp_pool = {},
                       std::initializer_list<Validator::Extent> more = {}) {
   using detail::saturating_product;
   const std::uint64_t rows = std::uint64_t{a.num_seqs} * a.num_q_heads;
   const Validator::Extent o{"o", a.o, saturating_product({rows, a.kv_cache_dim, 2})};
-  v.disjoint(o, {{"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
-                 {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4},
-                 {"k_cache", a.k_cache, pool_row},
-                 {"v_cache", a.v_cache, pool_row}});
+  detail::validate_apart_from_pools_and_tables(v, o, a, pool_row, comp_pool);
   v.disjoint(o, more);
   if (a.o.addr == a.q.addr && a.q_head_dim == a.kv_cache_dim) return;
   v.disjoint(o, {{"q", a.q, saturating_product({rows, a.q_head_dim, 2})}});
@@ -282,9 +278,8 @@ void validate(const PagedDecodeFp8Args& a) {
     validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
   }
   const std::uint64_t row = std::uint64_t{a.num_kv_heads} * a.kv_cache_dim;
-  validate_o_apart(v, a, row,
-                   {{"sinks", a.sinks, std::uint64_t{a.num_q_heads} * 4},
-                    {"comp_pool", a.comp_block_count > 0 ? a.comp_pool : DevicePtr{}, row}});
+  validate_o_apart(v, a, row, a.comp_block_count > 0 ? a.comp_pool : DevicePtr{},
+                   {{"sinks", a.sinks, std::uint64_t{a.num_q_heads} * 4}});
 }
 
 void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeFp8Args& a, Stream stream) {

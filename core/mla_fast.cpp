@@ -127,16 +127,9 @@ void validate_wgmma(const Validator& v, const GpuBackend& gpu, KernelHandle kern
 // follows its table). Checked last, after the rules that name a bad shape, so that those come first.
 void validate_apart_from_reads(const Validator& v, const SplitDecodeArgs& a, const Validator::Extent& out,
                                DevicePtr comp_pool, bool with_q = true) {
-  using detail::saturating_product;
-  const std::uint64_t pool_row = a.kv_cache_dim / 2;  // NVFP4's packed row; FP8's is twice that
-  const Validator::Extent q{"q", with_q ? a.q : DevicePtr{},
-                            saturating_product({a.num_seqs, a.num_q_heads, a.q_head_dim, 2})};
-  v.disjoint(out, {q,
-                   {"k_cache", a.k_cache, pool_row},
-                   {"v_cache", a.v_cache, pool_row},
-                   {"comp_pool", comp_pool, pool_row},
-                   {"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
-                   {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4}});
+  if (with_q) v.disjoint(out, {{"q", a.q, detail::saturating_product({a.num_seqs, a.num_q_heads, a.q_head_dim, 2})}});
+  // NVFP4's packed row; FP8's is twice that
+  detail::validate_apart_from_pools_and_tables(v, out, a, a.kv_cache_dim / 2, comp_pool);
 }
 // The partials apart from what the split blocks read, and from each other.
 void validate_partials_apart(const Validator& v, const SplitDecodeArgs& a, DevicePtr comp_pool = {}) {

@@ -150,6 +150,19 @@ inline void validate_comp_offsets(const Validator& v, std::uint32_t num_seqs, st
           comp_block_count, cache_stride);
 }
 
+/// `out` apart from what a paged decode reads that its launcher can size: each pool (and
+/// comp_pool) from its first `pool_row` bytes — a pool's extent follows its table, device data —
+/// and the tables (`Args`: the seed's or the split path's arguments, of the same field names).
+template <class Args>
+void validate_apart_from_pools_and_tables(const Validator& v, const Validator::Extent& out, const Args& a,
+                                          std::uint64_t pool_row, DevicePtr comp_pool) {
+  v.disjoint(out, {{"k_cache", a.k_cache, pool_row},
+                   {"v_cache", a.v_cache, pool_row},
+                   {"comp_pool", comp_pool, pool_row},
+                   {"block_tables", a.block_tables, saturating_product({a.num_seqs, a.max_blocks_per_seq, 4})},
+                   {"seq_lens", a.seq_lens, std::uint64_t{a.num_seqs} * 4}});
+}
+
 /// An NVFP4 block's offset is phys x block_stride_bytes with |phys| < 2^31: keep it inside int64.
 inline void validate_block_offsets(const Validator& v, std::uint64_t block_stride_bytes) {
   v.check(block_stride_bytes < (std::uint64_t{1} << 32),
