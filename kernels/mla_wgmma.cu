@@ -1018,26 +1018,19 @@ __device__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
   return a;
 }
-// An arrival at the mbarrier at cluster address `bar`, releasing this thread's writes to the
-// cluster (on sm_90 a GPU-wide memory barrier first: MEMBAR.ALL.GPU); the wait that acquires them
-// (at this block's own barrier). mbar_arrive_remote: an arrival there with no such barrier (the
-// CTA-scope release), for a signal that orders no writes of the thread (reads it has finished).
-__device__ void mbar_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+// An arrival at this block's mbarrier `bar` that also expects `bytes` more of asynchronous
+// writes (st_async's) in the phase.
+__device__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
+// An arrival at the mbarrier at cluster address `bar` (another block's) with no GPU-wide barrier
+// (the CTA-scope release), for a signal that orders no writes of the thread (reads it has
+// finished). The pairs wait for these and for st_async's bytes with mbar_wait, at CTA scope, as
+// CUTLASS's cluster pipelines wait for their peers' signals and bulk copies: an acquire at cluster
+// scope invalidated L1 (CCTL.IVALL) at each wait.
 __device__ void mbar_arrive_remote(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// This thread's writes to the cluster's shared memory made visible to the tensor cores' reads.
-__device__ void fence_cluster_to_async_proxy() { asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory"); }
 // The online softmax's lazy rescale (as FlashAttention-4's): a head's reference maximum moves only
 // when a tile's logits pass it by more than this (natural log units), so P = exp(s − m) stays
 // below e^8 (FP16 holds it), and O and l are rescaled only then; the walk's end rescales them to
@@ -1359,8 +1352,9 @@ struct SmemHm {
   float* alpha;      // [2][64] the heads' rescale factors of tile i at [i % 2]
   uint64_t* alpha_full;   // [2] mbarriers: alpha[b] written (warpgroup 0's 128 threads arrive)
   uint64_t* alpha_empty;  // [2] mbarriers: alpha[b] read (warpgroup 1's 128 threads arrive)
-  // Pairs only (kPair): tile b's two halves written (warpgroup 1's 128 threads of each block of the
-  // pair arrive), and the peer's tile b free (the peer's warpgroup 1 arrives): 32 bytes more.
+  // Pairs only (kPair): tile b's two halves written (this block's warpgroup 1 arrives, and the
+  // peer's half lands: its 36 KiB of st_async, expected by one of those arrivals), and the peer's
+  // tile b free (the peer's warpgroup 1 arrives): 32 bytes more.
   uint64_t* tile_full;   // [2]
   uint64_t* tile_empty;  // [2]
 };
@@ -1397,9 +1391,9 @@ struct HmShare {
   }
 };
 // A block of a pair's share (kPair): one key of the tile's 64, `key` (its units first + 4u), written
-// into both blocks' FP16 copies of the tile — `tile` here, `peer` (cluster address) there. (A
-// template, kUnits = kHmUnits, only so that the module's own build, which takes no pairs, does
-// not warn of its unused members.)
+// into both blocks' FP16 copies of the tile — `tile` here, `peer` (cluster address) there, counted
+// at the peer's mbarrier `peer_full` (cluster address). (A template, kUnits = kHmUnits, only so
+// that the module's own build, which takes no pairs, does not warn of its unused members.)
 template <uint32_t kUnits>
 struct HmHalfShare {
   uint4 raw[kUnits];
@@ -1408,7 +1402,7 @@ struct HmHalfShare {
     for (uint32_t u = 0; u < kUnits; ++u)
       raw[u] = row != nullptr ? ld_stream16(row + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
   }
-  __device__ void store(uint8_t* tile, uint32_t peer, uint32_t key, uint32_t first) const {
+  __device__ void store(uint8_t* tile, uint32_t peer, uint32_t peer_full, uint32_t key, uint32_t first) const {
 #pragma unroll
     for (uint32_t u = 0; u < kUnits; ++u) {
       const uint32_t part = first + 4 * u, lo = swizzled(key, 2 * part), hi = swizzled(key, 2 * part + 1);
@@ -1416,14 +1410,20 @@ struct HmHalfShare {
       fp8x16_to_f16(raw[u], w);
       st_shared_v4(tile + lo, w[0], w[1], w[2], w[3]);
       st_shared_v4(tile + hi, w[4], w[5], w[6], w[7]);
-      st_cluster(peer + lo, w[0], w[1], w[2], w[3]);
-      st_cluster(peer + hi, w[4], w[5], w[6], w[7]);
+      st_async(peer + lo, peer_full, w[0], w[1], w[2], w[3]);
+      st_async(peer + hi, peer_full, w[4], w[5], w[6], w[7]);
     }
   }
-  // 16 bytes to the cluster address `addr` (the peer's shared memory).
-  __device__ static void st_cluster(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
-                 : "memory");
+  // 16 bytes to the cluster address `addr` (the peer's shared memory), counted as written at the
+  // peer's mbarrier at cluster address `bar` once they are (complete_tx): no fence, no arrival. (A
+  // generic store and a cluster-scope release to the peer instead cost two GPU-wide memory
+  // barriers a tile, MEMBAR.ALL.GPU, each waiting for the thread's loads in flight: the pair ran
+  // 1.8–2.0× the unpaired block's time on the H100, thirtieth session.)
+  __device__ static void st_async(uint32_t addr, uint32_t bar, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
+        "r"(a), "r"(b), "r"(c), "r"(d), "r"(bar)
+        : "memory");
   }
 };
 
@@ -1637,13 +1637,17 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     else
       share.load(r, first);
   };
-  // kPair: this block's half of tile i into both copies, then an arrival at both blocks' tile_full.
+  // kPair: this block's half of tile i into both copies (the peer's counted at its tile_full as it
+  // lands), then an arrival at this block's tile_full, one of them expecting the peer's half.
   auto store_pair = [&](uint32_t i) {
     if constexpr (kPair) {
-      share.store(tile_at(i), cluster_addr(tile_at(i), peer), key_a + pair_row * kHmKeysPerBatch, first);
-      fence_cluster_to_async_proxy();  // both copies, for the tensor cores
-      mbar_arrive_cluster(cluster_addr(sm.tile_full + i % 2, peer));
-      mbar_arrive(sm.tile_full + i % 2);  // the block's own: a CTA-scope release (its waiters are here)
+      share.store(tile_at(i), cluster_addr(tile_at(i), peer), cluster_addr(sm.tile_full + i % 2, peer),
+                  key_a + pair_row * kHmKeysPerBatch, first);
+      fence_to_async_proxy();  // this copy, for the tensor cores (the peer's: after its wait)
+      if (tid == 128)          // a CTA-scope release: its waiters are here
+        mbar_arrive_expect_tx(sm.tile_full + i % 2, kHmTileBytes / 2);
+      else
+        mbar_arrive(sm.tile_full + i % 2);
     }
   };
   // kPair: tile 1's rows, loaded once the cluster has started.
@@ -1670,7 +1674,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
     if constexpr (kPair) {
 #pragma unroll
-      for (uint32_t b = 0; b < 2; ++b) mbar_init(sm.tile_full + b, 256), mbar_init(sm.tile_empty + b, 128);
+      for (uint32_t b = 0; b < 2; ++b) mbar_init(sm.tile_full + b, 128), mbar_init(sm.tile_empty + b, 128);
     }
     fence_mbar_init();
   }
@@ -1733,6 +1737,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
                                       pair_row * gridDim.x);
       else
         cluster_combine_bystander();
+    } else if constexpr (kPair) {
+      // No block leaves while its peer may still write into it: the mbarriers order every write
+      // before the peer's wait for it, but racecheck counted writes into an exited block (3000 on
+      // the H100, thirtieth session); a cluster barrier before exit, as the CUDA guide asks.
+      cooperative_groups::this_cluster().sync();
     }
   };
   if (wg == 1) {
@@ -1746,12 +1755,12 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
             // Both warpgroups' reads of it are done (kHmBarRead, the P·V wait): a CTA-scope release,
             // as CUTLASS's consumers release a peer's buffer, with no GPU-wide barrier.
             mbar_arrive_remote(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));
-            mbar_wait_cluster(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
+            mbar_wait(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
           }
           store_pair(i + 1);
           // The peer's half too, acquired and fenced for the tensor cores here for both warpgroups:
           // warpgroup 0 issues the tile's S after kHmBarP.
-          mbar_wait_cluster(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);
+          mbar_wait(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);
           fence_to_async_proxy();
         }
       } else if (more) {  // the next tile into that tile's FP16 copy
@@ -1789,7 +1798,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   // kPair: tile 0's copy whole (both halves) before its S. Each later tile's, warpgroup 1 waits for
   // (and fences for the tensor cores) before its kHmBarP, which precedes the tile's S here.
   if constexpr (kPair) {
-    if (begin < end) mbar_wait_cluster(sm.tile_full, 0), fence_to_async_proxy();
+    if (begin < end) mbar_wait(sm.tile_full, 0), fence_to_async_proxy();
   }
   if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
   wgmma_wait<0>();
