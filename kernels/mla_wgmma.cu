@@ -1417,8 +1417,8 @@ struct HmHalfShare {
   // 16 bytes to the cluster address `addr` (the peer's shared memory), counted as written at the
   // peer's mbarrier at cluster address `bar` once they are (complete_tx): no fence, no arrival. (A
   // generic store and a cluster-scope release to the peer instead cost two GPU-wide memory
-  // barriers a tile, MEMBAR.ALL.GPU, each waiting for the thread's loads in flight: the pair ran
-  // 1.8–2.0× the unpaired block's time on the H100, thirtieth session.)
+  // barriers a tile, MEMBAR.ALL.GPU, each waiting for the thread's memory operations in flight: the
+  // pair ran 1.8–2.0× the unpaired block's time on the H100, thirtieth session.)
   __device__ static void st_async(uint32_t addr, uint32_t bar, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     asm volatile(
         "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
