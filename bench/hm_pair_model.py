@@ -5,8 +5,8 @@ with kPair), run under random schedules.
 Two blocks, X and Y, each with its two warpgroups as one actor apiece, walk T tiles through two
 FP16 tile copies a block. Each block's warpgroup 1 writes its half of every tile into both blocks'
 copies; the peer's half goes by st.async, its bytes counted at the peer's tile_full as they land,
-which the model takes as the write and then an arrival there. The model follows the kernel's order of named barriers (kHmBarRead, kHmBarP, kHmBarPFree,
-kHmBarPv), mbarriers (tile_full, tile_empty) and reads (S, and each warpgroup's P·V), and checks:
+which the model takes as the write and then an arrival there. The model follows the kernel's order
+of named barriers (kHmBarRead, kHmBarP, kHmBarPFree, kHmBarPv), mbarriers (tile_full, tile_empty) and reads (S, and each warpgroup's P·V), and checks:
 - no deadlock;
 - a copy is read for tile t only while it holds both halves of tile t;
 - a copy is overwritten only once every read of the tile it held has ended.

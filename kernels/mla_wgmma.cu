@@ -1018,11 +1018,6 @@ __device__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
   return a;
 }
-// An arrival at this block's mbarrier `bar` that also expects `bytes` more of asynchronous
-// writes (st_async's) in the phase.
-__device__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
 // An arrival at the mbarrier at cluster address `bar` (another block's) with no GPU-wide barrier
 // (the CTA-scope release), for a signal that orders no writes of the thread (reads it has
 // finished). The pairs wait for these and for st_async's bytes with mbar_wait, at CTA scope, as
@@ -1645,7 +1640,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
                   key_a + pair_row * kHmKeysPerBatch, first);
       fence_to_async_proxy();  // this copy, for the tensor cores (the peer's: after its wait)
       if (tid == 128)          // a CTA-scope release: its waiters are here
-        mbar_arrive_expect_tx(sm.tile_full + i % 2, kHmTileBytes / 2);
+        mbar_expect_tx(sm.tile_full + i % 2, kHmTileBytes / 2);  // the peer's st_async bytes
       else
         mbar_arrive(sm.tile_full + i % 2);
     }
