@@ -41,6 +41,12 @@ constexpr std::uint32_t kMaxClusterSplits = 8;
 // The combine's launch after the split kernel, in the plan's tiles (4.1 µs a tile per block at
 // two blocks per SM; the combine 9.5 µs at B = 32 × 4K): kept low, so that a tie goes to clusters.
 constexpr std::uint64_t kCombineTiles = 2;
+// A 64-head block's partial (64 rows × 512 FP32 values and their m, l: 128 KiB, written, then read
+// back by the combine) beside its tiles, in the plan's tiles, where its chunks are not combined in
+// clusters. Measured on the H100 (docs/performance.md, thirty-first session): B = 128 × 64K × 128
+// heads over one latent pool took 5749 µs as 18 chunks of 57 tiles and a combine launch, 4863 µs
+// as one chunk in clusters of one, where the plan without it had counted 2030 tiles against 2050.
+constexpr std::uint64_t kPartialTiles64 = 1;
 constexpr std::uint32_t kGemvSteps = 2;  // rows in flight per warp step of the wide GEMV
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
@@ -402,7 +408,8 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   }
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
-  // pipeline start, partial and share of the combine); ties go to fewer splits. At least four
+  // pipeline start, partial and share of the combine; and kPartialTiles64 more on the 64-head wgmma
+  // blocks); ties go to fewer splits. At least four
   // 32-key tiles a split on the mma.sync entries: at one sequence of 4096 keys, 128 one-tile
   // splits took 111 µs on the H200 (the old combine's loop over them), 32 four-tile splits 58.
   // The 16-head wgmma blocks' 64-key tiles go down to one a split — at B = 1 to 32 up to 4K keys
@@ -417,10 +424,11 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   const std::uint64_t tiles = std::max<std::uint64_t>(1, (max_keys + tile_keys - 1) / tile_keys);
   const std::uint64_t min_tiles = one_tile ? 1 : 4;
   const std::uint64_t max_splits = std::clamp<std::uint64_t>((tiles + min_tiles - 1) / min_tiles, 1, 4 * slots);
+  const std::uint64_t fixed = p.wgmma && p.rows_per_block == kWgmmaRows ? 1 + kPartialTiles64 : 1;
   std::uint64_t per = tiles, best = ~std::uint64_t{0};
   for (std::uint64_t n = 1; n <= max_splits; ++n) {
     const std::uint64_t tiles_each = (tiles + n - 1) / n, splits = (tiles + tiles_each - 1) / tiles_each;
-    const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + 1);
+    const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + fixed);
     if (cost < best) best = cost, per = tiles_each;
   }
   // Staged 16-head and 64-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
