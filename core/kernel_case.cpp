@@ -592,7 +592,9 @@ SafeTensors to_safetensors(const KernelCase& c) {
 KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
     fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'{}", name,
-         is_model_case(f) ? " (a model case: run it with metrale replay)" : "");
+         is_model_case(f)             ? " (a model case: run it with metrale replay)"
+         : f.has("fp8_e4m3fn_decode") ? " (the number-format tables, which the formats tests read)"
+                                      : "");
   KernelCase c;
   // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
   c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));

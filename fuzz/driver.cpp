@@ -16,9 +16,10 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include "metrale/cli_checks.hpp"
 #include "metrale/emu/emulator.hpp"
@@ -146,7 +147,12 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   std::vector<props::Property> properties;
   for (auto& p : props::family(family))
     if (o.property.empty() || p.name == o.property) properties.push_back(std::move(p));
-  if (properties.empty()) fail(Errc::not_found, "family {} has no property '{}'", family, o.property);
+  if (properties.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : props::family(family)) names.push_back("'" + p.name + "'");
+    fail(Errc::not_found, "family {} has no property '{}'; --property takes one of these whole (--list): {}", family,
+         o.property, fmt::join(names, ", "));
+  }
   if (o.list) {
     for (const auto& p : properties) std::cout << p.name << "\n";
     return 0;
@@ -246,7 +252,9 @@ int run(int argc, char** argv, const std::string& family) {
   // Bounds keep one batch short: the budget is checked between batches.
   auto* secs =
       app.add_option("--seconds", o.seconds, "time budget, 0.001 ≤ s ≤ 1e7 (default 10)")->check(CLI::Range(1e-3, 1e7));
-  app.add_option("--cases", o.cases, "case budget")
+  app.add_option("--cases", o.cases,
+                 "case budget: stops at the first batch that reaches it, once every property has run a batch "
+                 "(so at least --batch cases a property)")
       ->transform(metrale::cli::integer_in(1, std::uint64_t{1} << 40))
       ->excludes(secs);
   app.add_option("--seed", o.seed, "first batch seed, 0 ≤ S < 2^64 (default: random)")

@@ -1039,13 +1039,16 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
 // printed under any --only, also one that picks a single replay of another file.
 TEST_CASE("bad input: conform notes a golden file that is not a model case only where --only picks it",
           "[bad_input][cli]") {
-  TempPath golden("_note_golden"), cases("_note_cases");
+  TempPath golden("_note_golden"), cases("_note_cases"), shadowed("_note_shadowed");
   std::filesystem::create_directories(golden.path);
+  std::filesystem::create_directories(shadowed.path);
   std::filesystem::create_directories(cases.path);
   recorded_decode_case().write(cases.path / "zz_kernel.safetensors");  // (an empty --cases folder is refused)
   std::filesystem::copy_file(test::golden("quant_codecs.safetensors"), golden.path / "quant_codecs.safetensors");
   std::filesystem::copy_file(test::golden("dsv3_h16_t37.safetensors"), golden.path / "zq_dsv3.safetensors");
   recorded_decode_case().write(golden.path / "zr_kernel.safetensors");  // a kernel case among the golden ones
+  // A second golden folder's file of the same name does not run; that is said where --only picks it too.
+  std::filesystem::copy_file(test::golden("quant_codecs.safetensors"), shadowed.path / "quant_codecs.safetensors");
   // The number-format tables (which every default run meets in cases/golden) are named only when
   // --only names them; another file that is not a model case also where --only picks its kind.
   for (const auto& [only, codecs, kernel] : {std::tuple{"zq_dsv3 fp8 block 16 latent", false, false},
@@ -1054,14 +1057,15 @@ TEST_CASE("bad input: conform notes a golden file that is not a model case only 
                                              {"model case file", false, true}}) {
     INFO("--only " << only);
     std::string out;
-    const int code = run_cli(
-        "conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() + " --only '" +
-            only + "'",
-        out, "METRALE_GOLDEN_DIR=");
+    const int code =
+        run_cli("conform --backend emu --cases " + cases.path.string() + " --golden " + golden.path.string() +
+                    " --golden " + shadowed.path.string() + " --only '" + only + "'",
+                out, "METRALE_GOLDEN_DIR=");
     CHECK(code == (only == std::string("zq_dsv3 fp8 block 16 latent") ? 0 : 2));  // the others match no case
     CHECK((out.find("quant_codecs.safetensors is the number-format tables (the formats tests read them), not a model "
                     "case, skipped") != std::string::npos) == codecs);
     CHECK((out.find("zr_kernel.safetensors is not a model case") != std::string::npos) == kernel);
+    CHECK((out.find("quant_codecs.safetensors skipped: ") != std::string::npos) == codecs);
   }
 }
 
@@ -1095,6 +1099,14 @@ TEST_CASE("bad input: metrale case run reports path errors and empty folders", "
     CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);
     CHECK_THAT(out, Catch::Matchers::Contains("error (not_found): folder " + dir.path.string() +
                                               " holds no .safetensors case files"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("subfolders"));
+    // Subfolders are not searched; those that hold case files are named.
+    std::filesystem::create_directories(dir.path / "kernels");
+    std::ofstream(dir.path / "kernels" / "a.safetensors").put('x');
+    out.clear();
+    CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains(
+                        "(subfolders are not searched; these hold some: " + (dir.path / "kernels").string() + ")"));
   }
 }
 
@@ -1193,6 +1205,17 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("case run --backend emu " + std::string(METRALE_SOURCE_DIR) + "/cases/golden/dsv3_h16_t37.safetensors",
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("(a model case: run it with metrale replay)"));
+  out.clear();  // the golden folder's number-format tables, given to case run and to replay
+  const std::string tables = test::golden("quant_codecs.safetensors").string();
+  CHECK(run_cli("case run --backend emu " + tables, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("(the number-format tables, which the formats tests read)"));
+  out.clear();
+  CHECK(run_cli("replay --backend emu " + tables, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("is not a model case (no q_nope tensor or heads metadata): it holds the "
+                                            "number-format tables, which the formats tests read"));
+  out.clear();  // an empty METRALE_BACKEND is auto, and said to be empty, not unset
+  CHECK(run_cli("info", out, "METRALE_BACKEND=") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: auto (METRALE_BACKEND empty)"));
   out.clear();
   CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));

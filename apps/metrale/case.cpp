@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <new>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -17,6 +18,16 @@
 #include "metrale/mla_fast.hpp"  // entry_unavailable
 
 namespace metrale::cli {
+namespace {
+
+bool holds_cases(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".safetensors") return true;
+  return false;
+}
+
+}  // namespace
 
 void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
@@ -44,8 +55,18 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
         if (it->path().extension() == ".safetensors") files.push_back(it->path());
       if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
-      // A folder without cases would otherwise pass with nothing run.
-      if (files.size() == before) fail(Errc::not_found, "folder {} holds no .safetensors case files", f);
+      // A folder without cases would otherwise pass with nothing run. Its subfolders are not
+      // searched; those that hold cases are named.
+      if (files.size() == before) {
+        std::vector<std::string> holders;
+        for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
+          if (std::error_code sub_ec; it->is_directory(sub_ec) && holds_cases(it->path()))
+            holders.push_back(it->path().string());
+        fail(Errc::not_found, "folder {} holds no .safetensors case files{}", f,
+             holders.empty()
+                 ? std::string()
+                 : fmt::format(" (subfolders are not searched; these hold some: {})", fmt::join(holders, ", ")));
+      }
     }
     // A file named twice (or in a folder named too) runs once: the summary counts files. Each
     // file's canonical path is found once, then the (path, file) pairs sorted and made unique.

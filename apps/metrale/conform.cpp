@@ -408,6 +408,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& [dir, named] : golden_dirs)
       for (auto& f : safetensors_in(dir, named, missing)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
+          // said where --only would have picked the file (its name), as below
+          if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
           fmt::print(stderr, "note: conform: golden case {} skipped: {} runs under that name\n", printable(f.string()),
                      printable(it->second.string()));
           continue;

@@ -30,7 +30,8 @@ void add_info(CLI::App& app) {
     // What a command without --backend asks for (make_backend refuses an unknown name then).
     const std::string choice = backend_from_env();
     if (choice.empty()) {
-      fmt::print("  without --backend: auto (METRALE_BACKEND unset)\n");
+      fmt::print("  without --backend: auto (METRALE_BACKEND {})\n",
+                 std::getenv("METRALE_BACKEND") ? "empty" : "unset");
     } else if (std::ranges::find(kBackendNames, choice) != std::end(kBackendNames)) {
       fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
     } else {
