@@ -8,17 +8,9 @@
 //   hm_trace B L H KEYS_PER_SPLIT [MODE]       e.g. hm_trace_cycles 32 16384 128 8192
 // MODE: partial (the default: mla_paged_decode_wgmma_latent_fp8, partials to global memory),
 // cluster (mla_paged_decode_wgmma_latent_combine_fp8 in clusters of the splits, as the dispatcher
-// launches it) or fused (the same entry launched without a cluster: one split only); pair and
-// pair-cluster are partial and cluster with the blocks of two head groups paired (wgmma_hm_decode's
-// kPair experiment: clusters [1, 2, 1] and [splits, 2, 1], H a multiple of 128, at most 4 splits
-// for pair-cluster). A pair mode also runs its unpaired mode, checks that the two wrote the same
-// bits (exit 1 if not) and prints both times, timed alternately in the same process.
+// launches it) or fused (the same entry launched without a cluster: one split only).
 // With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
-// the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01). With HM_TRACE_RAGGED=1
-// sequence s attends (37·s² + 1237·s) mod (L + 1) keys, not L: sequence 0 none (every chunk
-// empty), the others partial tiles and chunks (for the pair modes' bit check). With
-// HM_TRACE_CHECK_ONLY=1 it stops after the first launches (and a pair mode's bit check), untimed:
-// for compute-sanitizer, under which each launch takes seconds.
+// the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01).
 #include "mla_wgmma.cu"
 
 #include <cuda_runtime.h>
@@ -65,62 +57,19 @@ uint32_t argument(const char* program, const char* what, const char* text, uint6
   return static_cast<uint32_t>(value);
 }
 
-// The heads-in-M block in pairs: mla_paged_decode_wgmma_latent_fp8's and
-// mla_paged_decode_wgmma_latent_combine_fp8's parameters and work, wgmma_hm_decode<Out, true>.
-__global__ void __launch_bounds__(256, 1)
-    hm_pair_latent_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache, float* o_partial,
-                       float* ml_partial, const int32_t* block_tables, const int32_t* seq_lens,
-                       uint32_t max_blocks_per_seq, uint32_t num_q_heads, uint32_t q_head_dim, uint32_t kv_cache_dim,
-                       uint32_t block_size, float logit_scale, uint64_t cache_stride, uint32_t sliding_window,
-                       const uint8_t* comp_pool, uint32_t comp_block_count, uint32_t keys_per_split) {
-  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
-                                cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma_hm_decode<PartialOut, true>(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split,
-                                    rows);
-}
-__global__ void __launch_bounds__(256, 1)
-    hm_pair_latent_combine_fp8(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
-                               const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
-                               const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
-                               uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size, float logit_scale,
-                               uint64_t cache_stride, uint32_t sliding_window, const uint8_t* comp_pool,
-                               uint32_t comp_block_count, uint32_t keys_per_split, float v_scale) {
-  const Fp8Rows rows = fp8_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim, block_size,
-                                cache_stride, sliding_window, comp_pool, comp_block_count);
-  wgmma_hm_decode<ClusterOut, true>(q, ClusterOut{sinks, o, v_scale}, num_q_heads, logit_scale, keys_per_split, rows);
-}
-
-// Whether environment variable `name` is "1".
-bool env_is_1(const char* name) {
-  const char* const value = std::getenv(name);
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
-
-// The bytes of `n` elements at device address `p`.
-template <class T>
-std::vector<unsigned char> download(const T* p, size_t n) {
-  std::vector<unsigned char> host(n * sizeof(T));
-  check(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  return host;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr,
-                 "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused|pair|pair-cluster] (L and KEYS_PER_SPLIT "
-                 "multiples of 64)\n",
+    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused] (L and KEYS_PER_SPLIT multiples of 64)\n",
                  program);
     return 2;
   }
   const char* const mode = argc == 6 ? argv[5] : "partial";
-  const bool pair = std::strcmp(mode, "pair") == 0, pair_cluster = std::strcmp(mode, "pair-cluster") == 0;
-  const bool partial = pair || std::strcmp(mode, "partial") == 0,
-             cluster = pair_cluster || std::strcmp(mode, "cluster") == 0;
+  const bool partial = std::strcmp(mode, "partial") == 0, cluster = std::strcmp(mode, "cluster") == 0;
   if (!partial && !cluster && std::strcmp(mode, "fused") != 0) {
-    std::fprintf(stderr, "%s: MODE %s is not partial, cluster, fused, pair or pair-cluster\n", program, mode);
+    std::fprintf(stderr, "%s: MODE %s is not partial, cluster or fused\n", program, mode);
     return 2;
   }
   const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
@@ -147,17 +96,12 @@ int main(int argc, char** argv) {
   }
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
-  const bool paired = pair || pair_cluster;
-  const uint32_t most_splits = pair_cluster ? 4 : cluster ? 8 : 1;
-  if (!partial && splits > most_splits) {
-    std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, most_splits);
+  if (!partial && splits > (cluster ? 8u : 1u)) {
+    std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, cluster ? 8 : 1);
     return 2;
   }
-  if (paired && H % 128 != 0) {
-    std::fprintf(stderr, "%s: H %u; MODE %s pairs head groups, so H must be a multiple of 128\n", program, H, mode);
-    return 2;
-  }
-  const bool as_bench = env_is_1("HM_TRACE_AS_BENCH");
+  const char* const as_bench_env = std::getenv("HM_TRACE_AS_BENCH");
+  const bool as_bench = as_bench_env != nullptr && std::strcmp(as_bench_env, "1") == 0;
   const float logit_scale = as_bench ? 0.01f / std::sqrt(192.0f) : 0.07f;
   std::mt19937_64 rng(1);
   std::vector<uint8_t> pool(size_t{B} * L * kDim);
@@ -173,9 +117,6 @@ int main(int argc, char** argv) {
     x = static_cast<uint16_t>(bits >> 16);
   }
   std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
-  const bool ragged = env_is_1("HM_TRACE_RAGGED");
-  if (ragged)
-    for (uint64_t s = 0; s < B; ++s) lens[s] = static_cast<int32_t>((37 * s * s + 1237 * s) % (uint64_t{L} + 1));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   std::shuffle(table.begin(), table.end(), rng);
   const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
@@ -186,91 +127,31 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");
   check(cudaMalloc(&ml_partial, size_t{B} * H * splits * 8), "cudaMalloc");
   check(cudaMalloc(&o, size_t{B} * H * kDim * 2), "cudaMalloc");
-  // core/mla_fast.cpp's wgmma_latent_shared_bytes(); the pairs' four mbarriers (32 bytes) more
+  // core/mla_fast.cpp's wgmma_latent_shared_bytes()
   const uint32_t shared = 1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
-  const uint32_t pair_shared = shared + 4 * 8;
   for (const void* entry : {reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8),
                              reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8)})
     check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "cudaFuncSetAttribute");
-  for (const void* entry :
-       {reinterpret_cast<const void*>(hm_pair_latent_fp8), reinterpret_cast<const void*>(hm_pair_latent_combine_fp8)})
-    check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, pair_shared),
-          "cudaFuncSetAttribute");
   const dim3 grid(splits, (H + 63) / 64, B);
-  // The launch configuration of the block of `mode`, paired or not, as the modes above say, its
-  // cluster shape in `clusters` (the caller's); that attribute only where the mode has clusters,
-  // unless `with_cluster`.
-  auto config_of = [&](bool paired_now, bool with_cluster, cudaLaunchAttribute& clusters) {
-    clusters = {};
-    clusters.id = cudaLaunchAttributeClusterDimension;
-    clusters.val.clusterDim.x = cluster ? splits : 1, clusters.val.clusterDim.y = paired_now ? 2 : 1;
-    clusters.val.clusterDim.z = 1;
-    return cudaLaunchConfig_t{grid,    256,       paired_now ? pair_shared : shared,
-                              nullptr, &clusters, with_cluster || cluster || paired_now ? 1u : 0u};
-  };
-  auto launch = [&](bool paired_now) {
-    cudaLaunchAttribute clusters;
-    const cudaLaunchConfig_t config = config_of(paired_now, false, clusters);
-    cudaError_t e = cudaSuccess;
+  cudaLaunchAttribute clusters{};
+  clusters.id = cudaLaunchAttributeClusterDimension;
+  clusters.val.clusterDim.x = splits, clusters.val.clusterDim.y = clusters.val.clusterDim.z = 1;
+  const cudaLaunchConfig_t config{grid, 256, shared, nullptr, &clusters, cluster ? 1u : 0u};
+  auto launch = [&] {
     if (partial) {
-      e = cudaLaunchKernelEx(&config, paired_now ? hm_pair_latent_fp8 : mla_paged_decode_wgmma_latent_fp8, d_q, d_pool,
-                             d_pool, o_partial, ml_partial, d_table, d_lens, blocks_per_seq, H, kDim, kDim, kBlock,
-                             logit_scale, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps);
+      mla_paged_decode_wgmma_latent_fp8<<<grid, 256, shared>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table,
+                                                               d_lens, blocks_per_seq, H, kDim, kDim, kBlock,
+                                                               logit_scale, kDim, 0, nullptr, 0, kps);
     } else {
-      e = cudaLaunchKernelEx(
-          &config, paired_now ? hm_pair_latent_combine_fp8 : mla_paged_decode_wgmma_latent_combine_fp8, d_q, d_pool,
-          d_pool, static_cast<const float*>(nullptr), o, d_table, d_lens, blocks_per_seq, H, kDim, kDim, kBlock,
-          logit_scale, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps, 1.0f);
+      check(cudaLaunchKernelEx(&config, mla_paged_decode_wgmma_latent_combine_fp8, d_q, d_pool, d_pool,
+                               static_cast<const float*>(nullptr), o, d_table, d_lens, blocks_per_seq, H, kDim, kDim,
+                               kBlock, logit_scale, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps,
+                               1.0f),
+            "cudaLaunchKernelEx");
     }
-    check(e, "cudaLaunchKernelEx");
   };
-  // What the launch wrote: o, or the partials.
-  auto written = [&] {
-    if (!partial) return download(o, size_t{B} * H * kDim);
-    std::vector<unsigned char> bytes = download(o_partial, size_t{B} * H * splits * kDim);
-    const std::vector<unsigned char> ml = download(ml_partial, size_t{B} * H * splits * 2);
-    bytes.insert(bytes.end(), ml.begin(), ml.end());
-    return bytes;
-  };
-  auto clear = [&] {  // every output byte 0xFF, so that one left unwritten shows
-    check(cudaMemset(o_partial, 0xFF, size_t{B} * H * splits * kDim * 4), "cudaMemset");
-    check(cudaMemset(ml_partial, 0xFF, size_t{B} * H * splits * 8), "cudaMemset");
-    check(cudaMemset(o, 0xFF, size_t{B} * H * kDim * 2), "cudaMemset");
-  };
-  std::vector<unsigned char> unpaired_bytes;
-  if (paired) {  // the unpaired block's bits, then the paired one's over the same buffers
-    clear();
-    launch(false);
-    check(cudaDeviceSynchronize(), "unpaired launch");
-    unpaired_bytes = written();
-    clear();
-  }
-  launch(paired);
+  launch();
   check(cudaDeviceSynchronize(), "warm-up launch");
-  if (paired) {
-    const std::vector<unsigned char> paired_bytes = written();
-    size_t differ = 0;
-    for (size_t i = 0; i < paired_bytes.size(); ++i) differ += paired_bytes[i] != unpaired_bytes[i];
-    std::printf("%s against %s: %s (%zu of %zu bytes differ)\n", mode, pair ? "partial" : "cluster",
-                differ == 0 ? "the same bits" : "DIFFERENT", differ, paired_bytes.size());
-    if (differ != 0) return 1;
-    // How many clusters of each shape the device runs at once (a pair takes two SMs of one GPC).
-    auto active = [&](bool paired_now) {
-      int n = 0;
-      const void* entry = partial
-                              ? (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_fp8)
-                                            : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8))
-                              : (paired_now ? reinterpret_cast<const void*>(hm_pair_latent_combine_fp8)
-                                            : reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8));
-      cudaLaunchAttribute clusters;
-      const cudaLaunchConfig_t config = config_of(paired_now, true, clusters);
-      check(cudaOccupancyMaxActiveClusters(&n, entry, &config), "cudaOccupancyMaxActiveClusters");
-      return n;
-    };
-    std::printf("active clusters at once: unpaired %d of %u blocks, paired %d of %u\n", active(false),
-                cluster ? splits : 1, active(true), 2 * (cluster ? splits : 1));
-  }
-  if (env_is_1("HM_TRACE_CHECK_ONLY")) return 0;
 #ifdef METRALE_HM_TRACE
   const unsigned long long zero[2][10] = {};
   check(cudaMemcpyToSymbol(g_hm_trace, zero, sizeof zero), "cudaMemcpyToSymbol");
@@ -279,33 +160,15 @@ int main(int argc, char** argv) {
   cudaEvent_t t0, t1;
   check(cudaEventCreate(&t0), "cudaEventCreate");
   check(cudaEventCreate(&t1), "cudaEventCreate");
-  // The mean of kReps launches back to back; with a pair mode the least of three such means of
-  // each build, taken alternately.
-  auto time_us = [&](bool paired_now) {
-    check(cudaEventRecord(t0), "cudaEventRecord");
-    for (int r = 0; r < kReps; ++r) launch(paired_now);
-    check(cudaEventRecord(t1), "cudaEventRecord");
-    check(cudaDeviceSynchronize(), "timed launches");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-    return 1e3 * ms / kReps;
-  };
-  double us = time_us(paired), unpaired_us = 0;
-  if (paired) {
-#ifdef METRALE_HM_TRACE
-    std::fprintf(stderr, "%s: MODE %s: the trace build counts the paired launches alone\n", program, mode);
-#else
-    unpaired_us = time_us(false);
-    for (int round = 0; round < 2; ++round)
-      us = std::min(us, time_us(true)), unpaired_us = std::min(unpaired_us, time_us(false));
-#endif
-  }
-  const double flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
-  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s%s%s: %.1f us, %.0f TFLOP/s", B, L, H, kps, grid.x,
-              grid.y, grid.z, mode, as_bench ? " (bench data)" : "", ragged ? " (ragged; the rate counts L keys)" : "",
-              us, flop / us * 1e-6);
-  if (unpaired_us > 0) std::printf("; unpaired %.1f us, paired/unpaired %.3f", unpaired_us, us / unpaired_us);
-  std::printf("\n");
+  check(cudaEventRecord(t0), "cudaEventRecord");
+  for (int r = 0; r < kReps; ++r) launch();
+  check(cudaEventRecord(t1), "cudaEventRecord");
+  check(cudaDeviceSynchronize(), "timed launches");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+  const double us = 1e3 * ms / kReps, flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
+  std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s%s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
+              grid.y, grid.z, mode, as_bench ? " (bench data)" : "", us, flop / us * 1e-6);
 #ifdef METRALE_HM_TRACE
   unsigned long long cycles[2][10] = {};
   check(cudaMemcpyFromSymbol(cycles, g_hm_trace, sizeof cycles), "cudaMemcpyFromSymbol");

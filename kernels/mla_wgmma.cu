@@ -594,11 +594,9 @@ __device__ void cluster_sum(const float* const (&peer)[kMaxClusterSplits], const
 // cluster_combine_bystander) and four dims a thread, reading every block's rows through
 // distributed shared memory, with the combine's arithmetic (chunk_weights, cluster_sum): the bits
 // of mla_paged_decode_combine.
-// `rank0`: the cluster rank of the group's chunk 0 (the heads-in-M block's pairs: its head group's
-// row of the cluster, [n, 2, 1]).
 template <uint32_t kHeads, uint32_t kThreads>
 __device__ void cluster_combine(const ClusterOut& out, const float* rows, const float* mls, uint32_t s, uint32_t head0,
-                                uint32_t num_q_heads, uint32_t z, uint32_t n, uint32_t rank0 = 0) {
+                                uint32_t num_q_heads, uint32_t z, uint32_t n) {
   namespace cg = cooperative_groups;
   constexpr uint32_t kParts = kThreads / kHeads;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -612,8 +610,8 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
     float m[kMaxClusterSplits], l[kMaxClusterSplits], w[kMaxClusterSplits];
 #pragma unroll
     for (uint32_t c = 0; c < kMaxClusterSplits; ++c) {
-      peer[c] = cluster.map_shared_rank(rows, rank0 + (c < n ? c : 0)) + hl * kDim;
-      const float* const ml = cluster.map_shared_rank(mls, rank0 + (c < n ? c : 0)) + 2 * hl;
+      peer[c] = cluster.map_shared_rank(rows, c < n ? c : 0) + hl * kDim;
+      const float* const ml = cluster.map_shared_rank(mls, c < n ? c : 0) + 2 * hl;
       m[c] = c < n ? ml[0] : 0.0f;
       l[c] = c < n ? ml[1] : 0.0f;
     }
@@ -1011,21 +1009,6 @@ __device__ void named_arrive(uint32_t id) {
 __device__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// Distributed shared memory (sm_90 clusters): `p`'s place in the shared memory of block `rank` of
-// the cluster (its own rank included), for the forms below and st.shared::cluster.
-__device__ uint32_t cluster_addr(const void* p, uint32_t rank) {
-  uint32_t a;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-  return a;
-}
-// An arrival at the mbarrier at cluster address `bar` (another block's) with no GPU-wide barrier
-// (the CTA-scope release), for a signal that orders no writes of the thread (reads it has
-// finished). The pairs wait for these and for st_async's bytes with mbar_wait, at CTA scope, as
-// CUTLASS's cluster pipelines wait for their peers' signals and bulk copies: an acquire at cluster
-// scope invalidated L1 (CCTL.IVALL) at each wait.
-__device__ void mbar_arrive_remote(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // The online softmax's lazy rescale (as FlashAttention-4's): a head's reference maximum moves only
 // when a tile's logits pass it by more than this (natural log units), so P = exp(s − m) stays
 // below e^8 (FP16 holds it), and O and l are rescaled only then; the walk's end rescales them to
@@ -1347,11 +1330,6 @@ struct SmemHm {
   float* alpha;      // [2][64] the heads' rescale factors of tile i at [i % 2]
   uint64_t* alpha_full;   // [2] mbarriers: alpha[b] written (warpgroup 0's 128 threads arrive)
   uint64_t* alpha_empty;  // [2] mbarriers: alpha[b] read (warpgroup 1's 128 threads arrive)
-  // Pairs only (kPair): tile b's two halves written (this block's warpgroup 1 arrives, and the
-  // peer's half lands: its 36 KiB of st_async, expected by one of those arrivals), and the peer's
-  // tile b free (the peer's warpgroup 1 arrives): 32 bytes more.
-  uint64_t* tile_full;   // [2]
-  uint64_t* tile_empty;  // [2]
 };
 constexpr uint32_t kHmHalfSlab = 32;                // the output dims 512..575: 32 a warpgroup
 constexpr uint32_t kHmUnits = kDim / 16 / 4;        // 16-value units of a key a converting thread holds
@@ -1383,42 +1361,6 @@ struct HmShare {
         st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part), w[0], w[1], w[2], w[3]);
         st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part + 1), w[4], w[5], w[6], w[7]);
       }
-  }
-};
-// A block of a pair's share (kPair): one key of the tile's 64, `key` (its units first + 4u), written
-// into both blocks' FP16 copies of the tile — `tile` here, `peer` (cluster address) there, counted
-// at the peer's mbarrier `peer_full` (cluster address). (A template, kUnits = kHmUnits, only so
-// that the module's own build, which takes no pairs, does not warn of its unused members.)
-template <uint32_t kUnits>
-struct HmHalfShare {
-  uint4 raw[kUnits];
-  __device__ void load(const uint8_t* row, uint32_t first) {
-#pragma unroll
-    for (uint32_t u = 0; u < kUnits; ++u)
-      raw[u] = row != nullptr ? ld_stream16(row + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
-  }
-  __device__ void store(uint8_t* tile, uint32_t peer, uint32_t peer_full, uint32_t key, uint32_t first) const {
-#pragma unroll
-    for (uint32_t u = 0; u < kUnits; ++u) {
-      const uint32_t part = first + 4 * u, lo = swizzled(key, 2 * part), hi = swizzled(key, 2 * part + 1);
-      uint32_t w[8];
-      fp8x16_to_f16(raw[u], w);
-      st_shared_v4(tile + lo, w[0], w[1], w[2], w[3]);
-      st_shared_v4(tile + hi, w[4], w[5], w[6], w[7]);
-      st_async(peer + lo, peer_full, w[0], w[1], w[2], w[3]);
-      st_async(peer + hi, peer_full, w[4], w[5], w[6], w[7]);
-    }
-  }
-  // 16 bytes to the cluster address `addr` (the peer's shared memory), counted as written at the
-  // peer's mbarrier at cluster address `bar` once they are (complete_tx): no fence, no arrival. (A
-  // generic store and a cluster-scope release to the peer instead cost two GPU-wide memory
-  // barriers a tile, MEMBAR.ALL.GPU, each waiting for the thread's memory operations in flight: the
-  // pair ran 1.8–2.0× the unpaired block's time on the H100, thirtieth session.)
-  __device__ static void st_async(uint32_t addr, uint32_t bar, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    asm volatile(
-        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
-        "r"(a), "r"(b), "r"(c), "r"(d), "r"(bar)
-        : "memory");
   }
 };
 
@@ -1554,14 +1496,7 @@ __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st
 // P·V is done with it) from rows it loaded into registers under the last P·V. Each warpgroup
 // accumulates half of O's 576 dims (HmAcc). The two run apart loops (their registers allocated
 // apart: O, and S or the raw rows), meeting at kHmBarP a tile.
-// kPair (an experiment, bench/hm_trace.cu's pair modes; no entry of the module takes it yet): the
-// blocks of head groups 2g and 2g + 1 of a (sequence, chunk) are one cluster's column, [n, 2, 1],
-// and each block's warpgroup 1 loads and converts half of every tile's keys (keys 32r..32r + 31,
-// r its row of the cluster) into both blocks' FP16 copies, through distributed shared memory:
-// half the loads and conversions a block. Tile b's copy is full once both halves are written
-// (tile_full), and is written again only once the peer is done with it (tile_empty);
-// bench/hm_pair_model.py checks that handshake under random schedules.
-template <class Out, bool kPair = false>
+template <class Out>
 __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
                                 uint32_t keys_per_split, const Fp8Rows& layout) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1573,8 +1508,6 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   sm.alpha = sm.q_unscale + kRows64;
   sm.alpha_full = reinterpret_cast<uint64_t*>(sm.alpha + 2 * kRows64);
   sm.alpha_empty = sm.alpha_full + 2;
-  sm.tile_full = sm.alpha_full + 4;
-  sm.tile_empty = sm.alpha_full + 6;
 
   const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = (tid / kWarp) % 4, j = lane % 4;
   const uint32_t wg = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);  // warp-uniform, known so to the compiler
@@ -1584,93 +1517,49 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint32_t r0 = 16 * warp + lane / 4;  // the thread's rows r0 and r0 + 8 (HmAcc)
   const uint64_t p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
   auto tile_at = [&](uint32_t i) { return sm.st + (i % 2) * kHmTileBytes; };  // tile i's FP16 copy
-  // kPair: this block's row of the cluster (its half of each tile) and the peer's rank.
-  uint32_t pair_row = 0, peer = 0;
-  if constexpr (kPair) {
-    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    pair_row = cluster.block_index().y;
-    peer = cluster.block_rank() + (pair_row == 0 ? cluster.dim_blocks().x : -cluster.dim_blocks().x);
-    // A launch of another cluster shape, or without the tile mbarriers' 32 bytes: stop here rather
-    // than wait on a peer that is not there or write past the block's shared memory.
-    uint32_t dynamic_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-    if (cluster.dim_blocks().y != 2 ||
-        reinterpret_cast<uint8_t*>(sm.tile_empty + 2) - smem_raw > static_cast<ptrdiff_t>(dynamic_bytes))
-      __trap();
-  }
 
   // Warpgroup 1's keys of a tile (key_a and key_a + 32), its units first + 4u. A tile's rows are
   // found in three steps a tile apart, so that no wait for memory falls on the walk: the block
   // table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch (tile
   // i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at tile i.
-  // kPair: key key_a + 32·pair_row alone.
-  constexpr uint32_t kBatches = kPair ? 1 : 2;
   const uint32_t key_a = (tid % 128) / 4, first = tid % 4;
-  auto entries_of = [&](uint32_t tile, int32_t(&e)[kBatches]) {
+  auto entries_of = [&](uint32_t tile, int32_t(&e)[2]) {
 #pragma unroll
-    for (uint32_t b = 0; b < kBatches; ++b) {
-      const uint32_t k = tile + key_a + (kPair ? pair_row : b) * kHmKeysPerBatch;
+    for (uint32_t b = 0; b < 2; ++b) {
+      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
       e[b] = k < end ? layout.entry(k) : 0;
     }
   };
-  auto rows_of = [&](uint32_t tile, const int32_t(&e)[kBatches], const uint8_t*(&r)[kBatches]) {
+  auto rows_of = [&](uint32_t tile, const int32_t(&e)[2], const uint8_t*(&r)[2]) {
 #pragma unroll
-    for (uint32_t b = 0; b < kBatches; ++b) {
-      const uint32_t k = tile + key_a + (kPair ? pair_row : b) * kHmKeysPerBatch;
+    for (uint32_t b = 0; b < 2; ++b) {
+      const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
       const uint8_t* rows[4];
       if (k < end) layout.locate(k, e[b], rows);
       r[b] = k < end ? rows[0] : nullptr;
       prefetch_row_l2(r[b], first);
     }
   };
-  std::conditional_t<kPair, HmHalfShare<kHmUnits>, HmShare> share;
-  int32_t entries[kBatches];      // tile i + 4's (after tile i)
-  const uint8_t* rows[kBatches];  // tile i + 3's (after tile i)
-  auto load = [&](const uint8_t* const(&r)[kBatches]) {
-    if constexpr (kPair)
-      share.load(r[0], first);
-    else
-      share.load(r, first);
-  };
-  // kPair: this block's half of tile i into both copies (the peer's counted at its tile_full as it
-  // lands), then an arrival at this block's tile_full, one of them expecting the peer's half.
-  auto store_pair = [&](uint32_t i) {
-    if constexpr (kPair) {
-      share.store(tile_at(i), cluster_addr(tile_at(i), peer), cluster_addr(sm.tile_full + i % 2, peer),
-                  key_a + pair_row * kHmKeysPerBatch, first);
-      fence_to_async_proxy();  // this copy, for the tensor cores (the peer's: after its wait)
-      if (tid == 128)          // a CTA-scope release: its waiters are here
-        mbar_expect_tx(sm.tile_full + i % 2, kHmTileBytes / 2);  // the peer's st_async bytes
-      else
-        mbar_arrive(sm.tile_full + i % 2);
-    }
-  };
-  // kPair: tile 1's rows, loaded once the cluster has started.
-  const uint8_t* tile1[kBatches];
-  if (wg == 1) {  // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
-    int32_t e[kBatches];
-    const uint8_t* r[kBatches];
-    entries_of(begin, e), rows_of(begin, e, r), load(r);
-    entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, kPair ? tile1 : r);
-    if constexpr (!kPair) {  // kPair: once both blocks' barriers are set up, below
-      share.store(tile_at(0), key_a, first);
-      load(r);
-      entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
-      entries_of(begin + 3 * kTileKeys, entries);
-    }
+  HmShare share;
+  int32_t entries[2];      // tile i + 4's (after tile i)
+  const uint8_t* rows[2];  // tile i + 3's (after tile i)
+  if (wg == 1) {           // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
+    int32_t e[2];
+    const uint8_t* r[2];
+    entries_of(begin, e), rows_of(begin, e, r), share.load(r, first);
+    entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, r);
+    share.store(tile_at(0), key_a, first);
+    share.load(r, first);
+    entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
+    entries_of(begin + 3 * kTileKeys, entries);
   }
-  // alpha_full[0..1], alpha_empty[0..1] (kPair: and tile_full, tile_empty), by one thread as the
-  // other blocks do theirs. With `tid < 4`, ptxas ran the init as a loop under a uniform predicate
-  // that warps 1–7 never take, and racecheck counted it in those warps too, as writes at whatever
-  // their (unset) register held: WAW hazards on Q's scales and P (twenty-seventh session,
-  // docs/conformance.md).
+  // alpha_full[0..1], alpha_empty[0..1], by one thread as the other blocks do theirs. With
+  // `tid < 4`, ptxas ran the init as a loop under a uniform predicate that warps 1–7 never take,
+  // and racecheck counted it in those warps too, as writes at whatever their (unset) register
+  // held: WAW hazards on Q's scales and P (twenty-seventh session, docs/conformance.md).
   if (tid == 0) {
 #pragma unroll
     for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
-    if constexpr (kPair) {
-#pragma unroll
-      for (uint32_t b = 0; b < 2; ++b) mbar_init(sm.tile_full + b, 128), mbar_init(sm.tile_empty + b, 128);
-    }
     fence_mbar_init();
   }
   load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
@@ -1681,16 +1570,6 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   __syncthreads();
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
   __syncthreads();
-  if constexpr (kPair) {
-    cooperative_groups::this_cluster().sync();  // both blocks' barriers set up before either arrives
-    if (wg == 1) {
-      int32_t e[kBatches];
-      if (begin < end) store_pair(0);  // an empty chunk: both blocks skip it (the peer may be gone)
-      load(tile1);
-      entries_of(begin + 2 * kTileKeys, e), rows_of(begin + 2 * kTileKeys, e, rows);
-      entries_of(begin + 3 * kTileKeys, entries);
-    }
-  }
 
   HmAcc acc;
   // Rows r0 and r0 + 8 rescaled by f, skipped where the warp's factors are all 1 (a tile that
@@ -1728,15 +1607,9 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     }
     if constexpr (Out::cluster) {
       if (wg == 0)
-        cluster_combine<kRows64, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x,
-                                      pair_row * gridDim.x);
+        cluster_combine<kRows64, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, gridDim.x);
       else
         cluster_combine_bystander();
-    } else if constexpr (kPair) {
-      // No block leaves while its peer may still write into it: the mbarriers order every write
-      // before the peer's wait for it, but racecheck counted writes into an exited block (3000 on
-      // the H100, thirtieth session); a cluster barrier before exit, as the CUDA guide asks.
-      cooperative_groups::this_cluster().sync();
     }
   };
   if (wg == 1) {
@@ -1744,21 +1617,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       const bool more = tile + kTileKeys < end;
       if (i > 0) named_barrier<256>(kHmBarRead);  // warpgroup 0's P·V done with the last tile
       trace.mark(0);
-      if constexpr (kPair) {
-        if (more) {     // this block's half of the next tile into both blocks' copies of it
-          if (i > 0) {  // tile i − 1's copy: free here (told to the peer) and there
-            // Both warpgroups' reads of it are done (kHmBarRead, the P·V wait): a CTA-scope release,
-            // as CUTLASS's consumers release a peer's buffer, with no GPU-wide barrier.
-            mbar_arrive_remote(cluster_addr(sm.tile_empty + (i + 1) % 2, peer));
-            mbar_wait(sm.tile_empty + (i + 1) % 2, ((i - 1) / 2) % 2);
-          }
-          store_pair(i + 1);
-          // The peer's half too, acquired and fenced for the tensor cores here for both warpgroups:
-          // warpgroup 0 issues the tile's S after kHmBarP.
-          mbar_wait(sm.tile_full + (i + 1) % 2, ((i + 1) / 2) % 2);
-          fence_to_async_proxy();
-        }
-      } else if (more) {  // the next tile into that tile's FP16 copy
+      if (more) {                              // the next tile into that tile's FP16 copy
         share.store(tile_at(i + 1), key_a, first);
         fence_to_async_proxy();  // the tile, for the tensor cores
       }
@@ -1773,7 +1632,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
       if (more) named_arrive<256>(kHmBarPv);
       trace.mark(3);
-      load(rows);                                    // tile i + 2, loading under this P·V
+      share.load(rows, first);  // tile i + 2, loading under this P·V
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       trace.mark(4);
@@ -1790,11 +1649,6 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint64_t q_desc = smem_desc(smem_addr(sm.sq), 16, 1024);
   const float unscale[2] = {sm.q_unscale[r0], sm.q_unscale[r0 + 8]};
   float sacc[32];
-  // kPair: tile 0's copy whole (both halves) before its S. Each later tile's, warpgroup 1 waits for
-  // (and fences for the tensor cores) before its kHmBarP, which precedes the tile's S here.
-  if constexpr (kPair) {
-    if (begin < end) mbar_wait(sm.tile_full, 0), fence_to_async_proxy();
-  }
   if (begin < end) hm_issue_s(sacc, q_desc, tile_at(0));
   wgmma_wait<0>();
   trace = HmTrace{};

@@ -10,7 +10,7 @@ stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,lib,kernels,golden}
 # fuzz_capacity: the test that kills a fuzz driver mid-run (all six drivers would pass the carry limit)
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity "$stage/bin/"
-# hm_trace and hm_trace_cycles (scripts/device_latent.sh, device_pair.sh), where
+# hm_trace and hm_trace_cycles (scripts/device_latent.sh, device_step_gap.sh), where
 # `cmake --build build --target hm_trace` built them
 for tool in hm_trace hm_trace_cycles; do [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"; done
 strip "$stage"/bin/*
