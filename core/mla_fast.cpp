@@ -408,10 +408,10 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
   }
   // The number of splits: the least work on the busiest block slot, ⌈blocks / slots⌉ rounds of
   // ⌈tiles / splits⌉ tiles plus one tile's worth for each block's fixed cost (its Q rows,
-  // pipeline start, partial and share of the combine; and kPartialTiles64 more on the 64-head wgmma
-  // blocks); ties go to fewer splits. At least four
-  // 32-key tiles a split on the mma.sync entries: at one sequence of 4096 keys, 128 one-tile
-  // splits took 111 µs on the H200 (the old combine's loop over them), 32 four-tile splits 58.
+  // pipeline start, partial and share of the combine; kPartialTiles64 more on the 64-head wgmma
+  // blocks); ties go to fewer splits. At least four 32-key tiles a split on the mma.sync entries:
+  // at one sequence of 4096 keys, 128 one-tile splits took 111 µs on the H200 (the old combine's
+  // loop over them), 32 four-tile splits 58.
   // The 16-head wgmma blocks' 64-key tiles go down to one a split — at B = 1 to 32 up to 4K keys
   // 0.54–1.01× the time of four; not the 64-head blocks', whose fixed cost is larger (FP8, B = 1 ×
   // 16K × 64: 128 two-tile splits 1.13× the time of 64 of four; NVFP4's block, FP8's design since
