@@ -20,17 +20,17 @@ namespace metrale {
 
 namespace {
 
-// The arguments of one case as the launcher adapters read them.
+// The arguments of one case as the launcher adapters read them (under run_kernel_case, whose
+// context names the case).
 struct CaseArgs {
   const KernelCase& c;
   const std::map<std::string, DevicePtr>& ptrs;
 
   const KernelArg& scalar(const std::string& name, ArgKind kind) const {
     const auto it = c.scalars.find(name);
-    if (it == c.scalars.end()) fail(Errc::invalid_argument, "case {}: no scalar {}", c.name, name);
+    if (it == c.scalars.end()) fail(Errc::invalid_argument, "no scalar {}", name);
     if (it->second.kind != kind)
-      fail(Errc::invalid_argument, "case {}: scalar {} is {}, expected {}", c.name, name, to_string(it->second.kind),
-           to_string(kind));
+      fail(Errc::invalid_argument, "scalar {} is {}, expected {}", name, to_string(it->second.kind), to_string(kind));
     return it->second;
   }
   std::uint32_t u32(const std::string& n) const { return scalar(n, ArgKind::u32).as_u32(); }
@@ -39,7 +39,7 @@ struct CaseArgs {
   /// A u32 scalar that is a switch: 0 or 1, anything else refused by name.
   bool flag(const std::string& n) const {
     const std::uint32_t v = u32(n);
-    if (v > 1) fail(Errc::invalid_argument, "case {}: {} = {}, but it is a switch (0 or 1)", c.name, n, v);
+    if (v > 1) fail(Errc::invalid_argument, "{} = {}, but it is a switch (0 or 1)", n, v);
     return v == 1;
   }
   DevicePtr ptr(const std::string& n) const {

@@ -285,10 +285,10 @@ int run(int argc, char** argv, const std::string& family) {
     return 2;
   }
   try {
-    return fuzz(o, family, argv[0]);
+    return metrale::cli::with_output_written(fuzz(o, family, argv[0]));
   } catch (const std::exception& e) {
     std::cerr << "fuzz_" << family << ": error: " << e.what() << "\n";
-    return 2;
+    return metrale::cli::with_output_written(2);
   }
 }
 

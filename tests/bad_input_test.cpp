@@ -984,13 +984,20 @@ TEST_CASE("a fuzz driver killed mid-run leaves no --out folder", "[cli]") {
   CHECK(!std::filesystem::exists(out_dir.parent_path()));
 }
 
-// Nineteenth session's adversarial run: use_nope = 2 ran as true and passed.
+// Nineteenth session's adversarial run: use_nope = 2 ran as true and passed. (The thirty-first's:
+// the message named the case twice.)
 TEST_CASE("bad input: a kernel case's switch is 0 or 1", "[bad_input][kernel_case]") {
   emu::EmulatorBackend gpu;
   KernelCase rope = gen::k3_rope_case(2, 4, 8, 3, 10000.0f, true, 1);
   rope.scalars.at("use_nope") = KernelArg::u32(2);
   require_error([&] { (void)run_kernel_case(gpu, rope); }, Errc::invalid_argument,
-                {"use_nope = 2, but it is a switch (0 or 1)"});
+                {"case " + rope.name + ": use_nope = 2, but it is a switch (0 or 1)"});
+  try {
+    (void)run_kernel_case(gpu, rope);
+  } catch (const Error& e) {
+    const std::string what = e.what(), named = "case " + rope.name;
+    CHECK(what.find(named) == what.rfind(named));  // once
+  }
   KernelCase sdpa = gen::k3_sdpa_case(2, 8, 8, 5, true, 1);
   sdpa.scalars.at("use_gate") = KernelArg::u32(7);
   require_error([&] { (void)run_kernel_case(gpu, sdpa); }, Errc::invalid_argument,
@@ -1067,6 +1074,50 @@ TEST_CASE("bad input: conform notes a golden file that is not a model case only 
     CHECK((out.find("zr_kernel.safetensors is not a model case") != std::string::npos) == kernel);
     CHECK((out.find("quant_codecs.safetensors skipped: ") != std::string::npos) == codecs);
   }
+}
+
+// The thirty-first session's adversarial run: under --only a case file whose case could not be
+// built (its metadata naming the kernel --only picks) was dropped unseen, and the run said PASS.
+TEST_CASE("bad input: conform --only reports a broken case file of the kernel it picks", "[bad_input][cli]") {
+  TempPath cases("_only_broken");
+  std::filesystem::create_directories(cases.path);
+  recorded_decode_case().write(cases.path / "aa_good.safetensors");
+  SafeTensors bad = recorded_decode_case();
+  bad.metadata["rowz"] = "8";  // not a parameter of its entry: the case cannot be built
+  bad.write(cases.path / "zz_bad.safetensors");
+  write_bytes(cases.path / "zz_unreadable.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  const std::string run = "conform --backend emu --no-golden --cases " + cases.path.string() + " --only ";
+  std::string out;
+  CHECK(run_cli(run + "mla_paged_decode_fp8", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL file zz_bad.safetensors"));
+  CHECK_THAT(out, Catch::Matchers::Contains("metadata rowz = '8' is not a scalar parameter"));
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL file zz_unreadable.safetensors"));  // its kernel unknown: always run
+  out.clear();  // another kernel's run: the bad file is not picked, the unreadable one still is
+  CHECK(run_cli(run + "rope_pairs", out) == 2);
+  CHECK_THAT(out, !Catch::Matchers::Contains("zz_bad"));
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL file zz_unreadable.safetensors"));
+}
+
+// The thirty-first session's adversarial run: output to a full disk or a closed stream was lost
+// with exit 0.
+TEST_CASE("bad input: a command whose standard output cannot be written fails", "[bad_input][cli]") {
+  TempPath err("_stdout_err");
+  const auto status_of = [&](const std::string& redirect) {
+    const std::string cmd = std::string(METRALE_CLI) + " info " + redirect + " 2>" + err.path.string();
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    std::ifstream in(err.path);
+    return std::pair{WEXITSTATUS(status), std::string(std::istreambuf_iterator<char>(in), {})};
+  };
+  const auto [closed, closed_err] = status_of(">&-");
+  CHECK(closed == 2);
+  CHECK_THAT(closed_err, Catch::Matchers::Contains("error (invalid_argument): cannot write standard output ("));
+  if (std::filesystem::exists("/dev/full")) {
+    const auto [full, full_err] = status_of(">/dev/full");
+    CHECK(full == 2);
+    CHECK_THAT(full_err, Catch::Matchers::Contains("cannot write standard output (No space left on device)"));
+  }
+  CHECK(status_of(">/dev/null").first == 0);
 }
 
 // An error row named its file with the extension, every other row by its stem.

@@ -2,8 +2,12 @@
 #pragma once
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <iterator>
 #include <string>
 #include <system_error>
@@ -14,6 +18,20 @@
 #include "backends.hpp"
 
 namespace metrale::cli {
+
+/// A command's exit status once its standard output is flushed: `code`, or 2 with "error
+/// (invalid_argument): cannot write standard output (<reason>)" on standard error when what it
+/// printed could not all be written (a full disk, a closed stream), so that a script saving the
+/// output does not take a truncated file for a success.
+inline int with_output_written(int code) {
+  errno = 0;
+  std::cout.flush();
+  if (std::cout.good() && std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return code;
+  const int err = errno;
+  std::fprintf(stderr, "error (invalid_argument): cannot write standard output (%s)\n",
+               err != 0 ? std::strerror(err) : "a write failed");
+  return 2;
+}
 
 /// The check of an option whose value is a path: an empty one (`--json ""`) is refused with
 /// "empty path" rather than read as the option not given.

@@ -108,17 +108,19 @@ CaseResult sweep_case(GpuBackend& gpu, emu::EmulatorBackend& emu, const KernelCa
   });
 }
 
-// A recorded case file, or nothing: when `wanted(entry, file name)` does not pick it (a file that
-// cannot be read is picked by its name alone; a recorded step over one latent pool, v_cache an
-// alias of k_cache, is also picked by "latent", as the sweep's latent cases are), and, with a note
-// and `skipped` counted, when the device cannot run its entry.
+// A recorded case file, or nothing: when `wanted(entry, file name)` does not pick it (a file whose
+// case cannot be built is picked by the entry its metadata names; one that cannot be read as
+// safetensors at all, whose entry is unknown, always runs, as a failure; a recorded step over one
+// latent pool, v_cache an alias of k_cache, is also picked by "latent", as the sweep's latent cases
+// are), and, with a note and `skipped` counted, when the device cannot run its entry.
 template <class Wanted>
 std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::size_t& skipped) {
   std::optional<std::string> skip;
   bool unwanted = false;
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
-    const KernelCase c = read_kernel_case(path);
-    r.kernel = c.entry;
+    const SafeTensors file = SafeTensors::read(path);  // its errors name the file
+    r.kernel = file.metadata.count("entry") != 0 ? printable(file.meta("entry")) : "kernel case file";
+    const KernelCase c = with_context(path.string(), [&] { return kernel_case_from(file, path.stem().string()); });
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
     if ((unwanted = !wanted(c.entry, latent ? r.name + " latent" : r.name))) return;
@@ -129,7 +131,8 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
       r.checks.push_back(to_check(check_output(param, out.at(param), want, tol), "file"));
     }
   });
-  if (unwanted || (!result.pass() && !wanted(result.kernel, result.name))) return std::nullopt;
+  if (unwanted || (!result.pass() && !result.kernel.empty() && !wanted(result.kernel, result.name)))
+    return std::nullopt;
   if (!skip) return result;
   fmt::print(stderr, "note: conform: {} skipped ({})\n", printable(path.filename().string()), *skip);
   ++skipped;

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
-    return 2;
+    return metrale::cli::with_output_written(2);
   }
-  return exit_code;
+  return metrale::cli::with_output_written(exit_code);
 }
