@@ -5,7 +5,9 @@
 # also in groups of 5 launches and after the two-pool problem of the same row (as in the sweep);
 # then ncu's kernel duration at base clocks in both programs; the SM clock and power logged
 # throughout. Needs .carry/bin/hm_trace (scripts/pack_device.sh); logs under $OUT. About five
-# minutes; run it as `timeout 400 scripts/device_step_gap.sh`.
+# minutes; run it as `timeout 400 scripts/device_step_gap.sh`. Its answer (thirty-first session,
+# docs/performance.md): the split plan, which then cut that row into 18 unfused chunks; it now runs
+# one fused chunk, so on a build from then on both programs time the same launches.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
