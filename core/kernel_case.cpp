@@ -592,9 +592,9 @@ SafeTensors to_safetensors(const KernelCase& c) {
 KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   if (f.metadata.count("kind") == 0 || f.meta("kind") != "kernel")
     fail(Errc::invalid_argument, "case {}: metadata kind is not 'kernel'{}", name,
-         is_model_case(f)             ? " (a model case: run it with metrale replay)"
-         : f.has("fp8_e4m3fn_decode") ? " (the number-format tables, which the formats tests read)"
-                                      : "");
+         is_model_case(f)      ? " (a model case: run it with metrale replay)"
+         : is_format_tables(f) ? " (the number-format tables, which the formats tests read)"
+                               : "");
   KernelCase c;
   // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
   c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));
@@ -727,7 +727,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
 }
 
 KernelCase read_kernel_case(const std::filesystem::path& path) {
-  const SafeTensors file = SafeTensors::read(path);  // its errors name the file already
+  return read_kernel_case(SafeTensors::read(path), path);  // the read's errors name the file already
+}
+
+KernelCase read_kernel_case(const SafeTensors& file, const std::filesystem::path& path) {
   return with_context(path.string(), [&] { return kernel_case_from(file, path.stem().string()); });
 }
 

@@ -35,6 +35,8 @@ double replay_tolerance(std::string_view metric, KvFormat format) {
 
 bool is_model_case(const SafeTensors& file) { return file.has("q_nope") && file.metadata.count("heads") != 0; }
 
+bool is_format_tables(const SafeTensors& file) { return file.has("fp8_e4m3fn_decode"); }
+
 namespace {
 
 struct CaseDims {

@@ -20,11 +20,12 @@
 namespace metrale::cli {
 namespace {
 
-bool holds_cases(const std::filesystem::path& dir) {
-  std::error_code ec;
+// The .safetensors files of folder `dir` (not its subfolders'); a listing error in `ec`.
+std::vector<std::filesystem::path> case_files_in(const std::filesystem::path& dir, std::error_code& ec) {
+  std::vector<std::filesystem::path> files;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().extension() == ".safetensors") return true;
-  return false;
+    if (it->path().extension() == ".safetensors") files.push_back(it->path());
+  return files;
 }
 
 }  // namespace
@@ -51,16 +52,15 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
         files.emplace_back(f);
         continue;
       }
-      const std::size_t before = files.size();
-      for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
-        if (it->path().extension() == ".safetensors") files.push_back(it->path());
+      const std::vector<std::filesystem::path> in_folder = case_files_in(f, ec);
       if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
+      files.insert(files.end(), in_folder.begin(), in_folder.end());
       // A folder without cases would otherwise pass with nothing run. Its subfolders are not
       // searched; those that hold cases are named.
-      if (files.size() == before) {
+      if (in_folder.empty()) {
         std::vector<std::string> holders;
         for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
-          if (std::error_code sub_ec; it->is_directory(sub_ec) && holds_cases(it->path()))
+          if (std::error_code sub_ec; it->is_directory(sub_ec) && !case_files_in(it->path(), sub_ec).empty())
             holders.push_back(it->path().string());
         fail(Errc::not_found, "folder {} holds no .safetensors case files{}", f,
              holders.empty()

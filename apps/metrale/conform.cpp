@@ -120,7 +120,7 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const SafeTensors file = SafeTensors::read(path);  // its errors name the file
     r.kernel = file.metadata.count("entry") != 0 ? printable(file.meta("entry")) : "kernel case file";
-    const KernelCase c = with_context(path.string(), [&] { return kernel_case_from(file, path.stem().string()); });
+    const KernelCase c = read_kernel_case(file, path);
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
     if ((unwanted = !wanted(c.entry, latent ? r.name + " latent" : r.name))) return;
@@ -167,7 +167,7 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     return out;
   }
   if (!is_model_case(file)) {  // said where --only would have picked the file (its name), else noise
-    if (file.has("fp8_e4m3fn_decode")) {  // the golden folder's number-format tables: said only when named
+    if (is_format_tables(file)) {  // said only when named
       if (!only.empty() && name.find(only) != std::string::npos)
         fmt::print(stderr,
                    "note: conform: {} is the number-format tables (the formats tests read them), not a model "

@@ -106,8 +106,8 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
       fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
            file.metadata.count("kind") != 0 && file.meta("kind") == "kernel"
                ? ": run kernel cases with metrale case run"
-           : file.has("fp8_e4m3fn_decode") ? ": it holds the number-format tables, which the formats tests read"
-                                           : "");
+           : is_format_tables(file) ? ": it holds the number-format tables, which the formats tests read"
+                                    : "");
     if (!kimi && file.has("gate"))
       spdlog::warn("{} has an output gate: --model deepseek ignores it (--model kimi-k3 applies it)", opts->file);
     auto gpu = make_backend(opts->backend);

@@ -79,6 +79,8 @@ SafeTensors to_safetensors(const KernelCase& c);
 /// own, or names another alias); `not_found` for an unknown kernel.
 KernelCase kernel_case_from(const SafeTensors& file, std::string name);
 KernelCase read_kernel_case(const std::filesystem::path& path);
+/// The same for `file`, already read from `path` (its errors name the path).
+KernelCase read_kernel_case(const SafeTensors& file, const std::filesystem::path& path);
 
 /// Upload the inputs (an alias gets its input's buffer), call the kernel's
 /// launcher, synchronize and download every pointer parameter that has an

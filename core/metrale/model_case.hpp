@@ -46,6 +46,11 @@ struct ReplayResult {
 /// heads metadata), which `metrale replay` takes, rather than a kernel case or another file.
 bool is_model_case(const SafeTensors& file);
 
+/// Whether `file` is the golden folder's number-format tables (ml_dtypes' E4M3 and E2M1 casts,
+/// cases/golden/quant_codecs.safetensors: an fp8_e4m3fn_decode tensor), which the formats tests
+/// read and no command runs.
+bool is_format_tables(const SafeTensors& file);
+
 /// The rel_l2 tolerance of a DeepSeek replay metric ("q_absorbed", "o_latent",
 /// "attn_out") for a cache format (docs/tolerances.md says why).
 double replay_tolerance(std::string_view metric, KvFormat format);
