@@ -8,7 +8,10 @@
 //   hm_trace B L H KEYS_PER_SPLIT [MODE]       e.g. hm_trace_cycles 32 16384 128 8192
 // MODE: partial (the default: mla_paged_decode_wgmma_latent_fp8, partials to global memory),
 // cluster (mla_paged_decode_wgmma_latent_combine_fp8 in clusters of the splits, as the dispatcher
-// launches it) or fused (the same entry launched without a cluster: one split only).
+// launches it), fused (the same entry launched without a cluster: one split only) or nvfp4
+// (mla_paged_decode_wgmma_latent_nvfp4 over a random NVFP4 latent pool, timed beside
+// mla_paged_decode_wgmma_nvfp4, the register-operand block, on the same pool, and their partials
+// compared).
 // With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
 // the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01).
 #include "mla_wgmma.cu"
@@ -57,19 +60,101 @@ uint32_t argument(const char* program, const char* what, const char* text, uint6
   return static_cast<uint32_t>(value);
 }
 
+// MODE nvfp4: both NVFP4 blocks over one random latent pool (64-token blocks in shuffled order,
+// random E2M1 codes, scales E4M3 codes 0x30..0x3F: 0.5 to 1.875), each timed over 20 launches,
+// then the largest difference of their partials (o against the largest |o|, m and l relative).
+int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vector<uint16_t>& q, float logit_scale,
+              std::mt19937_64& rng) {
+  constexpr uint32_t kDim = 576, kBlock = 64, kData = kBlock * kDim / 2, kStride = kData + kBlock * kDim / 16;
+  const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
+  std::vector<uint8_t> pool(size_t{B} * blocks_per_seq * kStride);
+  for (size_t b = 0; b < size_t{B} * blocks_per_seq; ++b) {
+    for (uint32_t i = 0; i < kData; ++i) pool[b * kStride + i] = static_cast<uint8_t>(rng());
+    for (uint32_t i = kData; i < kStride; ++i) pool[b * kStride + i] = static_cast<uint8_t>(0x30 | (rng() & 0x0F));
+  }
+  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::shuffle(table.begin(), table.end(), rng);
+  const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
+  const uint8_t* d_pool = upload(pool);
+  const int32_t *d_table = upload(table), *d_lens = upload(lens);
+  const size_t partials = size_t{B} * H * splits;
+  float* o_partial[2] = {};
+  float* ml_partial[2] = {};
+  for (int k = 0; k < 2; ++k) {
+    check(cudaMalloc(&o_partial[k], partials * kDim * 4), "cudaMalloc");
+    check(cudaMalloc(&ml_partial[k], partials * 8), "cudaMalloc");
+  }
+  // core/mla_fast.cpp's wgmma_latent_shared_bytes() and wgmma_shared_bytes(nvfp4, 64)
+  const uint32_t shared[2] = {1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8,
+                              1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * (kDim / 2 + kDim / 16) + 64 * 4 +
+                                  2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
+  decltype(&mla_paged_decode_wgmma_nvfp4)
+      const entries[2] = {mla_paged_decode_wgmma_latent_nvfp4, mla_paged_decode_wgmma_nvfp4};
+  const char* const names[2] = {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)",
+                                "register operands (mla_paged_decode_wgmma_nvfp4)"};
+  const dim3 grid(splits, (H + 63) / 64, B);
+  const double flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
+  for (int k = 0; k < 2; ++k) {
+    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
+          "cudaFuncSetAttribute");
+    auto launch = [&] {
+      entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial[k], ml_partial[k], d_table, d_lens,
+                                           blocks_per_seq, H, kDim, kDim, kBlock, logit_scale, kStride, kData, kps);
+    };
+    launch();
+    check(cudaDeviceSynchronize(), "warm-up launch");
+    constexpr int kReps = 20;
+    cudaEvent_t t0, t1;
+    check(cudaEventCreate(&t0), "cudaEventCreate");
+    check(cudaEventCreate(&t1), "cudaEventCreate");
+    check(cudaEventRecord(t0), "cudaEventRecord");
+    for (int r = 0; r < kReps; ++r) launch();
+    check(cudaEventRecord(t1), "cudaEventRecord");
+    check(cudaDeviceSynchronize(), "timed launches");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+    const double us = 1e3 * ms / kReps;
+    std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u nvfp4 %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps,
+                grid.x, grid.y, grid.z, names[k], us, flop / us * 1e-6);
+  }
+  std::vector<float> o[2], ml[2];
+  for (int k = 0; k < 2; ++k) {
+    o[k].resize(partials * kDim), ml[k].resize(partials * 2);
+    check(cudaMemcpy(o[k].data(), o_partial[k], o[k].size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpy(ml[k].data(), ml_partial[k], ml[k].size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  double o_max = 0, o_diff = 0, m_diff = 0, l_diff = 0;
+  for (size_t i = 0; i < o[1].size(); ++i) {
+    o_max = std::max(o_max, static_cast<double>(std::fabs(o[1][i])));
+    o_diff = std::max(o_diff, static_cast<double>(std::fabs(o[0][i] - o[1][i])));
+  }
+  for (size_t i = 0; i < partials; ++i) {
+    m_diff = std::max(m_diff, static_cast<double>(std::fabs(ml[0][2 * i] - ml[1][2 * i])));
+    l_diff = std::max(
+        l_diff, std::fabs(ml[0][2 * i + 1] - ml[1][2 * i + 1]) / std::max(1e-30, std::fabs(double{ml[1][2 * i + 1]})));
+  }
+  const bool same = std::isfinite(o_diff) && o_diff <= 0x1p-8 * o_max && m_diff <= 1e-3 && l_diff <= 1e-2;
+  std::printf("partials: max |o| %.4g, max |o diff| %.3g (%.2g of it), max |m diff| %.3g, max l rel diff %.3g: %s\n",
+              o_max, o_diff, o_diff / o_max, m_diff, l_diff, same ? "agree" : "DIFFER");
+  return same ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused] (L and KEYS_PER_SPLIT multiples of 64)\n",
-                 program);
+    std::fprintf(
+        stderr, "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused|nvfp4] (L and KEYS_PER_SPLIT multiples of 64)\n",
+        program);
     return 2;
   }
   const char* const mode = argc == 6 ? argv[5] : "partial";
   const bool partial = std::strcmp(mode, "partial") == 0, cluster = std::strcmp(mode, "cluster") == 0;
-  if (!partial && !cluster && std::strcmp(mode, "fused") != 0) {
-    std::fprintf(stderr, "%s: MODE %s is not partial, cluster or fused\n", program, mode);
+  const bool nvfp4 = std::strcmp(mode, "nvfp4") == 0;
+  if (!partial && !cluster && !nvfp4 && std::strcmp(mode, "fused") != 0) {
+    std::fprintf(stderr, "%s: MODE %s is not partial, cluster, fused or nvfp4\n", program, mode);
     return 2;
   }
   const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
@@ -96,7 +181,7 @@ int main(int argc, char** argv) {
   }
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
-  if (!partial && splits > (cluster ? 8u : 1u)) {
+  if (!partial && !nvfp4 && splits > (cluster ? 8u : 1u)) {
     std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, cluster ? 8 : 1);
     return 2;
   }
@@ -104,7 +189,7 @@ int main(int argc, char** argv) {
   const bool as_bench = as_bench_env != nullptr && std::strcmp(as_bench_env, "1") == 0;
   const float logit_scale = as_bench ? 0.01f / std::sqrt(192.0f) : 0.07f;
   std::mt19937_64 rng(1);
-  std::vector<uint8_t> pool(size_t{B} * L * kDim);
+  std::vector<uint8_t> pool(nvfp4 ? 0 : size_t{B} * L * kDim);  // MODE nvfp4 builds its own
   const size_t drawn = as_bench ? std::min<size_t>(pool.size(), size_t{16} << 20) : pool.size();
   for (size_t i = 0; i < drawn; ++i) pool[i] = static_cast<uint8_t>(rng()) & 0xB7;
   for (size_t i = drawn; i < pool.size(); ++i) pool[i] = pool[i % drawn];
@@ -116,6 +201,7 @@ int main(int argc, char** argv) {
     std::memcpy(&bits, &f, 4);
     x = static_cast<uint16_t>(bits >> 16);
   }
+  if (nvfp4) return run_nvfp4(B, L, H, kps, q, 0.02f, rng);
   std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   std::shuffle(table.begin(), table.end(), rng);

@@ -292,10 +292,10 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   const bool wgmma = which == SplitEntry::wgmma || wgmma16 || latent;
   if (tiles_per_split == 0 || tiles_per_split > (1u << 24))
     fail(Errc::invalid_argument, "split_kernel_case: tiles_per_split {} is not 1 to 2^24", tiles_per_split);
-  if (latent && (!fp8 || !spec.latent || r.comp_block_count != 0))
+  if (latent && (!spec.latent || r.comp_block_count != 0))
     fail(Errc::invalid_argument,
-         "split_kernel_case: mla_paged_decode_wgmma_latent_fp8 takes FP8 over one latent pool without compressed "
-         "entries (spec: {}, latent {}, {} compressed)",
+         "split_kernel_case: mla_paged_decode_wgmma_latent_{} takes one latent pool without compressed entries "
+         "(spec: latent {}, {} compressed)",
          to_string(spec.format), spec.latent, r.comp_block_count);
   const std::uint32_t keys_per_split = (wgmma ? 64 : 32) * tiles_per_split;
   const std::uint64_t max_keys = std::uint64_t{spec.max_blocks_per_seq} * spec.block_size + r.comp_block_count;
@@ -1017,6 +1017,11 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   // clusters, seven chunks of one tile (the last without keys).
   latent.seed = ++s, out.push_back(split_kernel_case(latent, 2, SplitEntry::wgmma_latent));
   latent.seed = ++s, out.push_back(fused_decode_case(latent, 1, true));
+  // Its NVFP4 entry over an NVFP4 latent pool of the same shape (no window, no sinks: the NVFP4
+  // kernels have neither).
+  PagedSpec latent4 = latent;
+  latent4.format = KvFormat::nvfp4, latent4.sliding_window = 0, latent4.sinks = false, latent4.seed = ++s;
+  out.push_back(split_kernel_case(latent4, 2, SplitEntry::wgmma_latent));
   return out;
 }
 

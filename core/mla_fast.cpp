@@ -32,6 +32,7 @@ constexpr const char* kFusedEntry = "mla_paged_decode_wgmma16_rs_combine_fp8";
 constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // the 64-head blocks
 constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
 constexpr const char* kFusedLatentEntry = "mla_paged_decode_wgmma_latent_combine_fp8";  // and in clusters
+constexpr const char* kLatentNvfp4Entry = "mla_paged_decode_wgmma_latent_nvfp4";        // heads in M, NVFP4
 // The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys.
 // Measured on the H200 (docs/performance.md, twenty-third session): from 4K keys it takes
 // 0.77–0.96× the time of the register-operand block (fused in clusters where the plan says); at
@@ -231,6 +232,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
@@ -243,6 +245,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedEntry64);
     r.wgmma_latent_fp8 = gpu.kernel(kMlaWgmmaModule, kLatentEntry);
     r.wgmma_latent_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedLatentEntry);
+    r.wgmma_latent_nvfp4 = gpu.kernel(kMlaWgmmaModule, kLatentNvfp4Entry);
     auto clusters = [&](KernelHandle kernel, const char* entry, std::uint32_t n) {
       const WgmmaBlock b = wgmma_block(entry);
       return gpu.max_active_clusters(kernel, {b.threads, 1, 1}, b.shared_bytes, n);
@@ -508,12 +511,13 @@ void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool pa
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
 }
 
-// The heads-in-M entries' rule: V is read from the K rows.
-void validate_latent(const Validator& v, const SplitDecodeFp8Args& a) {
+// The heads-in-M entries' rule: V is read from the K rows (`comp_block_count`: the FP8 compressed
+// entries, 0 without a comp_pool).
+void validate_latent(const Validator& v, const SplitDecodeArgs& a, std::uint32_t comp_block_count = 0) {
   v.check(a.v_cache == a.k_cache, "v_cache {:#x} is not k_cache {:#x} (the entry reads V from the one latent pool)",
           a.v_cache.addr, a.k_cache.addr);
-  v.check(!a.comp_pool || a.comp_block_count == 0,
-          "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows", a.comp_block_count);
+  v.check(comp_block_count == 0,
+          "comp_block_count {} with a comp_pool: compressed entries' V rows are not their K rows", comp_block_count);
 }
 
 void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8Args& a, Stream stream, bool wgmma) {
@@ -531,7 +535,7 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_fp8", "mla_paged_decode_split16_fp8"});
   }
-  if (latent) validate_latent(v, a);
+  if (latent) validate_latent(v, a, a.comp_pool ? a.comp_block_count : 0);
   validate_partials_apart(v, a, a.comp_pool);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::fp8, name)  // the handle's entry
@@ -545,9 +549,12 @@ void launch_split_fp8(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeFp8
 
 void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeNvfp4Args& a, Stream stream,
                         bool wgmma) {
-  const std::string_view name = split_launcher_name(
-      gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4",
-      "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
+  const bool latent = wgmma && gpu.kernel_name(kernel).ends_with(std::string(".") + kLatentNvfp4Entry);
+  const std::string_view name =
+      latent ? kLatentNvfp4Entry
+             : split_launcher_name(gpu, kernel, a, wgmma, "mla_paged_decode_split_nvfp4",
+                                   "mla_paged_decode_split16_nvfp4", "mla_paged_decode_wgmma_nvfp4",
+                                   "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   const Validator v{name};
   validate_split(v, a, 0);
   if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
@@ -564,11 +571,12 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
           "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
           a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
   if (wgmma) {
-    validate_wgmma(v, gpu, kernel, a, name, "mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_wgmma16_nvfp4",
-                   "mla_paged_decode_wgmma16_rs_nvfp4");
+    validate_wgmma(v, gpu, kernel, a, name, latent ? kLatentNvfp4Entry : "mla_paged_decode_wgmma_nvfp4",
+                   "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   } else {
     validate_entry(v, gpu, kernel, {"mla_paged_decode_split_nvfp4", "mla_paged_decode_split16_nvfp4"});
   }
+  if (latent) validate_latent(v, a);
   validate_partials_apart(v, a);
   KernelLaunch l(gpu, kernel);
   split_args(l, a, KvFormat::nvfp4, name)  // the handle's entry
@@ -622,7 +630,7 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
           s.num_q_heads, kWgmmaDim, s.q_head_dim);
   v.positive_finite("v_scale", a.v_scale);
   validate_entry(v, gpu, kernel, {entry});
-  if (latent) validate_latent(v, s);
+  if (latent) validate_latent(v, s, s.comp_pool ? s.comp_block_count : 0);
   const Validator::Extent o{"o", a.o, o_rows * kWgmmaDim * 2};
   validate_apart_from_reads(v, s, o, s.comp_block_count > 0 ? s.comp_pool : DevicePtr{}, false);  // q: above
   v.disjoint(o, {{"sinks", a.sinks, std::uint64_t{s.num_q_heads} * 4}});
@@ -769,9 +777,12 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
                                         gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
   const DevicePtr w = ws.get(gpu, p.workspace_bytes);
   const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
+  // One latent pool (V = K) on 64-head blocks: the heads-in-M entry.
+  const bool latent = p.wgmma && p.rows_per_block == kWgmmaRows && fast.wgmma_latent_nvfp4.id != 0 &&
+                      latent_applies(a, 0, gpu.max_shared_bytes_per_block());
   if (p.wgmma) {
     mla_paged_decode_wgmma_nvfp4(gpu,
-                                 p.rows_per_block == kWgmmaRows ? fast.wgmma_nvfp4
+                                 p.rows_per_block == kWgmmaRows ? (latent ? fast.wgmma_latent_nvfp4 : fast.wgmma_nvfp4)
                                  : p.staged                     ? fast.wgmma16_rs_nvfp4
                                                                 : fast.wgmma16_nvfp4,
                                  s, stream);

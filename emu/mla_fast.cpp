@@ -380,6 +380,22 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
                shape_of(kKind, blk), dequant);
 }
 
+// mla_paged_decode_wgmma_latent_nvfp4: mla_paged_decode_wgmma_nvfp4's math on the heads-in-M block
+// of mla_paged_decode_wgmma_latent_fp8 (only FP32 order); one latent pool only.
+void mla_paged_decode_wgmma_latent_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                         Global<const std::uint8_t> v_cache, Global<float> o_partial,
+                                         Global<float> ml_partial, Global<const std::int32_t> block_tables,
+                                         Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
+                                         std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                         std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
+                                         std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes,
+                                         std::uint32_t keys_per_split) {
+  require_one_latent_pool("mla_paged_decode_wgmma_latent_nvfp4", k_cache, v_cache, {}, 0);
+  mla_paged_decode_split_nvfp4<SplitKind::wgmma>(
+      blk, q, k_cache, v_cache, o_partial, ml_partial, block_tables, seq_lens, max_blocks_per_seq, num_q_heads,
+      q_head_dim, kv_cache_dim, block_size, logit_scale, block_stride_bytes, data_section_bytes, keys_per_split);
+}
+
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
 // M = max(max_z m_z, sink) over the chunks with keys (l_z ≠ 0, NaN included: NaN in, NaN out); the
@@ -472,6 +488,7 @@ void register_mla_fast(Registry& r) {
   r.add<&mla_paged_decode_split_fp8<wgmma>>(w, "mla_paged_decode_wgmma_fp8", fp8, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_wgmma_latent_fp8>(w, "mla_paged_decode_wgmma_latent_fp8", fp8, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma>>(w, "mla_paged_decode_wgmma_nvfp4", nvfp4, block_is({256, 1, 1}));
+  r.add<&mla_paged_decode_wgmma_latent_nvfp4>(w, "mla_paged_decode_wgmma_latent_nvfp4", nvfp4, block_is({256, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_fp8", fp8, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_nvfp4<wgmma16>>(w, "mla_paged_decode_wgmma16_nvfp4", nvfp4, block_is({384, 1, 1}));
   r.add<&mla_paged_decode_split_fp8<wgmma16>>(w, "mla_paged_decode_wgmma16_rs_fp8", fp8, block_is({128, 1, 1}));
@@ -506,8 +523,8 @@ void register_mla_fast(Registry& r) {
     r.set_recorded_floor(m, e, "o_partial", 0x1p-10);
   for (const char* e :
        {"mla_paged_decode_wgmma_fp8", "mla_paged_decode_wgmma_latent_fp8", "mla_paged_decode_wgmma_nvfp4",
-        "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_fp8",
-        "mla_paged_decode_wgmma16_rs_nvfp4"})
+        "mla_paged_decode_wgmma_latent_nvfp4", "mla_paged_decode_wgmma16_fp8", "mla_paged_decode_wgmma16_nvfp4",
+        "mla_paged_decode_wgmma16_rs_fp8", "mla_paged_decode_wgmma16_rs_nvfp4"})
     r.set_recorded_floor(w, e, "o_partial", 0x1p-10);
   // The same through the combine for the entries that combine in their clusters: their o, 2^-10
   // of its largest |o| (the 64-head block's lazily rescaled P rounds to FP16 at other magnitudes

@@ -1337,33 +1337,6 @@ constexpr uint32_t kHmKeysPerBatch = kTileKeys / 2;  // keys a batch: warpgroup 
 constexpr uint32_t kHmTileBytes = kTileKeys * kDim * 2;  // an FP16 tile
 static_assert(2 * kHmTileBytes == kRows64 * kDim * 4, "the two FP16 tiles hold a cluster's FP32 partial rows");
 
-// Warpgroup 1's share of a tile: keys `key` and key + 32 (0 ≤ key < 32), units first + 4u of
-// each (a warp reads 64 contiguous bytes of each of eight rows at a time), loaded straight from
-// the cache into registers — zeros for a key past the chunk's end (null row) — and later
-// converted (exactly, to FP16) into a swizzled FP16 tile.
-struct HmShare {
-  uint4 raw[2][kHmUnits];
-  __device__ void load(const uint8_t* const (&rows)[2], uint32_t first) {
-#pragma unroll
-    for (uint32_t b = 0; b < 2; ++b)
-#pragma unroll
-      for (uint32_t u = 0; u < kHmUnits; ++u)
-        raw[b][u] = rows[b] != nullptr ? ld_stream16(rows[b] + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
-  }
-  __device__ void store(uint8_t* tile, uint32_t key, uint32_t first) const {
-#pragma unroll
-    for (uint32_t b = 0; b < 2; ++b)
-#pragma unroll
-      for (uint32_t u = 0; u < kHmUnits; ++u) {
-        const uint32_t part = first + 4 * u;
-        uint32_t w[8];
-        fp8x16_to_f16(raw[b][u], w);
-        st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part), w[0], w[1], w[2], w[3]);
-        st_shared_v4(tile + swizzled(key + b * kHmKeysPerBatch, 2 * part + 1), w[4], w[5], w[6], w[7]);
-      }
-  }
-};
-
 // The 128-byte lines of a 576-byte cache row (up to six: rows need not be line-aligned) into L2,
 // two or one by each of the four threads `first` of its key.
 __device__ void prefetch_row_l2(const uint8_t* row, uint32_t first) {
@@ -1371,6 +1344,102 @@ __device__ void prefetch_row_l2(const uint8_t* row, uint32_t first) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 128 * first));
   if (first < 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (first == 0 ? 512 : kDim - 1)));
 }
+
+// Unit `part` (values 16·part .. + 15) of key `row` of an FP16 tile, as eight FP16 pairs.
+__device__ inline void hm_store_unit(uint8_t* tile, uint32_t row, uint32_t part, const uint32_t (&w)[8]) {
+  st_shared_v4(tile + swizzled(row, 2 * part), w[0], w[1], w[2], w[3]);
+  st_shared_v4(tile + swizzled(row, 2 * part + 1), w[4], w[5], w[6], w[7]);
+}
+
+// Warpgroup 1's share of a tile: keys `key` and key + 32 (0 ≤ key < 32) of the tile, a quarter
+// of each key's 36 16-value units (thread `first` of the key's four), loaded straight from the
+// cache into registers — zeros for a key past the chunk's end (a null row) — and later converted
+// (exactly, to FP16) into a swizzled FP16 tile. `Key`: where a key's bytes are (from
+// Rows::locate's rows, a null data row past the chunk's end); prefetch: its bytes into L2. One specialisation a cache
+// format.
+template <class Rows>
+struct HmShare;
+
+// FP8: units first + 4u of each row (a warp reads 64 contiguous bytes of each of eight rows at a
+// time).
+template <>
+struct HmShare<Fp8Rows> {
+  struct Key {
+    const uint8_t* row;
+  };
+  __device__ static Key key(const uint8_t* const (&located)[4], bool live) { return {live ? located[0] : nullptr}; }
+  __device__ static void prefetch(const Key& k, uint32_t first) { prefetch_row_l2(k.row, first); }
+  uint4 raw[2][kHmUnits];
+  __device__ void load(const Key (&keys)[2], uint32_t first) {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b)
+#pragma unroll
+      for (uint32_t u = 0; u < kHmUnits; ++u)
+        raw[b][u] = keys[b].row != nullptr ? ld_stream16(keys[b].row + (first + 4 * u) * 16) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint8_t* tile, uint32_t key, uint32_t first) const {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b)
+#pragma unroll
+      for (uint32_t u = 0; u < kHmUnits; ++u) {
+        uint32_t w[8];
+        fp8x16_to_f16(raw[b][u], w);
+        hm_store_unit(tile, key + b * kHmKeysPerBatch, first + 4 * u, w);
+      }
+  }
+};
+
+// NVFP4: units 2·first + 8v and + 1 (v < 4: one 16-byte load of data a pair) and 32 + first (an
+// 8-byte load) of each data row, and the scale words that hold their scales (bytes 2·first + 8v,
+// + 1 and 32 + first of the row's 36: words 2v + first/2 and 8, 4-byte loads).
+template <>
+struct HmShare<Nvfp4Rows> {
+  struct Key {
+    const uint8_t *data, *scales;
+  };
+  __device__ static Key key(const uint8_t* const (&located)[4], bool live) {
+    return {live ? located[0] : nullptr, located[1]};
+  }
+  // The data row's 288 bytes (up to four 128-byte lines) and its 36 scales (up to two).
+  __device__ static void prefetch(const Key& k, uint32_t first) {
+    if (k.data == nullptr) return;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k.data + (first < 3 ? 128 * first : kDim / 2 - 1)));
+    if (first < 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k.scales + (first == 0 ? 0 : kDim / 16 - 1)));
+  }
+  uint4 pairs[2][4];
+  uint2 tail[2];
+  uint32_t scales[2][5];
+  __device__ void load(const Key (&keys)[2], uint32_t first) {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b) {
+      const Key& k = keys[b];
+#pragma unroll
+      for (uint32_t v = 0; v < 4; ++v) {
+        pairs[b][v] = k.data != nullptr ? ld_stream16(k.data + (2 * first + 8 * v) * 8) : make_uint4(0, 0, 0, 0);
+        scales[b][v] = k.data != nullptr ? ld_stream4(k.scales + 4 * (2 * v + first / 2)) : 0;
+      }
+      tail[b] = k.data != nullptr ? ld_stream8(k.data + (32 + first) * 8) : make_uint2(0, 0);
+      scales[b][4] = k.data != nullptr ? ld_stream4(k.scales + 32) : 0;
+    }
+  }
+  __device__ void store(uint8_t* tile, uint32_t key, uint32_t first) const {
+#pragma unroll
+    for (uint32_t b = 0; b < 2; ++b) {
+      const uint32_t row = key + b * kHmKeysPerBatch;
+      uint32_t w[8];
+#pragma unroll
+      for (uint32_t v = 0; v < 4; ++v) {
+        const uint32_t shift = 16 * (first % 2);  // the pair's two scale bytes in word v
+        nvfp4x16_to_f16(make_uint2(pairs[b][v].x, pairs[b][v].y), (scales[b][v] >> shift) & 0xFF, w);
+        hm_store_unit(tile, row, 2 * first + 8 * v, w);
+        nvfp4x16_to_f16(make_uint2(pairs[b][v].z, pairs[b][v].w), (scales[b][v] >> (shift + 8)) & 0xFF, w);
+        hm_store_unit(tile, row, 2 * first + 8 * v + 1, w);
+      }
+      nvfp4x16_to_f16(tail[b], (scales[b][4] >> (8 * first)) & 0xFF, w);
+      hm_store_unit(tile, row, 32 + first, w);
+    }
+  }
+};
 
 // Warpgroup `wg`'s share of O (its dims: slabs 4·wg .. 4·wg + 3 and dims 512 + 32·wg .. + 31) in
 // the m64nN accumulator layout: a thread holds rows (heads) r0 and r0 + 8 of its warp's 16,
@@ -1496,9 +1565,10 @@ __device__ void hm_issue_s(float (&sacc)[32], uint64_t q_desc, const uint8_t* st
 // P·V is done with it) from rows it loaded into registers under the last P·V. Each warpgroup
 // accumulates half of O's 576 dims (HmAcc). The two run apart loops (their registers allocated
 // apart: O, and S or the raw rows), meeting at kHmBarP a tile.
-template <class Out>
+template <class Out, class Rows>
 __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t num_q_heads, float logit_scale,
-                                uint32_t keys_per_split, const Fp8Rows& layout) {
+                                uint32_t keys_per_split, const Rows& layout) {
+  using Share = HmShare<Rows>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   SmemHm sm;
   sm.sq = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -1518,7 +1588,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint64_t p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
   auto tile_at = [&](uint32_t i) { return sm.st + (i % 2) * kHmTileBytes; };  // tile i's FP16 copy
 
-  // Warpgroup 1's keys of a tile (key_a and key_a + 32), its units first + 4u. A tile's rows are
+  // Warpgroup 1's keys of a tile (key_a and key_a + 32), its quarter `first` of each. A tile's rows are
   // found in three steps a tile apart, so that no wait for memory falls on the walk: the block
   // table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch (tile
   // i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at tile i.
@@ -1530,22 +1600,22 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       e[b] = k < end ? layout.entry(k) : 0;
     }
   };
-  auto rows_of = [&](uint32_t tile, const int32_t(&e)[2], const uint8_t*(&r)[2]) {
+  auto rows_of = [&](uint32_t tile, const int32_t(&e)[2], typename Share::Key(&r)[2]) {
 #pragma unroll
     for (uint32_t b = 0; b < 2; ++b) {
       const uint32_t k = tile + key_a + b * kHmKeysPerBatch;
-      const uint8_t* rows[4];
-      if (k < end) layout.locate(k, e[b], rows);
-      r[b] = k < end ? rows[0] : nullptr;
-      prefetch_row_l2(r[b], first);
+      const uint8_t* located[4];
+      if (k < end) layout.locate(k, e[b], located);
+      r[b] = Share::key(located, k < end);
+      Share::prefetch(r[b], first);
     }
   };
-  HmShare share;
-  int32_t entries[2];      // tile i + 4's (after tile i)
-  const uint8_t* rows[2];  // tile i + 3's (after tile i)
-  if (wg == 1) {           // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
+  Share share;
+  int32_t entries[2];           // tile i + 4's (after tile i)
+  typename Share::Key rows[2];  // tile i + 3's (after tile i)
+  if (wg == 1) {                // tile 0 converted, tile 1 loaded, tile 2 located, tile 3's entries on their way
     int32_t e[2];
-    const uint8_t* r[2];
+    typename Share::Key r[2];
     entries_of(begin, e), rows_of(begin, e, r), share.load(r, first);
     entries_of(begin + kTileKeys, e), rows_of(begin + kTileKeys, e, r);
     share.store(tile_at(0), key_a, first);
@@ -1809,6 +1879,23 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
                                     block_size, block_stride_bytes, data_section_bytes);
   wgmma64_rs_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
+// mla_paged_decode_wgmma_latent_nvfp4: mla_paged_decode_wgmma_nvfp4 over one latent pool (v_cache =
+// k_cache: the launcher refuses others) on the heads-in-M block (wgmma_hm_decode), as
+// mla_paged_decode_wgmma_latent_fp8 runs it for FP8: each tile's data rows and scales converted
+// once to FP16 for both products. Same parameters, grid, partial outputs and combine. Block: 256.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_latent_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                        float* o_partial, float* ml_partial, const int32_t* block_tables,
+                                        const int32_t* seq_lens, uint32_t max_blocks_per_seq, uint32_t num_q_heads,
+                                        uint32_t q_head_dim, uint32_t kv_cache_dim, uint32_t block_size,
+                                        float logit_scale, uint64_t block_stride_bytes, uint64_t data_section_bytes,
+                                        uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  wgmma_hm_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
 // mla_paged_decode_wgmma16_fp8: the same on 16-head blocks (warp-specialised, transposed).

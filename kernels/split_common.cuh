@@ -48,6 +48,11 @@ __device__ inline uint2 ld_stream8(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
+__device__ inline uint32_t ld_stream4(const void* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
 
 // The units u = threadIdx.x, threadIdx.x + blockDim.x, ... of a tile whose keys have `per_key`
 // units each, walked as (key, unit of the key) with no division per step.

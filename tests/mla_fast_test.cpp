@@ -277,6 +277,60 @@ TEST_CASE("one latent pool as both caches matches the reference and a copied V p
   }
 }
 
+// NVFP4 over one latent pool (v_cache = k_cache): mla_paged_decode_wgmma_latent_nvfp4, the
+// heads-in-M block, against the float64 reference on every backend — head groups full and short,
+// chunks of one to five tiles, one ending inside a tile, pages of 7 keys, logits rising along the
+// keys — and refusing a copied V pool; and the dispatcher's path over a table of 4200 keys, which
+// runs it (then the combine) where the pools are one and the register-operand block where they are
+// two.
+TEST_CASE("NVFP4 over one latent pool runs on the heads-in-M block", "[mla_fast][wgmma][latent][nvfp4]") {
+  const auto [heads, tiles] = GENERATE(table<std::uint32_t, std::uint32_t>({{40, 1}, {128, 3}, {64, 5}, {70, 2}}));
+  gen::PagedSpec p;
+  p.format = KvFormat::nvfp4, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7;
+  p.num_seqs = 3, p.max_blocks_per_seq = 47, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
+  p.key_ramp = 2.0f, p.latent = true;
+  const KernelCase c = gen::split_kernel_case(p, tiles, gen::SplitEntry::wgmma_latent);
+  REQUIRE(c.entry == "mla_paged_decode_wgmma_latent_nvfp4");
+  REQUIRE(c.aliases.at("v_cache") == "k_cache");
+  test::check_case(c);
+  KernelCase copied = c;
+  copied.aliases.clear();
+  copied.inputs["v_cache"] = c.inputs.at("k_cache");
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name);
+    auto gpu = test::make_backend(name);
+    if (entry_unavailable(*gpu, c.module, c.entry)) continue;
+    test::require_error([&] { run_kernel_case(*gpu, copied); }, Errc::invalid_argument, {c.entry, "is not k_cache"});
+  }
+}
+
+TEST_CASE("the NVFP4 dispatcher takes the heads-in-M block for one latent pool",
+          "[mla_fast][dispatch][latent][nvfp4]") {
+  emu::EmulatorBackend gpu;
+  gpu.record_launches(true);
+  const bool latent = GENERATE(true, false);
+  const std::uint32_t heads = GENERATE(64u, 128u);
+  INFO((latent ? "one latent pool, " : "two pools, ") << heads << " heads");
+  gen::PagedSpec p;
+  p.format = KvFormat::nvfp4, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7;
+  p.num_seqs = 3, p.max_blocks_per_seq = 600, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
+  p.key_ramp = 2.0f, p.latent = latent;
+  const KernelCase c = gen::split_path_case(p);
+  const auto out = run_kernel_case(gpu, c);
+  for (const auto& [param, want] : c.expected) {
+    const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
+    INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
+    CHECK(r.pass);
+  }
+  std::vector<std::string> entries;
+  for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
+  INFO(fmt::format("{}", fmt::join(entries, ", ")));
+  CHECK(entries ==
+        std::vector<std::string>{latent ? "mla_paged_decode_wgmma_latent_nvfp4" : "mla_paged_decode_wgmma_nvfp4",
+                                 "mla_paged_decode_combine"});
+  test::check_case(c);  // and on the CUDA backend where it runs
+}
+
 // The recorder writes a launch whose two caches are one pool as an alias (the replay's buffers
 // shared as the launch's were, so a device replay takes the same walk), and the alias survives
 // the file.

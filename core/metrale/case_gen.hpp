@@ -59,21 +59,21 @@ KernelCase paged_decode_case(const PagedSpec& spec);
 KernelCase split_path_case(const PagedSpec& spec);
 
 /// Which raw split entry a case runs: mla_fast's split or 16-head entry, or mla_wgmma's 64-head
-/// or 16-head entry, its staged 16-head entry, or its 64-head entry over one latent pool.
+/// or 16-head entry, its staged 16-head entry, or its 64-head entry over one latent pool (heads in M).
 enum class SplitEntry { split, split16, wgmma, wgmma16, wgmma16_rs, wgmma_latent };
 
 /// The raw split kernel over the inputs of paged_decode_case(spec) (one KV head, the split
 /// path's dimensions): entry mla_paged_decode_split_<format>, mla_paged_decode_split16_<format>
 /// or (module mla_wgmma, 576-dim rows) mla_paged_decode_wgmma_<format> or
 /// mla_paged_decode_wgmma16_<format> or mla_paged_decode_wgmma16_rs_<format> or
-/// mla_paged_decode_wgmma_latent_fp8 as `entry` says;
+/// mla_paged_decode_wgmma_latent_<format> as `entry` says;
 /// keys_per_split = tiles_per_split tiles of 32 keys (wgmma: 64), one chunk more than the table
 /// holds (a chunk with no keys). Expected: ref::split_partials. Tolerance, against the reference
 /// and against another backend alike: o_partial the FP16 rounding of P (2^-10) plus 3δ and the
 /// FP32 sum, of the largest Σ e^(s−m)·|v|; ml_partial δ and, for l, 3δ relative — δ the FP32
 /// logit error (4·√q_head_dim ulps of Σ|q·k|·|scale|). Errors: `invalid_argument` for
-/// tiles_per_split 0 or past 2^24, and for wgmma_latent a spec that is not FP8 over one latent
-/// pool without compressed entries.
+/// tiles_per_split 0 or past 2^24, and for wgmma_latent a spec that is not one latent pool
+/// without compressed entries.
 KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_split, SplitEntry entry);
 
 /// mla_paged_decode_wgmma16_rs_combine_fp8 (up to 32 heads) or mla_paged_decode_wgmma_combine_fp8

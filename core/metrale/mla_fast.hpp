@@ -42,6 +42,7 @@ struct MlaFastKernels {
   KernelHandle wgmma_combine_fp8;           // the 64-head FP8 blocks with the combine in their clusters; likewise
   KernelHandle wgmma_latent_fp8;            // the 64-head FP8 block over one latent pool, heads in M; likewise
   KernelHandle wgmma_latent_combine_fp8;    // the same with the combine in its clusters; likewise
+  KernelHandle wgmma_latent_nvfp4;          // the 64-head NVFP4 block over one latent pool, heads in M; likewise
   /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters), of wgmma_combine_fp8's
   /// (fused_clusters64) and of wgmma_latent_combine_fp8's (fused_clusters_latent) the device runs
   /// at once (GpuBackend::max_active_clusters), n = 1..8; all 0 without the entry.
@@ -164,10 +165,11 @@ void mla_paged_decode_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// heads, whose block always stages). Same arguments, partial outputs and combine as the split entries; grid
 /// [num_splits, ⌈num_q_heads/rows_per_block⌉, num_seqs], block wgmma_threads(rows_per_block,
 /// staged), wgmma_shared_bytes(format, rows_per_block, staged) of shared memory; launched early
-/// as they are. mla_paged_decode_wgmma_latent_fp8 (`kernel` MlaFastKernels::wgmma_latent_fp8,
-/// rows_per_block 64, block 256, wgmma_latent_shared_bytes) serves one latent pool as both caches
-/// (v_cache = k_cache, V = K row for row, no compressed entries) with FlashMLA's shape: the heads in
-/// the wgmma's M, each tile converted once to FP16 for both products (docs/performance.md).
+/// as they are. mla_paged_decode_wgmma_latent_fp8 and mla_paged_decode_wgmma_latent_nvfp4
+/// (`kernel` MlaFastKernels::wgmma_latent_fp8 or wgmma_latent_nvfp4, rows_per_block 64, block
+/// 256, wgmma_latent_shared_bytes) serve one latent pool as both caches (v_cache = k_cache, V = K
+/// row for row, no compressed entries) with FlashMLA's shape: the heads in the wgmma's M, each
+/// tile converted once to FP16 for both products (docs/performance.md).
 /// Errors (`invalid_argument`): those of the split launchers, plus rows_per_block not
 /// 64 or 16, keys_per_split not a multiple of 64, q_head_dim or kv_cache_dim not 576, o_partial
 /// not 8-byte aligned, `kernel` not the entry for the format, rows_per_block and `staged`; for the
@@ -186,14 +188,15 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// P, the raw K and V half-tiles (FP8 36 KiB each; NVFP4 18 KiB of data and 2.25 KiB of scales
 /// each), the maxima and two mbarriers: 94.3 KiB (FP8), 61.8 KiB (NVFP4).
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
-/// Bytes of dynamic shared memory of mla_paged_decode_wgmma_latent_fp8's block: 1 KiB of
+/// Bytes of dynamic shared memory of the heads-in-M block (mla_paged_decode_wgmma_latent_*, either
+/// format: FP16 tiles): 1 KiB of
 /// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
 /// rows' unscale factors, two tiles' rescale factors and their four mbarriers: 225.8 KiB.
 std::uint32_t wgmma_latent_shared_bytes();
 
-/// Whether paged_decode_fp8 takes the heads-in-M block (mla_paged_decode_wgmma_latent_fp8) for a
-/// step it runs on 64-head wgmma blocks: one latent pool (`v_cache == k_cache`), no compressed
-/// entries (`comp_block_count` 0), a table of at least 4096 keys (max_blocks_per_seq ×
+/// Whether paged_decode_fp8 and paged_decode_nvfp4 take the heads-in-M block
+/// (mla_paged_decode_wgmma_latent_{fp8,nvfp4}) for a step they run on 64-head wgmma blocks: one latent pool (`v_cache
+/// == k_cache`), no compressed entries (`comp_block_count` 0), a table of at least 4096 keys (max_blocks_per_seq ×
 /// block_size; below, the fused register-operand block is faster) and wgmma_latent_shared_bytes
 /// within `max_shared_bytes`. Source: docs/performance.md ("Twenty-third session").
 bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes);
@@ -294,7 +297,8 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// table holds at least 4096 keys (max_blocks_per_seq · block_size) run on
 /// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products),
 /// or mla_paged_decode_wgmma_latent_combine_fp8 where the plan fuses the combine into its
-/// clusters; every other kernel reads the row twice. The wgmma steps combine in their clusters
+/// clusters, and NVFP4 steps of the same kind on mla_paged_decode_wgmma_latent_nvfp4 (and the
+/// combine); every other kernel reads the row twice. The wgmma steps combine in their clusters
 /// (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from
 /// q; otherwise the split kernel and the combine run. Source:
 /// SPEC §3, docs/performance.md. Errors: the launchers'.

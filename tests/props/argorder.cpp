@@ -224,6 +224,7 @@ void paged_dispatchers() {
     const std::uint64_t width = a.kv_cache_dim;
     a.data_section_bytes = (a.block_size * width / 2 + 15) / 16 * 16 + 16 * u(0, 4);
     a.block_stride_bytes = a.data_section_bytes + (a.block_size * width / 16 + 15) / 16 * 16 + 16 * u(0, 4);
+    if (u(0, 3) == 0) a.v_cache = a.k_cache;  // one latent pool: the heads-in-M entry where 64-head blocks run
     const DecodePath path = paged_decode_nvfp4(rig.gpu, seed, fast, a, ws);
     note_input(fmt::format("nvfp4 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {}", a.num_q_heads,
                            a.q_head_dim, a.kv_cache_dim, a.block_size));
@@ -239,12 +240,14 @@ void paged_dispatchers() {
                                           rig.gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
     const DevicePtr w = ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "nvfp4");
+    const bool latent = fast.wgmma_latent_nvfp4.id != 0 && p.wgmma && p.rows_per_block == 64 &&
+                        latent_applies(a, 0, rig.gpu.max_shared_bytes_per_block());
     ExpectedLaunch split{module,
-                         entry,
+                         latent ? "mla_paged_decode_wgmma_latent_nvfp4" : entry,
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d)};
-    split.shared_bytes = p.shared_bytes;
+    split.shared_bytes = latent ? 231200 : p.shared_bytes;  // the heads-in-M block's, as FP8's above
     split.args.insert(split.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
                                          {"data_section_bytes", Q(a.data_section_bytes)},
                                          {"keys_per_split", U(p.keys_per_split)}});
