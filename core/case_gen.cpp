@@ -345,12 +345,14 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 
 KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool heads_in_m) {
   const bool wide = spec.num_q_heads > 32;  // the 64-head entries (above 32 heads)
-  const char* const entry = heads_in_m ? "mla_paged_decode_wgmma_latent_combine_fp8"
-                            : wide     ? "mla_paged_decode_wgmma_combine_fp8"
-                                       : "mla_paged_decode_wgmma16_rs_combine_fp8";
-  if (spec.format != KvFormat::fp8 || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
-    fail(Errc::invalid_argument, "fused_decode_case: {} takes FP8 rows of 576 (spec: {}, {} and {})", entry,
-         to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
+  const bool fp8 = spec.format == KvFormat::fp8;
+  const char* const entry =
+      heads_in_m ? (fp8 ? "mla_paged_decode_wgmma_latent_combine_fp8" : "mla_paged_decode_wgmma_latent_combine_nvfp4")
+      : wide     ? "mla_paged_decode_wgmma_combine_fp8"
+                 : "mla_paged_decode_wgmma16_rs_combine_fp8";
+  if ((!fp8 && !heads_in_m) || spec.q_head_dim != 576 || spec.kv_cache_dim != 576)
+    fail(Errc::invalid_argument, "fused_decode_case: {} takes {} rows of 576 (spec: {}, {} and {})", entry,
+         heads_in_m ? "FP8 or NVFP4" : "FP8", to_string(spec.format), spec.q_head_dim, spec.kv_cache_dim);
   if (heads_in_m && (!wide || !spec.latent || (spec.comp_pool && spec.comp_block_count != 0)))
     fail(Errc::invalid_argument,
          "fused_decode_case: {} takes more than 32 heads over one latent pool without compressed entries (spec: {} "
@@ -369,9 +371,11 @@ KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
   c.name = fmt::format("{} keys_per_split={} {}", entry, keys_per_split, spec.vars());
   c.module = "mla_wgmma";
   c.entry = entry;
-  // As the dispatcher: the K scale folded into the logit scale (in FP32), V's the combine's.
-  c.scalars["logit_scale"] = KernelArg::f32(spec.inv_sqrt_d * spec.k_scale);
+  // As the dispatcher: FP8's K scale folded into the logit scale (in FP32), V's the combine's;
+  // NVFP4's values carry their scales.
+  c.scalars["logit_scale"] = KernelArg::f32(fp8 ? spec.inv_sqrt_d * spec.k_scale : spec.inv_sqrt_d);
   for (const char* n : {"inv_sqrt_d", "k_scale", "num_kv_heads"}) c.scalars.erase(n);
+  if (!fp8) c.scalars.erase("v_scale");
   c.scalars["keys_per_split"] = KernelArg::u32(keys_per_split);
   c.scalars["num_splits"] = KernelArg::u32(static_cast<std::uint32_t>(num_splits));
   c.scalars["rows_per_block"] = KernelArg::u32(wide ? 64 : 16);
@@ -1022,6 +1026,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   PagedSpec latent4 = latent;
   latent4.format = KvFormat::nvfp4, latent4.sliding_window = 0, latent4.sinks = false, latent4.seed = ++s;
   out.push_back(split_kernel_case(latent4, 2, SplitEntry::wgmma_latent));
+  latent4.sinks = true, latent4.seed = ++s;  // in clusters, with sinks (the combine's)
+  out.push_back(fused_decode_case(latent4, 1, true));
   return out;
 }
 

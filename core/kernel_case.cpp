@@ -186,6 +186,20 @@ Adapter fused_fp8_adapter(const char* entry,
           }};
 }
 
+// mla_paged_decode_wgmma_latent_combine_nvfp4: the NVFP4 split fields but the partials, and the
+// combine's sinks and o.
+Adapter fused_nvfp4_adapter(const char* entry) {
+  return {"mla_wgmma",
+          entry,
+          {concat(kSplitScalars, {{"block_stride_bytes", U64}, {"data_section_bytes", U64}}),
+           {"q", "k_cache", "v_cache", "block_tables", "seq_lens", "sinks", "o"}},
+          kSplitShape,
+          [](GpuBackend& g, KernelHandle k, const CaseArgs& a) {
+            const SplitDecodeNvfp4Args s{split_common(a), a.u64("block_stride_bytes"), a.u64("data_section_bytes")};
+            mla_paged_decode_wgmma_latent_combine_nvfp4(g, k, {s, a.ptr("sinks"), a.ptr("o")});
+          }};
+}
+
 // One adapter per launcher: the bridge from a case's named values to the launcher's args struct.
 const std::vector<Adapter>& adapters() {
   static const std::vector<Adapter> table = {
@@ -357,6 +371,7 @@ const std::vector<Adapter>& adapters() {
       fused_fp8_adapter("mla_paged_decode_wgmma16_rs_combine_fp8", &mla_paged_decode_wgmma16_rs_combine_fp8),
       fused_fp8_adapter("mla_paged_decode_wgmma_combine_fp8", &mla_paged_decode_wgmma_combine_fp8),
       fused_fp8_adapter("mla_paged_decode_wgmma_latent_combine_fp8", &mla_paged_decode_wgmma_latent_combine_fp8),
+      fused_nvfp4_adapter("mla_paged_decode_wgmma_latent_combine_nvfp4"),
       {"mla_fast",
        "mla_paged_decode_combine",
        {{{"num_q_heads", U32}, {"kv_cache_dim", U32}, {"num_splits", U32}, {"v_scale", F32}, {"num_seqs", U32}},
@@ -421,6 +436,8 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
   split_fp8.emplace("comp_pool", U8);
   const Params fused_fp8 = {{"q", BF16},       {"k_cache", U8},   {"v_cache", U8}, {"block_tables", I32},
                             {"seq_lens", I32}, {"comp_pool", U8}, {"sinks", FP32}, {"o", BF16}};
+  Params fused_nvfp4 = fused_fp8;
+  fused_nvfp4.erase("comp_pool");
   static const std::map<std::string_view, Params> table = {
       {"mla_batched_gemv", {{"input", BF16}, {"weight", BF16}, {"output", BF16}}},
       {"mla_q_rope_scatter", {{"q_full", BF16}, {"q_absorbed_buf", BF16}, {"q_rope_contiguous", BF16}}},
@@ -454,6 +471,7 @@ std::optional<Dtype> pointer_dtype(std::string_view module, std::string_view ent
       {"mla_paged_decode_wgmma16_rs_combine_fp8", fused_fp8},
       {"mla_paged_decode_wgmma_combine_fp8", fused_fp8},
       {"mla_paged_decode_wgmma_latent_combine_fp8", fused_fp8},
+      {"mla_paged_decode_wgmma_latent_combine_nvfp4", fused_nvfp4},
       {"mla_paged_decode_combine", {{"o_partial", FP32}, {"ml_partial", FP32}, {"sinks", FP32}, {"o", BF16}}},
   };
   const auto kernel = table.find(entry);

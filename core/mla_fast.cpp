@@ -33,6 +33,7 @@ constexpr const char* kFusedEntry64 = "mla_paged_decode_wgmma_combine_fp8";  // 
 constexpr const char* kLatentEntry = "mla_paged_decode_wgmma_latent_fp8";    // heads in M, one latent pool
 constexpr const char* kFusedLatentEntry = "mla_paged_decode_wgmma_latent_combine_fp8";  // and in clusters
 constexpr const char* kLatentNvfp4Entry = "mla_paged_decode_wgmma_latent_nvfp4";        // heads in M, NVFP4
+constexpr const char* kFusedLatentNvfp4Entry = "mla_paged_decode_wgmma_latent_combine_nvfp4";  // and in clusters
 // The heads-in-M entry takes latent 64-head steps whose table holds at least this many keys.
 // Measured on the H200 (docs/performance.md, twenty-third session): from 4K keys it takes
 // 0.77–0.96× the time of the register-operand block (fused in clusters where the plan says); at
@@ -233,6 +234,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
                    {},
                    {},
                    {},
+                   {},
                    {}};
   if (module_runs_on(gpu, kMlaWgmmaModule)) {
     r.wgmma_fp8 = gpu.kernel(kMlaWgmmaModule, "mla_paged_decode_wgmma_fp8");
@@ -246,6 +248,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
     r.wgmma_latent_fp8 = gpu.kernel(kMlaWgmmaModule, kLatentEntry);
     r.wgmma_latent_combine_fp8 = gpu.kernel(kMlaWgmmaModule, kFusedLatentEntry);
     r.wgmma_latent_nvfp4 = gpu.kernel(kMlaWgmmaModule, kLatentNvfp4Entry);
+    r.wgmma_latent_combine_nvfp4 = gpu.kernel(kMlaWgmmaModule, kFusedLatentNvfp4Entry);
     auto clusters = [&](KernelHandle kernel, const char* entry, std::uint32_t n) {
       const WgmmaBlock b = wgmma_block(entry);
       return gpu.max_active_clusters(kernel, {b.threads, 1, 1}, b.shared_bytes, n);
@@ -254,6 +257,7 @@ MlaFastKernels MlaFastKernels::resolve(GpuBackend& gpu) {
       r.fused_clusters[n] = clusters(r.wgmma16_rs_combine_fp8, kFusedEntry, n);
       r.fused_clusters64[n] = clusters(r.wgmma_combine_fp8, kFusedEntry64, n);
       r.fused_clusters_latent[n] = clusters(r.wgmma_latent_combine_fp8, kFusedLatentEntry, n);
+      r.fused_clusters_latent_nvfp4[n] = clusters(r.wgmma_latent_combine_nvfp4, kFusedLatentNvfp4Entry, n);
     }
   }
   return r;
@@ -434,13 +438,13 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t cost = (base * splits + slots - 1) / slots * (tiles_each + fixed);
     if (cost < best) best = cost, per = tiles_each;
   }
-  // Staged 16-head and 64-head FP8 blocks may instead combine in clusters of their n ≤ 8 splits (no combine
+  // Staged 16-head and 64-head blocks may instead combine in clusters of their n ≤ 8 splits (no combine
   // launch, taken as kCombineTiles tiles' worth), ⌈clusters / fused_clusters[n]⌉ rounds: where
   // that costs no more, with the n that costs least (ties to fewer).
   if (!fused_clusters.empty() && fused_clusters.size() != kMaxClusterSplits + 1)
     fail(Errc::invalid_argument, "split plan: fused_clusters has {} entries, not {} (index n = 0..{})",
          fused_clusters.size(), kMaxClusterSplits + 1, kMaxClusterSplits);
-  if (p.wgmma && p.staged && format == KvFormat::fp8 && !fused_clusters.empty() &&
+  if (p.wgmma && p.staged && !fused_clusters.empty() &&
       per <= 0x7FFF'FFC0 / tile_keys) {  // (longer chunks are clamped below: more than 8 of them)
     std::uint64_t fused_best = ~std::uint64_t{0}, fused_per = 0;
     for (std::uint64_t n = 1; n <= std::min<std::uint64_t>(kMaxClusterSplits, tiles); ++n) {
@@ -511,6 +515,24 @@ void validate_split_fp8(const Validator& v, const SplitDecodeFp8Args& a, bool pa
   if (a.comp_pool) detail::validate_comp_offsets(v, a.num_seqs, a.comp_block_count, a.cache_stride);
 }
 
+// The NVFP4 split launchers' rules on `a`, but for the entry (`partials` as validate_split's).
+void validate_split_nvfp4(const Validator& v, const SplitDecodeNvfp4Args& a, bool partials) {
+  validate_split(v, a, 0, partials);
+  if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
+                                     {{"k_cache", a.k_cache.addr},
+                                      {"v_cache", a.v_cache.addr},
+                                      {"block_stride_bytes", a.block_stride_bytes},
+                                      {"data_section_bytes", a.data_section_bytes},
+                                      {"q", a.q.addr}}))
+    v.check(false, "{}", *why);
+  detail::validate_block_offsets(v, a.block_stride_bytes);
+  v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
+              a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
+                  std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
+          "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
+          a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
+}
+
 // The heads-in-M entries' rule: V is read from the K rows (`comp_block_count`: the FP8 compressed
 // entries, 0 without a comp_pool).
 void validate_latent(const Validator& v, const SplitDecodeArgs& a, std::uint32_t comp_block_count = 0) {
@@ -556,20 +578,7 @@ void launch_split_nvfp4(GpuBackend& gpu, KernelHandle kernel, const SplitDecodeN
                                    "mla_paged_decode_split16_nvfp4", "mla_paged_decode_wgmma_nvfp4",
                                    "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
   const Validator v{name};
-  validate_split(v, a, 0);
-  if (auto why = split_shape_problem(1, a.q_head_dim, a.kv_cache_dim,
-                                     {{"k_cache", a.k_cache.addr},
-                                      {"v_cache", a.v_cache.addr},
-                                      {"block_stride_bytes", a.block_stride_bytes},
-                                      {"data_section_bytes", a.data_section_bytes},
-                                      {"q", a.q.addr}}))
-    v.check(false, "{}", *why);
-  detail::validate_block_offsets(v, a.block_stride_bytes);
-  v.check(a.data_section_bytes >= std::uint64_t{a.block_size} * a.kv_cache_dim / 2 &&
-              a.block_stride_bytes - std::min(a.block_stride_bytes, a.data_section_bytes) >=
-                  std::uint64_t{a.block_size} * a.kv_cache_dim / 16,
-          "NVFP4 sections (data {} bytes, block stride {} bytes) do not hold block_size {} rows of {} values",
-          a.data_section_bytes, a.block_stride_bytes, a.block_size, a.kv_cache_dim);
+  validate_split_nvfp4(v, a, true);
   if (wgmma) {
     validate_wgmma(v, gpu, kernel, a, name, latent ? kLatentNvfp4Entry : "mla_paged_decode_wgmma_nvfp4",
                    "mla_paged_decode_wgmma16_nvfp4", "mla_paged_decode_wgmma16_rs_nvfp4");
@@ -610,30 +619,43 @@ namespace {
 
 // The cluster entries' launcher: `entry` (the 16-head, 64-head or heads-in-M one) of `rows` heads
 // a block.
+// The cluster entries' rules on their blocks and `o` (`s` as split_args takes it): the entry's
+// rows, at most 8 splits, o 8-byte aligned and apart from q.
+void validate_fused_shape(const Validator& v, const SplitDecodeArgs& s, DevicePtr o, std::uint32_t rows) {
+  validate_wgmma_shape(v, s);
+  v.check(s.rows_per_block == rows, "rows_per_block {} is not {} (the entry's blocks)", s.rows_per_block, rows);
+  v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
+  v.non_null({{"o", o}});
+  v.aligned(8, {{"o", o}});
+  const std::uint64_t o_rows = std::uint64_t{s.num_seqs} * s.num_q_heads;
+  v.check(!o_overlaps_q(o, s.q, o_rows, s.q_head_dim),
+          "o spans [{:#x}, {:#x}), which overlaps q's [{:#x}, {:#x}) (num_seqs {} x num_q_heads {} rows of {} and {} "
+          "bf16): a cluster's blocks read q while others write o",
+          o.addr, o.addr + o_rows * kWgmmaDim * 2, s.q.addr, s.q.addr + o_rows * s.q_head_dim * 2, s.num_seqs,
+          s.num_q_heads, kWgmmaDim, s.q_head_dim);
+}
+// Then the handle, the latent pool (`latent`: the heads-in-M entries, `comp_block_count` the FP8
+// compressed entries) and o apart from what the blocks read and from sinks.
+void validate_fused_entry(const Validator& v, const GpuBackend& gpu, KernelHandle kernel, const SplitDecodeArgs& s,
+                          DevicePtr sinks, DevicePtr o, const char* entry, bool latent, DevicePtr comp_pool,
+                          std::uint32_t comp_block_count) {
+  validate_entry(v, gpu, kernel, {entry});
+  if (latent) validate_latent(v, s, comp_block_count);
+  const Validator::Extent out{"o", o, std::uint64_t{s.num_seqs} * s.num_q_heads * kWgmmaDim * 2};
+  validate_apart_from_reads(v, s, out, comp_block_count > 0 ? comp_pool : DevicePtr{}, false);  // q: above
+  v.disjoint(out, {{"sinks", sinks, std::uint64_t{s.num_q_heads} * 4}});
+}
+
 void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a, Stream stream,
                       const char* entry, std::uint32_t rows) {
-  const bool latent = entry == std::string_view(kFusedLatentEntry);
   const Validator v{entry};
   SplitDecodeFp8Args s = a.split;
   s.o_partial = s.ml_partial = {};  // not used
   validate_split_fp8(v, s, false);
-  validate_wgmma_shape(v, s);
-  v.check(s.rows_per_block == rows, "rows_per_block {} is not {} (the entry's blocks)", s.rows_per_block, rows);
-  v.at_most("num_splits", s.num_splits, kMaxClusterSplits);
-  v.non_null({{"o", a.o}});
-  v.aligned(8, {{"o", a.o}});
-  const std::uint64_t o_rows = std::uint64_t{s.num_seqs} * s.num_q_heads;
-  v.check(!o_overlaps_q(a.o, s.q, o_rows, s.q_head_dim),
-          "o spans [{:#x}, {:#x}), which overlaps q's [{:#x}, {:#x}) (num_seqs {} x num_q_heads {} rows of {} and {} "
-          "bf16): a cluster's blocks read q while others write o",
-          a.o.addr, a.o.addr + o_rows * kWgmmaDim * 2, s.q.addr, s.q.addr + o_rows * s.q_head_dim * 2, s.num_seqs,
-          s.num_q_heads, kWgmmaDim, s.q_head_dim);
+  validate_fused_shape(v, s, a.o, rows);
   v.positive_finite("v_scale", a.v_scale);
-  validate_entry(v, gpu, kernel, {entry});
-  if (latent) validate_latent(v, s, s.comp_pool ? s.comp_block_count : 0);
-  const Validator::Extent o{"o", a.o, o_rows * kWgmmaDim * 2};
-  validate_apart_from_reads(v, s, o, s.comp_block_count > 0 ? s.comp_pool : DevicePtr{}, false);  // q: above
-  v.disjoint(o, {{"sinks", a.sinks, std::uint64_t{s.num_q_heads} * 4}});
+  validate_fused_entry(v, gpu, kernel, s, a.sinks, a.o, entry, entry == std::string_view(kFusedLatentEntry),
+                       s.comp_pool, s.comp_pool ? s.comp_block_count : 0);
   KernelLaunch l(gpu, kernel);
   split_args(l, s, KvFormat::fp8, entry, std::pair{a.sinks, a.o})
       .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
@@ -659,6 +681,23 @@ void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, co
 void mla_paged_decode_wgmma_latent_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                                Stream stream) {
   launch_fused_fp8(gpu, kernel, a, stream, kFusedLatentEntry, kWgmmaRows);
+}
+
+void mla_paged_decode_wgmma_latent_combine_nvfp4(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeNvfp4Args& a,
+                                                 Stream stream) {
+  const Validator v{kFusedLatentNvfp4Entry};
+  SplitDecodeNvfp4Args s = a.split;
+  s.o_partial = s.ml_partial = {};  // not used
+  validate_split_nvfp4(v, s, false);
+  validate_fused_shape(v, s, a.o, kWgmmaRows);
+  validate_fused_entry(v, gpu, kernel, s, a.sinks, a.o, kFusedLatentNvfp4Entry, true, {}, 0);
+  KernelLaunch l(gpu, kernel);
+  split_args(l, s, KvFormat::nvfp4, kFusedLatentNvfp4Entry, std::pair{a.sinks, a.o})
+      .cluster({s.num_splits, 1, 1})  // a (sequence, head group)'s chunks: one cluster
+      .arg_u64(s.block_stride_bytes)
+      .arg_u64(s.data_section_bytes)
+      .arg_u32(s.keys_per_split)
+      .launch(stream);
 }
 
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream) {
@@ -773,13 +812,21 @@ DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, c
     mla_paged_decode_nvfp4(gpu, seed.paged_decode_nvfp4, a, stream);
     return DecodePath::seed;
   }
-  const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(),
-                                        gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
-  const DevicePtr w = ws.get(gpu, p.workspace_bytes);
-  const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
-  // One latent pool (V = K) on 64-head blocks: the heads-in-M entry.
-  const bool latent = p.wgmma && p.rows_per_block == kWgmmaRows && fast.wgmma_latent_nvfp4.id != 0 &&
+  // One latent pool (V = K) on 64-head blocks: the heads-in-M entry, its combine in clusters where
+  // o allows (8-byte aligned, apart from q) and the plan says so.
+  const bool latent = wgmma_rows(a, 0, gpu.multiprocessor_count()) == kWgmmaRows && fast.wgmma_latent_nvfp4.id != 0 &&
                       latent_applies(a, 0, gpu.max_shared_bytes_per_block());
+  const bool clusters = latent && fast.wgmma_latent_combine_nvfp4.id != 0 && a.o.addr % 8 == 0 &&
+                        !o_overlaps_q(a.o, a.q, std::uint64_t{a.num_seqs} * a.num_q_heads, a.q_head_dim);
+  const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, gpu.multiprocessor_count(),
+                                        gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0,
+                                        clusters ? fast.fused_clusters_latent_nvfp4 : std::span<const std::uint32_t>{});
+  const DevicePtr w = p.fused ? DevicePtr{} : ws.get(gpu, p.workspace_bytes);  // fused: no partials, no workspace
+  const SplitDecodeNvfp4Args s{split_from(a, p, w, a.inv_sqrt_d), a.block_stride_bytes, a.data_section_bytes};
+  if (p.fused) {
+    mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_nvfp4, {s, {}, a.o}, stream);
+    return DecodePath::split;
+  }
   if (p.wgmma) {
     mla_paged_decode_wgmma_nvfp4(gpu,
                                  p.rows_per_block == kWgmmaRows ? (latent ? fast.wgmma_latent_nvfp4 : fast.wgmma_nvfp4)

@@ -220,6 +220,50 @@ struct Fp8Keys {
   }
 };
 
+// The keys of sequence s of an NVFP4 cache (SPEC §3: no window, no compressed entries) and, as a
+// split port's `dequant`, their K and V rows.
+struct Nvfp4Keys {
+  Global<const std::uint8_t> k_cache, v_cache;
+  Global<const std::int32_t> block_tables;
+  std::uint32_t max_blocks_per_seq, block_size, kv_cache_dim;
+  std::uint64_t block_stride_bytes, data_section_bytes;
+  std::uint32_t s;
+  KeySet keys;
+
+  Nvfp4Keys(Global<const std::uint8_t> k, Global<const std::uint8_t> v, Global<const std::int32_t> tables,
+            Global<const std::int32_t> seq_lens, std::uint32_t max_blocks, std::uint32_t block, std::uint32_t dim,
+            std::uint64_t block_stride, std::uint64_t data_section, std::uint32_t seq)
+      : k_cache(k),
+        v_cache(v),
+        block_tables(tables),
+        max_blocks_per_seq(max_blocks),
+        block_size(block),
+        kv_cache_dim(dim),
+        block_stride_bytes(block_stride),
+        data_section_bytes(data_section),
+        s(seq),
+        keys(key_set(seq_lens[seq], max_blocks, block, 0, 0)) {}
+
+  void operator()(std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) const {
+    const std::uint64_t width = kv_cache_dim;
+    const std::uint32_t t = keys.start + j, column = t / block_size;
+    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
+    const std::int64_t base = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
+    const std::uint64_t slot = t % block_size;
+    for (auto [pool, row, name] : {std::tuple{k_cache, &k_row, "k_cache"}, std::tuple{v_cache, &v_row, "v_cache"}}) {
+      (pool + base).require_in_bounds(0, data_section_bytes + (slot + 1) * width / 16, [&] {
+        return bad_block_entry(s, column, phys, name);
+      });
+      const auto data = (pool + base).read(slot * width / 2, width / 2);
+      const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);
+      for (std::uint64_t e = 0; e < width; ++e) {
+        const std::uint8_t byte = data[e / 2];
+        (*row)[e] = e2m1_decode(e % 2 == 0 ? byte & 0xF : byte >> 4) * e4m3_decode(scales[e / 16]);
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------
 // mla_paged_decode_split_fp8: head-grouped split-KV paged decode over an E4M3 cache (one KV head).
 // Grid: [num_splits, ⌈num_q_heads/G⌉, num_seqs], G = 16·R. Block: 128·R (R = 1..4).
@@ -284,6 +328,32 @@ void mla_paged_decode_wgmma_latent_fp8(Block& blk, Global<const Bf16> q, Global<
                                                keys_per_split);
 }
 
+// The combine in a cluster's blocks for a split port's `dequant` (Fp8Keys, Nvfp4Keys): this
+// block's run of o's dims for its head group, from the partials of all the cluster's chunks.
+template <class Dequant>
+void combined_decode(Block& blk, Global<const Bf16> q, Global<const float> sinks, Global<Bf16> o,
+                     std::uint32_t num_q_heads, std::uint32_t q_head_dim, std::uint32_t kv_cache_dim, float logit_scale,
+                     const KeySet& keys, std::uint32_t keys_per_split, SplitShape shape, const Dequant& cache,
+                     float v_scale) {
+  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * shape.rows, s = blk.blockIdx.z;
+  std::vector<Partial> parts;
+  for (std::uint32_t chunk = 0; chunk < n; ++chunk)
+    parts.push_back(split_partial(blk, chunk, q, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys,
+                                  keys_per_split, shape, cache));
+  const std::uint32_t width = 4 * ((kv_cache_dim + 4 * n - 1) / (4 * n));
+  const std::uint32_t d_begin = std::min(kv_cache_dim, z * width), d_end = std::min(kv_cache_dim, d_begin + width);
+  for (std::uint32_t row = 0; row < shape.rows; ++row) {
+    const std::uint32_t h = head0 + row;
+    if (h >= num_q_heads) continue;
+    std::vector<float> ml;
+    for (const Partial& p : parts) ml.insert(ml.end(), {p.m[row], p.l[row]});
+    combine_head(
+        ml, sinks ? std::optional<float>(sinks[h]) : std::nullopt, v_scale, d_begin, d_end,
+        [&](std::uint32_t chunk, std::uint32_t d) { return parts[chunk].acc[row][d]; },
+        [&](std::uint32_t d, Bf16 v) { o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = v; });
+  }
+}
+
 // ---------------------------------------------------------------------------
 // mla_paged_decode_wgmma16_rs_combine_fp8: mla_paged_decode_wgmma16_rs_fp8 and the combine in one
 // kernel (kKind wgmma16; with wgmma, mla_paged_decode_wgmma_combine_fp8: the same for the
@@ -304,26 +374,10 @@ void mla_paged_decode_combined_fp8(Block& blk, Global<const Bf16> q, Global<cons
                                    float logit_scale, std::uint64_t cache_stride, std::uint32_t sliding_window,
                                    Global<const std::uint8_t> comp_pool, std::uint32_t comp_block_count,
                                    std::uint32_t keys_per_split, float v_scale) {
-  const SplitShape shape = shape_of(kKind, blk);
-  const std::uint32_t n = blk.gridDim.x, z = blk.blockIdx.x, head0 = blk.blockIdx.y * shape.rows, s = blk.blockIdx.z;
   const Fp8Keys cache{k_cache,    v_cache,      comp_pool,      block_tables,     seq_lens,     max_blocks_per_seq,
-                      block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, s};
-  std::vector<Partial> parts;
-  for (std::uint32_t chunk = 0; chunk < n; ++chunk)
-    parts.push_back(split_partial(blk, chunk, q, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
-                                  keys_per_split, shape, cache));
-  const std::uint32_t width = 4 * ((kv_cache_dim + 4 * n - 1) / (4 * n));
-  const std::uint32_t d_begin = std::min(kv_cache_dim, z * width), d_end = std::min(kv_cache_dim, d_begin + width);
-  for (std::uint32_t row = 0; row < shape.rows; ++row) {
-    const std::uint32_t h = head0 + row;
-    if (h >= num_q_heads) continue;
-    std::vector<float> ml;
-    for (const Partial& p : parts) ml.insert(ml.end(), {p.m[row], p.l[row]});
-    combine_head(
-        ml, sinks ? std::optional<float>(sinks[h]) : std::nullopt, v_scale, d_begin, d_end,
-        [&](std::uint32_t chunk, std::uint32_t d) { return parts[chunk].acc[row][d]; },
-        [&](std::uint32_t d, Bf16 v) { o[(std::uint64_t{s} * num_q_heads + h) * kv_cache_dim + d] = v; });
-  }
+                      block_size, cache_stride, sliding_window, comp_block_count, kv_cache_dim, blk.blockIdx.z};
+  combined_decode(blk, q, sinks, o, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys, keys_per_split,
+                  shape_of(kKind, blk), cache, v_scale);
 }
 
 // mla_paged_decode_wgmma_latent_combine_fp8: mla_paged_decode_wgmma_combine_fp8's port for the
@@ -356,28 +410,10 @@ void mla_paged_decode_split_nvfp4(Block& blk, Global<const Bf16> q, Global<const
                                   std::uint32_t kv_cache_dim, std::uint32_t block_size, float logit_scale,
                                   std::uint64_t block_stride_bytes, std::uint64_t data_section_bytes,
                                   std::uint32_t keys_per_split) {
-  const std::uint32_t s = blk.blockIdx.z;
-  const KeySet keys = key_set(seq_lens[s], max_blocks_per_seq, block_size, 0, 0);
-  const std::uint64_t width = kv_cache_dim;
-  auto dequant = [&](std::uint32_t j, std::vector<float>& k_row, std::vector<float>& v_row) {
-    const std::uint32_t t = keys.start + j, column = t / block_size;
-    const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
-    const std::int64_t base = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
-    const std::uint64_t slot = t % block_size;
-    for (auto [pool, row, name] : {std::tuple{k_cache, &k_row, "k_cache"}, std::tuple{v_cache, &v_row, "v_cache"}}) {
-      (pool + base).require_in_bounds(0, data_section_bytes + (slot + 1) * width / 16, [&] {
-        return bad_block_entry(s, column, phys, name);
-      });
-      const auto data = (pool + base).read(slot * width / 2, width / 2);
-      const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);
-      for (std::uint64_t e = 0; e < width; ++e) {
-        const std::uint8_t byte = data[e / 2];
-        (*row)[e] = e2m1_decode(e % 2 == 0 ? byte & 0xF : byte >> 4) * e4m3_decode(scales[e / 16]);
-      }
-    }
-  };
-  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, keys, keys_per_split,
-               shape_of(kKind, blk), dequant);
+  const Nvfp4Keys cache{k_cache,    v_cache,      block_tables,       seq_lens,           max_blocks_per_seq,
+                        block_size, kv_cache_dim, block_stride_bytes, data_section_bytes, blk.blockIdx.z};
+  split_decode(blk, q, o_partial, ml_partial, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys,
+               keys_per_split, shape_of(kKind, blk), cache);
 }
 
 // mla_paged_decode_wgmma_latent_nvfp4: mla_paged_decode_wgmma_nvfp4's math on the heads-in-M block
@@ -394,6 +430,23 @@ void mla_paged_decode_wgmma_latent_nvfp4(Block& blk, Global<const Bf16> q, Globa
   mla_paged_decode_split_nvfp4<SplitKind::wgmma>(
       blk, q, k_cache, v_cache, o_partial, ml_partial, block_tables, seq_lens, max_blocks_per_seq, num_q_heads,
       q_head_dim, kv_cache_dim, block_size, logit_scale, block_stride_bytes, data_section_bytes, keys_per_split);
+}
+
+// mla_paged_decode_wgmma_latent_combine_nvfp4: mla_paged_decode_wgmma_latent_combine_fp8's port over
+// an NVFP4 latent pool (V unscaled: v_scale 1), one latent pool only. Cluster rule as FP8's.
+void mla_paged_decode_wgmma_latent_combine_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::uint8_t> k_cache,
+                                                 Global<const std::uint8_t> v_cache, Global<const float> sinks,
+                                                 Global<Bf16> o, Global<const std::int32_t> block_tables,
+                                                 Global<const std::int32_t> seq_lens, std::uint32_t max_blocks_per_seq,
+                                                 std::uint32_t num_q_heads, std::uint32_t q_head_dim,
+                                                 std::uint32_t kv_cache_dim, std::uint32_t block_size,
+                                                 float logit_scale, std::uint64_t block_stride_bytes,
+                                                 std::uint64_t data_section_bytes, std::uint32_t keys_per_split) {
+  require_one_latent_pool("mla_paged_decode_wgmma_latent_combine_nvfp4", k_cache, v_cache, {}, 0);
+  const Nvfp4Keys cache{k_cache,    v_cache,      block_tables,       seq_lens,           max_blocks_per_seq,
+                        block_size, kv_cache_dim, block_stride_bytes, data_section_bytes, blk.blockIdx.z};
+  combined_decode(blk, q, sinks, o, num_q_heads, q_head_dim, kv_cache_dim, logit_scale, cache.keys, keys_per_split,
+                  shape_of(SplitKind::wgmma, blk), cache, 1.0f);
 }
 
 // ---------------------------------------------------------------------------
@@ -505,9 +558,17 @@ void register_mla_fast(Registry& r) {
                                                block_is({256, 1, 1}));
   r.add<&mla_paged_decode_wgmma_latent_combine_fp8>(w, "mla_paged_decode_wgmma_latent_combine_fp8", fp8_combined,
                                                     block_is({256, 1, 1}));
-  constexpr const char* kClusterEntries[] = {"mla_paged_decode_wgmma16_rs_combine_fp8",
-                                             "mla_paged_decode_wgmma_combine_fp8",
-                                             "mla_paged_decode_wgmma_latent_combine_fp8"};
+  // clang-format off
+  static constexpr const char* nvfp4_combined[] = {
+      "q", "k_cache", "v_cache", "sinks", "o", "block_tables", "seq_lens", "max_blocks_per_seq", "num_q_heads",
+      "q_head_dim", "kv_cache_dim", "block_size", "logit_scale", "block_stride_bytes", "data_section_bytes",
+      "keys_per_split"};
+  // clang-format on
+  r.add<&mla_paged_decode_wgmma_latent_combine_nvfp4>(w, "mla_paged_decode_wgmma_latent_combine_nvfp4", nvfp4_combined,
+                                                      block_is({256, 1, 1}));
+  constexpr const char* kClusterEntries[] = {
+      "mla_paged_decode_wgmma16_rs_combine_fp8", "mla_paged_decode_wgmma_combine_fp8",
+      "mla_paged_decode_wgmma_latent_combine_fp8", "mla_paged_decode_wgmma_latent_combine_nvfp4"};
   // One cluster per (sequence, head group): the grid's x, at most the portable 8.
   for (const char* e : kClusterEntries)
     r.set_cluster_rule(w, e, [](Dim3 grid, Dim3 c) -> std::optional<std::string> {

@@ -1898,6 +1898,25 @@ extern "C" __global__ void __launch_bounds__(256, 1)
   wgmma_hm_decode(q, PartialOut{o_partial, ml_partial}, num_q_heads, logit_scale, keys_per_split, rows);
 }
 
+// mla_paged_decode_wgmma_latent_combine_nvfp4: mla_paged_decode_wgmma_latent_nvfp4 and the combine in
+// one kernel, as mla_paged_decode_wgmma_latent_combine_fp8 does it for FP8 (V unscaled): the
+// num_splits ≤ 8 blocks of each (sequence, head group) are a cluster whose partials stay in
+// shared memory; o as mla_paged_decode_combine writes it (v_scale 1), the same bits. Grid: as
+// mla_paged_decode_wgmma_latent_nvfp4, cluster [num_splits, 1, 1]. Block: 256.
+//   sinks [num_q_heads] f32 or null; o [num_seqs, num_q_heads, 576] bf16, 8-byte aligned
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mla_paged_decode_wgmma_latent_combine_nvfp4(const __nv_bfloat16* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                                                const float* sinks, __nv_bfloat16* o, const int32_t* block_tables,
+                                                const int32_t* seq_lens, uint32_t max_blocks_per_seq,
+                                                uint32_t num_q_heads, uint32_t q_head_dim, uint32_t kv_cache_dim,
+                                                uint32_t block_size, float logit_scale, uint64_t block_stride_bytes,
+                                                uint64_t data_section_bytes, uint32_t keys_per_split) {
+  wait_for_previous_kernel();  // launched early: whatever wrote q, the cache or the tables
+  const Nvfp4Rows rows = nvfp4_rows(k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq, kv_cache_dim,
+                                    block_size, block_stride_bytes, data_section_bytes);
+  wgmma_hm_decode(q, ClusterOut{sinks, o, 1.0f}, num_q_heads, logit_scale, keys_per_split, rows);
+}
+
 // mla_paged_decode_wgmma16_fp8: the same on 16-head blocks (warp-specialised, transposed).
 // Grid: [num_splits, ⌈num_q_heads/16⌉, num_seqs]. Block: 384. keys_per_split a multiple of 64.
 extern "C" __global__ void __launch_bounds__(384, 1)

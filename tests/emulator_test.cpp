@@ -781,6 +781,7 @@ TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla
   CHECK(fast.wgmma_fp8.id == 0);
   CHECK(fast.wgmma_latent_fp8.id == 0);
   CHECK(fast.wgmma_latent_nvfp4.id == 0);
+  CHECK(fast.wgmma_latent_combine_nvfp4.id == 0);
   CHECK(fast.split_fp8.id != 0);
 
   gen::PagedSpec p;

@@ -304,13 +304,83 @@ TEST_CASE("NVFP4 over one latent pool runs on the heads-in-M block", "[mla_fast]
   }
 }
 
+// mla_paged_decode_wgmma_latent_combine_nvfp4, the same block with the combine in its clusters:
+// against the float64 reference (with and without sinks, 2 to 8 chunks a cluster, the last
+// without keys), and bit for bit against mla_paged_decode_wgmma_latent_nvfp4's partials through
+// the combine on every backend.
+TEST_CASE("the NVFP4 heads-in-M entry in clusters matches the reference and the combine's bits",
+          "[mla_fast][wgmma][latent][nvfp4]") {
+  const auto [heads, max_blocks, sinks] =
+      GENERATE(table<std::uint32_t, std::uint32_t, bool>({{40, 10, true}, {70, 27, false}, {128, 27, true}}));
+  gen::PagedSpec p;
+  p.format = KvFormat::nvfp4, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16;
+  p.num_seqs = 3, p.max_blocks_per_seq = max_blocks, p.num_blocks = 3 * max_blocks, p.seq_lens = {150, 0, 65};
+  p.fill = -1, p.key_ramp = 2.0f, p.latent = true, p.sinks = sinks;
+  const KernelCase c = gen::fused_decode_case(p, 1, true);
+  REQUIRE(c.entry == "mla_paged_decode_wgmma_latent_combine_nvfp4");
+  test::check_case(c);
+  for (const auto& name : test::backends()) {
+    INFO("backend " << name << ", " << heads << " heads");
+    auto gpu = test::make_backend(name);
+    const auto fast = MlaFastKernels::resolve(*gpu);
+    if (fast.wgmma_latent_combine_nvfp4.id == 0) continue;  // not sm_90
+    std::map<std::string, DeviceBuffer> in;
+    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
+    const std::uint32_t splits = u32("num_splits");
+    const DevicePtr pool = in.at("k_cache").ptr(), sink = sinks ? in.at("sinks").ptr() : DevicePtr{};
+    SplitDecodeNvfp4Args s{{in.at("q").ptr(),
+                            pool,
+                            pool,
+                            {},
+                            {},
+                            in.at("block_tables").ptr(),
+                            in.at("seq_lens").ptr(),
+                            max_blocks,
+                            heads,
+                            576,
+                            576,
+                            16,
+                            c.scalars.at("logit_scale").as_f32(),
+                            u32("keys_per_split"),
+                            3,
+                            splits,
+                            64,
+                            true},
+                           c.scalars.at("block_stride_bytes").as_u64(),
+                           c.scalars.at("data_section_bytes").as_u64()};
+    mla_paged_decode_wgmma_latent_combine_nvfp4(*gpu, fast.wgmma_latent_combine_nvfp4, {s, sink, in.at("o").ptr()});
+    gpu->synchronize(0);
+    const auto fused = in.at("o").to_host<Bf16>();
+    DeviceBuffer partials(*gpu, std::size_t{3} * heads * splits * 576 * 4),
+        ml(*gpu, std::size_t{3} * heads * splits * 8);
+    s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
+    upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
+    mla_paged_decode_wgmma_nvfp4(*gpu, fast.wgmma_latent_nvfp4, s);
+    mla_paged_decode_combine(*gpu, fast.combine,
+                             {partials.ptr(), ml.ptr(), sink, in.at("o").ptr(), heads, 576, splits, 1.0f, 3});
+    gpu->synchronize(0);
+    const auto two = in.at("o").to_host<Bf16>();
+    REQUIRE(fused.size() == two.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < fused.size(); ++i) differ += fused[i].bits != two[i].bits;
+    CHECK(differ == 0);
+    CHECK(std::none_of(fused.begin(), fused.end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+  }
+}
+
+// The dispatcher over a table of 4200 keys: one latent pool runs on the heads-in-M block — on a
+// device of many SMs as many chunks and the combine, on one of 2 or 4 SMs in clusters of 1 or 2
+// chunks (one launch) — and two pools on the register-operand block; all against the reference.
 TEST_CASE("the NVFP4 dispatcher takes the heads-in-M block for one latent pool",
           "[mla_fast][dispatch][latent][nvfp4]") {
-  emu::EmulatorBackend gpu;
+  emu::EmulatorOptions o;
+  o.multiprocessor_count = GENERATE(2u, 4u, 132u);
+  emu::EmulatorBackend gpu(o);
   gpu.record_launches(true);
   const bool latent = GENERATE(true, false);
   const std::uint32_t heads = GENERATE(64u, 128u);
-  INFO((latent ? "one latent pool, " : "two pools, ") << heads << " heads");
+  INFO((latent ? "one latent pool, " : "two pools, ") << heads << " heads, " << o.multiprocessor_count << " SMs");
   gen::PagedSpec p;
   p.format = KvFormat::nvfp4, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 7;
   p.num_seqs = 3, p.max_blocks_per_seq = 600, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
@@ -325,10 +395,14 @@ TEST_CASE("the NVFP4 dispatcher takes the heads-in-M block for one latent pool",
   std::vector<std::string> entries;
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));
-  CHECK(entries ==
-        std::vector<std::string>{latent ? "mla_paged_decode_wgmma_latent_nvfp4" : "mla_paged_decode_wgmma_nvfp4",
-                                 "mla_paged_decode_combine"});
-  test::check_case(c);  // and on the CUDA backend where it runs
+  if (!latent) {
+    CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma_nvfp4", "mla_paged_decode_combine"});
+  } else if (o.multiprocessor_count == 132) {
+    CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma_latent_nvfp4", "mla_paged_decode_combine"});
+  } else {
+    CHECK(entries == std::vector<std::string>{"mla_paged_decode_wgmma_latent_combine_nvfp4"});
+  }
+  if (o.multiprocessor_count == 132) test::check_case(c);  // and on the CUDA backend where it runs
 }
 
 // The recorder writes a launch whose two caches are one pool as an alias (the replay's buffers
@@ -393,9 +467,10 @@ TEST_CASE("the dispatcher combines in clusters where the plan's clusters cost no
   CHECK(plan(KvFormat::fp8, h200).fused);
   CHECK(plan(KvFormat::fp8, h200).num_splits == 7);
   CHECK(plan(KvFormat::fp8, full).num_splits == 8);
-  CHECK_FALSE(plan(KvFormat::nvfp4, h200).fused);
   // The 64-head blocks, one an SM, with clusters sized as the SMs allow: B = 32 × 4K keys in 4
-  // chunks at 64 heads (one round of 128 blocks, as unfused), 2 at 128 (the same); not NVFP4.
+  // chunks at 64 heads (one round of 128 blocks, as unfused), 2 at 128 (the same). The plan
+  // fuses whatever format's clusters its caller passes (the NVFP4 dispatcher passes its
+  // heads-in-M entry's alone): NVFP4's plan is FP8's.
   const std::array<std::uint32_t, 9> one_per_sm{0, 132, 66, 44, 33, 26, 22, 18, 16};
   a.num_q_heads = 64;
   CHECK(plan(KvFormat::fp8, one_per_sm).fused);
@@ -403,14 +478,16 @@ TEST_CASE("the dispatcher combines in clusters where the plan's clusters cost no
   a.num_q_heads = 128;
   CHECK(plan(KvFormat::fp8, one_per_sm).fused);
   CHECK(plan(KvFormat::fp8, one_per_sm).num_splits == 2);
-  CHECK_FALSE(plan(KvFormat::nvfp4, one_per_sm).fused);
+  CHECK(plan(KvFormat::nvfp4, one_per_sm).fused);
+  CHECK(plan(KvFormat::nvfp4, one_per_sm).num_splits == 2);
   // B = 128 × 64K × 128: 256 blocks of one chunk in two rounds, not 18 chunks of 57 tiles in 35
   // (2030 tiles against 2050 without the 64-head block's partial; measured 1.18× slower).
   a.num_seqs = 128, a.max_blocks_per_seq = 1024;
   CHECK(plan(KvFormat::fp8, one_per_sm).fused);
   CHECK(plan(KvFormat::fp8, one_per_sm).num_splits == 1);
-  CHECK_FALSE(plan(KvFormat::nvfp4, one_per_sm).fused);
+  CHECK(plan(KvFormat::nvfp4, one_per_sm).fused);
   CHECK(plan(KvFormat::nvfp4, one_per_sm).num_splits == 1);
+  CHECK_FALSE(plan(KvFormat::nvfp4, {}).fused);
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
   a.num_q_heads = 16, a.num_seqs = 4;  // 33 chunks of 2 tiles beat 8 chunks of 8
   CHECK_FALSE(plan(KvFormat::fp8, h200).fused);

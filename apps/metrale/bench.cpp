@@ -178,7 +178,8 @@ class PagedProblem {
     if (mma_only)
       fast.wgmma_fp8 = fast.wgmma_nvfp4 = fast.wgmma16_fp8 = fast.wgmma16_nvfp4 = fast.wgmma16_rs_fp8 =
           fast.wgmma16_rs_nvfp4 = fast.wgmma16_rs_combine_fp8 = fast.wgmma_combine_fp8 = fast.wgmma_latent_fp8 =
-              fast.wgmma_latent_combine_fp8 = fast.wgmma_latent_nvfp4 = KernelHandle{};
+              fast.wgmma_latent_combine_fp8 = fast.wgmma_latent_nvfp4 = fast.wgmma_latent_combine_nvfp4 =
+                  KernelHandle{};
     return [this, c, split, fast] {
       if (f_ == KvFormat::fp8) {
         const PagedDecodeFp8Args a{c, 0.01f, 0.01f, kDim, 0, {}, {}, 0};

@@ -43,10 +43,13 @@ struct MlaFastKernels {
   KernelHandle wgmma_latent_fp8;            // the 64-head FP8 block over one latent pool, heads in M; likewise
   KernelHandle wgmma_latent_combine_fp8;    // the same with the combine in its clusters; likewise
   KernelHandle wgmma_latent_nvfp4;          // the 64-head NVFP4 block over one latent pool, heads in M; likewise
+  KernelHandle wgmma_latent_combine_nvfp4;  // the same with the combine in its clusters; likewise
   /// Clusters of n of wgmma16_rs_combine_fp8's blocks (fused_clusters), of wgmma_combine_fp8's
-  /// (fused_clusters64) and of wgmma_latent_combine_fp8's (fused_clusters_latent) the device runs
-  /// at once (GpuBackend::max_active_clusters), n = 1..8; all 0 without the entry.
-  std::array<std::uint32_t, 9> fused_clusters{}, fused_clusters64{}, fused_clusters_latent{};
+  /// (fused_clusters64), of wgmma_latent_combine_fp8's (fused_clusters_latent) and of
+  /// wgmma_latent_combine_nvfp4's (fused_clusters_latent_nvfp4) the device runs at once
+  /// (GpuBackend::max_active_clusters), n = 1..8; all 0 without the entry.
+  std::array<std::uint32_t, 9> fused_clusters{}, fused_clusters64{}, fused_clusters_latent{},
+      fused_clusters_latent_nvfp4{};
   /// Errors: `not_found` naming the module and the missing entry.
   static MlaFastKernels resolve(GpuBackend& gpu);
 };
@@ -82,9 +85,10 @@ struct SplitPlan {
 /// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
 /// tile's worth of fixed cost per block. 16-head wgmma blocks are staged (see SplitPlan) from
 /// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
-/// max_shared_bytes. Staged 16-head and 64-head FP8 wgmma blocks are `fused` when
+/// max_shared_bytes. Staged 16-head and 64-head wgmma blocks are `fused` when
 /// `fused_clusters` (index n: the clusters of n blocks of the block's cluster entry the device
-/// runs at once, MlaFastKernels::fused_clusters, fused_clusters64 or fused_clusters_latent — the
+/// runs at once, MlaFastKernels::fused_clusters, fused_clusters64, fused_clusters_latent or
+/// fused_clusters_latent_nvfp4 — the
 /// caller passes the one of the entry it will launch; empty: none) gives some n ≤ 8 splits whose rounds of clusters
 /// cost no more than the best unfused plan and its combine launch (two tiles' worth); the n that costs least is taken,
 /// and the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9 entries (or none);
@@ -254,6 +258,17 @@ void mla_paged_decode_wgmma_combine_fp8(GpuBackend& gpu, KernelHandle kernel, co
                                         Stream stream = 0);
 void mla_paged_decode_wgmma_latent_combine_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8Args& a,
                                                Stream stream = 0);
+/// mla_paged_decode_wgmma_latent_combine_nvfp4: mla_paged_decode_wgmma_latent_combine_fp8's
+/// clusters for mla_paged_decode_wgmma_latent_nvfp4's heads-in-M blocks (V unscaled: v_scale 1),
+/// with the errors of mla_paged_decode_wgmma_nvfp4 but for o_partial and ml_partial, and those of
+/// the FP8 cluster entries on rows_per_block, num_splits, `o`, `sinks` and the latent pool.
+/// Source: docs/performance.md ("Thirty-second session").
+struct FusedDecodeNvfp4Args {
+  SplitDecodeNvfp4Args split;
+  DevicePtr sinks, o;  // sinks may be null
+};
+void mla_paged_decode_wgmma_latent_combine_nvfp4(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeNvfp4Args& a,
+                                                 Stream stream = 0);
 
 struct CombineArgs {
   DevicePtr o_partial, ml_partial, sinks, o;  // sinks may be null
@@ -297,11 +312,10 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// table holds at least 4096 keys (max_blocks_per_seq · block_size) run on
 /// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products),
 /// or mla_paged_decode_wgmma_latent_combine_fp8 where the plan fuses the combine into its
-/// clusters, and NVFP4 steps of the same kind on mla_paged_decode_wgmma_latent_nvfp4 (and the
-/// combine); every other kernel reads the row twice. The wgmma steps combine in their clusters
-/// (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from
-/// q; otherwise the split kernel and the combine run. Source:
-/// SPEC §3, docs/performance.md. Errors: the launchers'.
+/// clusters, and NVFP4 steps of the same kind on mla_paged_decode_wgmma_latent_nvfp4 (or
+/// mla_paged_decode_wgmma_latent_combine_nvfp4); every other kernel reads the row twice. The wgmma steps combine in
+/// their clusters (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from q;
+/// otherwise the split kernel and the combine run. Source: SPEC §3, docs/performance.md. Errors: the launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,

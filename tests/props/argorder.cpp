@@ -225,9 +225,17 @@ void paged_dispatchers() {
     a.data_section_bytes = (a.block_size * width / 2 + 15) / 16 * 16 + 16 * u(0, 4);
     a.block_stride_bytes = a.data_section_bytes + (a.block_size * width / 16 + 15) / 16 * 16 + 16 * u(0, 4);
     if (u(0, 3) == 0) a.v_cache = a.k_cache;  // one latent pool: the heads-in-M entry where 64-head blocks run
+    if (const std::uint32_t pick = u(0, 3); pick == 0)  // o as for FP8 above: the cluster entry's rules
+      a.o = a.o + 2;
+    else if (pick < 3 && a.q_head_dim == a.kv_cache_dim)
+      a.o = a.q;
+    const std::uint32_t sms = rig.gpu.multiprocessor_count();
+    const bool latent = fast.wgmma_latent_nvfp4.id != 0 && wgmma_rows(a, 0, sms) == 64 &&
+                        latent_applies(a, 0, rig.gpu.max_shared_bytes_per_block());
+    const bool clusters_allowed = latent && a.o.addr % 8 == 0 && a.o.addr != a.q.addr;
     const DecodePath path = paged_decode_nvfp4(rig.gpu, seed, fast, a, ws);
-    note_input(fmt::format("nvfp4 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {}", a.num_q_heads,
-                           a.q_head_dim, a.kv_cache_dim, a.block_size));
+    note_input(fmt::format("nvfp4 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} q {:#x} o {:#x}",
+                           a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.q.addr, a.o.addr));
     const auto& log = rig.gpu.launch_log();
     RC_ASSERT((path == DecodePath::seed) == seed_only);
     if (path == DecodePath::seed) {
@@ -235,24 +243,27 @@ void paged_dispatchers() {
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_nvfp4"));
       return;
     }
-    RC_ASSERT(log.size() == 2u);
-    const SplitPlan p = plan_split_decode(a, KvFormat::nvfp4, 0, rig.gpu.multiprocessor_count(),
-                                          rig.gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0);
-    const DevicePtr w = ws.get(rig.gpu, 0);
+    const SplitPlan p =
+        plan_split_decode(a, KvFormat::nvfp4, 0, sms, rig.gpu.max_shared_bytes_per_block(), fast.wgmma_nvfp4.id != 0,
+                          clusters_allowed ? fast.fused_clusters_latent_nvfp4 : std::span<const std::uint32_t>{});
+    RC_ASSERT(log.size() == (p.fused ? 1u : 2u));
+    const DevicePtr w = p.fused ? DevicePtr{} : ws.get(rig.gpu, 0);
     const auto [module, entry] = split_entry(p, "nvfp4");
-    const bool latent = fast.wgmma_latent_nvfp4.id != 0 && p.wgmma && p.rows_per_block == 64 &&
-                        latent_applies(a, 0, rig.gpu.max_shared_bytes_per_block());
     ExpectedLaunch split{module,
-                         latent ? "mla_paged_decode_wgmma_latent_nvfp4" : entry,
+                         p.fused  ? "mla_paged_decode_wgmma_latent_combine_nvfp4"
+                         : latent ? "mla_paged_decode_wgmma_latent_nvfp4"
+                                  : entry,
                          {p.num_splits, p.head_groups, a.num_seqs},
                          {p.threads, 1, 1},
                          split_common(a, p, w, a.inv_sqrt_d)};
+    if (p.fused) split.args[3] = {"sinks", P(DevicePtr{})}, split.args[4] = {"o", P(a.o)};
     split.shared_bytes = latent ? 231200 : p.shared_bytes;  // the heads-in-M block's, as FP8's above
+    if (p.fused) split.cluster = {p.num_splits, 1, 1};
     split.args.insert(split.args.end(), {{"block_stride_bytes", Q(a.block_stride_bytes)},
                                          {"data_section_bytes", Q(a.data_section_bytes)},
                                          {"keys_per_split", U(p.keys_per_split)}});
     check_record(log[0], split);
-    check_record(log[1], combine_launch(a, p, w, DevicePtr{}, 1.0f));
+    if (!p.fused) check_record(log[1], combine_launch(a, p, w, DevicePtr{}, 1.0f));
   }
 }
 
