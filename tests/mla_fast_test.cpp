@@ -808,6 +808,32 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
                         Errc::invalid_argument,
                         {"o spans [0x", "which overlaps q's [0x", "num_seqs 1 x num_q_heads 64 rows of 576 and 576"});
   }
+  SECTION("the NVFP4 heads-in-M entries: one latent pool, their handles, o apart from q") {
+    SplitDecodeNvfp4Args n{a, 8192, 4608};
+    n.v_cache = buf.ptr() + 4096;  // a V pool of its own
+    test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma_latent_nvfp4, n); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_nvfp4", "v_cache 0x", "is not k_cache 0x"});
+    n.o_partial = n.ml_partial = {}, n.num_splits = 2;
+    FusedDecodeNvfp4Args f{n, {}, buf.ptr() + (1 << 19)};
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_nvfp4, f); },
+                        Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_combine_nvfp4", "v_cache 0x", "is not k_cache 0x"});
+    f.split.v_cache = f.split.k_cache;
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_fp8, f); },
+                        Errc::invalid_argument,
+                        {"kernel mla_wgmma.mla_paged_decode_wgmma_latent_combine_fp8 is not "
+                         "mla_paged_decode_wgmma_latent_combine_nvfp4"});
+    f.split.num_splits = 9, f.split.keys_per_split = 64;
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_nvfp4, f); },
+                        Errc::invalid_argument, {"mla_paged_decode_wgmma_latent_combine_nvfp4", "num_splits 9"});
+    f.split.num_splits = 2, f.o = f.split.q + 576;  // q's second row
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_nvfp4, f); },
+                        Errc::invalid_argument,
+                        {"o spans [0x", "which overlaps q's [0x", "num_seqs 1 x num_q_heads 64 rows of 576 and 576"});
+    f.o = buf.ptr() + (1 << 19) + 4;
+    test::require_error([&] { mla_paged_decode_wgmma_latent_combine_nvfp4(gpu, fast.wgmma_latent_combine_nvfp4, f); },
+                        Errc::invalid_argument, {"o 0x", "is not 8-byte aligned"});
+  }
 }
 
 // The reference tolerance of a paged decode case must be able to fail: for NVFP4 it once took
