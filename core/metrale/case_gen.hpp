@@ -59,7 +59,8 @@ KernelCase paged_decode_case(const PagedSpec& spec);
 KernelCase split_path_case(const PagedSpec& spec);
 
 /// Which raw split entry a case runs: mla_fast's split or 16-head entry, or mla_wgmma's 64-head
-/// or 16-head entry, its staged 16-head entry, or its 64-head entry over one latent pool (heads in M).
+/// or 16-head entry, its staged 16-head entry, or its 64-head entry over one latent pool (heads
+/// in M).
 enum class SplitEntry { split, split16, wgmma, wgmma16, wgmma16_rs, wgmma_latent };
 
 /// The raw split kernel over the inputs of paged_decode_case(spec) (one KV head, the split
@@ -78,11 +79,12 @@ KernelCase split_kernel_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 
 /// mla_paged_decode_wgmma16_rs_combine_fp8 (up to 32 heads) or mla_paged_decode_wgmma_combine_fp8
 /// (more: the 64-head blocks) — with `heads_in_m`, mla_paged_decode_wgmma_latent_combine_<format> —
-/// FP8 (NVFP4 with `heads_in_m`) with 576-dim rows, over the inputs of paged_decode_case(spec): keys_per_split =
-/// 64·tiles_per_split, one chunk more than the table holds (a chunk with no keys), at most 8.
-/// Expected o and tolerance: split_path_case(spec)'s. Errors: `invalid_argument` for an NVFP4
-/// spec without `heads_in_m`, other rows, or more than 8 chunks; with `heads_in_m`, for 32 heads or fewer, or a spec
-/// that is not one latent pool without compressed entries.
+/// FP8 (or NVFP4 with `heads_in_m`) with 576-dim rows, over the inputs of paged_decode_case(spec):
+/// keys_per_split = 64·tiles_per_split, one chunk more than the table holds (a chunk with no
+/// keys), at most 8. Expected o and tolerance: split_path_case(spec)'s. Errors:
+/// `invalid_argument` for an NVFP4 spec without `heads_in_m`, other rows, or more than 8 chunks;
+/// with `heads_in_m`, for 32 heads or fewer, or a spec that is not one latent pool without
+/// compressed entries.
 KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_split, bool heads_in_m = false);
 
 /// The combine over random partials (a quarter of them empty chunks: m = −∞, l = 0), with

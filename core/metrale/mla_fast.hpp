@@ -85,13 +85,13 @@ struct SplitPlan {
 /// (multiprocessors × blocks per SM): ⌈blocks / slots⌉ rounds of ⌈tiles / splits⌉ tiles and a
 /// tile's worth of fixed cost per block. 16-head wgmma blocks are staged (see SplitPlan) from
 /// num_seqs × head groups × ⌈keys / 64⌉ ≥ 6 × 2·multiprocessors, when two fit in
-/// max_shared_bytes. Staged 16-head and 64-head wgmma blocks are `fused` when
-/// `fused_clusters` (index n: the clusters of n blocks of the block's cluster entry the device
-/// runs at once, MlaFastKernels::fused_clusters, fused_clusters64, fused_clusters_latent or
-/// fused_clusters_latent_nvfp4 — the
-/// caller passes the one of the entry it will launch; empty: none) gives some n ≤ 8 splits whose rounds of clusters
-/// cost no more than the best unfused plan and its combine launch (two tiles' worth); the n that costs least is taken,
-/// and the plan has no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9 entries (or none);
+/// max_shared_bytes. Staged 16-head and 64-head wgmma blocks are `fused` when `fused_clusters`
+/// (index n: the clusters of n blocks of the block's cluster entry the device runs at once,
+/// MlaFastKernels::fused_clusters, fused_clusters64, fused_clusters_latent or
+/// fused_clusters_latent_nvfp4 — the caller passes the one of the entry it will launch; empty:
+/// none) gives some n ≤ 8 splits whose rounds of clusters cost no more than the best unfused plan
+/// and its combine launch (two tiles' worth); the n that costs least is taken, and the plan has
+/// no workspace. Errors: `invalid_argument` for a fused_clusters of other than 9 entries (or none);
 /// `unsupported` when not even a 16-head group fits in `max_shared_bytes`.
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
                             std::uint32_t multiprocessors, std::uint32_t max_shared_bytes, bool wgmma = false,
@@ -193,16 +193,17 @@ void mla_paged_decode_wgmma_nvfp4(GpuBackend& gpu, KernelHandle kernel, const Sp
 /// each), the maxima and two mbarriers: 94.3 KiB (FP8), 61.8 KiB (NVFP4).
 std::uint32_t wgmma_shared_bytes(KvFormat format, std::uint32_t rows_per_block = 64, bool staged = false);
 /// Bytes of dynamic shared memory of the heads-in-M block (mla_paged_decode_wgmma_latent_*, either
-/// format: FP16 tiles): 1 KiB of
-/// alignment, Q and two tiles (this one and the next) as FP16, 72 KiB each, P as FP16, the Q
-/// rows' unscale factors, two tiles' rescale factors and their four mbarriers: 225.8 KiB.
+/// format: its tiles are FP16): 1 KiB of alignment, Q and two tiles (this one and the next) as
+/// FP16, 72 KiB each, P as FP16, the Q rows' unscale factors, two tiles' rescale factors and their
+/// four mbarriers: 225.8 KiB.
 std::uint32_t wgmma_latent_shared_bytes();
 
 /// Whether paged_decode_fp8 and paged_decode_nvfp4 take the heads-in-M block
-/// (mla_paged_decode_wgmma_latent_{fp8,nvfp4}) for a step they run on 64-head wgmma blocks: one latent pool (`v_cache
-/// == k_cache`), no compressed entries (`comp_block_count` 0), a table of at least 4096 keys (max_blocks_per_seq ×
-/// block_size; below, the fused register-operand block is faster) and wgmma_latent_shared_bytes
-/// within `max_shared_bytes`. Source: docs/performance.md ("Twenty-third session").
+/// (mla_paged_decode_wgmma_latent_{fp8,nvfp4}) for a step they run on 64-head wgmma blocks: one
+/// latent pool (`v_cache == k_cache`), no compressed entries (`comp_block_count` 0), a table of
+/// at least 4096 keys (max_blocks_per_seq × block_size; below, the fused register-operand block
+/// is faster) and wgmma_latent_shared_bytes within `max_shared_bytes`. Source: docs/performance.md ("Twenty-third
+/// session").
 bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes);
 /// Threads of a wgmma block of `rows_per_block` heads: 256 for 64, 384 for 16, 128 for 16 staged.
 std::uint32_t wgmma_threads(std::uint32_t rows_per_block, bool staged = false);
@@ -313,9 +314,10 @@ std::uint32_t gemv_wide_rows_per_block(std::uint32_t k);
 /// mla_paged_decode_wgmma_latent_fp8 (heads in M, each tile converted once for both products),
 /// or mla_paged_decode_wgmma_latent_combine_fp8 where the plan fuses the combine into its
 /// clusters, and NVFP4 steps of the same kind on mla_paged_decode_wgmma_latent_nvfp4 (or
-/// mla_paged_decode_wgmma_latent_combine_nvfp4); every other kernel reads the row twice. The wgmma steps combine in
-/// their clusters (one launch) where the plan says so (SplitPlan::fused) and o is 8-byte aligned and apart from q;
-/// otherwise the split kernel and the combine run. Source: SPEC §3, docs/performance.md. Errors: the launchers'.
+/// mla_paged_decode_wgmma_latent_combine_nvfp4); every other kernel reads the row twice. The
+/// wgmma steps combine in their clusters (one launch) where the plan says so (SplitPlan::fused)
+/// and o is 8-byte aligned and apart from q; otherwise the split kernel and the combine run.
+/// Source: SPEC §3, docs/performance.md. Errors: the launchers'.
 DecodePath paged_decode_fp8(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
                             const PagedDecodeFp8Args& a, DecodeWorkspace& ws, Stream stream = 0);
 DecodePath paged_decode_nvfp4(GpuBackend& gpu, const MlaAbsorbedKernels& seed, const MlaFastKernels& fast,
