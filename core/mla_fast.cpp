@@ -80,6 +80,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
               {"block_size", a.block_size},
               {"max_blocks_per_seq", a.max_blocks_per_seq}});
   v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
+  v.at_most("num_splits", a.num_splits, detail::kMaxGridX);
   v.check(a.rows_per_block % kGroupRows == 0 && a.rows_per_block >= 16 && a.rows_per_block <= 64,
           "rows_per_block {} is not 16, 32, 48 or 64", a.rows_per_block);
   v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,

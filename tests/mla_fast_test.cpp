@@ -652,6 +652,14 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
                         {"mla_paged_decode_wgmma_fp8", "rows_per_block 32 is not 64 or 16"});
   }
+  SECTION("num_splits past the grid's x") {  // the launcher's error, not the backend's launch failure
+    a.num_splits = 0x8000'0000u;
+    test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_fp8", "num_splits 2147483648 exceeds 2147483647"});
+    const SplitDecodeNvfp4Args n{a, 8192, 4608};
+    test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma_latent_nvfp4, n); }, Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma_latent_nvfp4", "num_splits 2147483648"});
+  }
   SECTION("keys_per_split") {
     a.keys_per_split = 96;
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,

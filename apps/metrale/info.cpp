@@ -101,7 +101,7 @@ void add_info(CLI::App& app) {
                formats("mla_paged_decode_wgmma"));
     fmt::print(
         "                        one latent pool (v_cache = k_cache), from 4096 keys: the heads-in-M\n"
-        "                        block (FP8: its combine in clusters where the plan fuses), {}\n",
+        "                        block (its combine in clusters where the plan fuses), {}\n",
         formats("mla_paged_decode_wgmma_latent"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
     fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",

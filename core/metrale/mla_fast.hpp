@@ -66,9 +66,10 @@ struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
   bool wgmma = false;  // the mla_wgmma entries: 64 (16) heads and 64-key tiles per block, 256 (384; 128 staged) threads
-  /// FP8 wgmma blocks (16-head staged or 64-head) in n ≤ 8 splits that combine in clusters of n
+  /// wgmma blocks (16-head staged or 64-head) in n ≤ 8 splits that combine in clusters of n
   /// (mla_paged_decode_wgmma16_rs_combine_fp8, mla_paged_decode_wgmma_combine_fp8,
-  /// mla_paged_decode_wgmma_latent_combine_fp8): no workspace, no combine launch.
+  /// mla_paged_decode_wgmma_latent_combine_fp8, mla_paged_decode_wgmma_latent_combine_nvfp4): no
+  /// workspace, no combine launch.
   bool fused = false;
   std::uint32_t shared_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // o_partial then ml_partial
@@ -148,8 +149,9 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
 /// keys_per_split not a multiple of 32; num_splits × keys_per_split short of the table's
 /// capacity (max_blocks_per_seq × block_size, + comp_block_count with a comp_pool), or that
-/// capacity past 2^31 − 1; more than 65535 head groups; the split path's dimension and alignment
-/// rules (q, the pools and their pitches 16-byte aligned); FP8: cache_stride below kv_cache_dim or
+/// capacity past 2^31 − 1; num_splits past 2^31 − 1 (the grid's x); more than 65535 head groups;
+/// the split path's dimension and alignment rules (q, the pools and their pitches 16-byte
+/// aligned); FP8: cache_stride below kv_cache_dim or
 /// with row offsets past 2^32 (block_size × cache_stride) or compressed offsets past 2^62; NVFP4:
 /// block_stride_bytes from 2^32 or sections too small for block_size rows; `kernel` not the
 /// format's split or 16-head entry; block_tables, seq_lens, o_partial or ml_partial not 4-byte
