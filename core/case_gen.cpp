@@ -171,6 +171,22 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     }
   }
 
+  if (p.format == KvFormat::nvfp4 && p.key_ramp != 0.0f) {
+    if (!std::isfinite(p.key_ramp))
+      fail(Errc::invalid_argument, "paged_decode_case: key_ramp {} is not finite", p.key_ramp);
+    for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
+      for (std::int64_t t = 0, len = cached_len(s); t < len; ++t) {
+        const auto blk = static_cast<std::uint64_t>(
+            tables[std::size_t{s} * p.max_blocks_per_seq + static_cast<std::size_t>(t / p.block_size)]);
+        const std::uint64_t slot = static_cast<std::uint64_t>(t) % p.block_size;
+        const auto data = static_cast<std::ptrdiff_t>(blk * block_stride + slot * width / 2);
+        std::fill_n(k_pool.begin() + data, 8, std::uint8_t{0});  // group 0: dim 0 alone, E2M1 6
+        k_pool[static_cast<std::size_t>(data)] = 0x07;
+        k_pool[blk * block_stride + data_section + slot * width / 16] =
+            e4m3_encode(p.key_ramp * static_cast<float>(t) / 6.0f);
+      }
+    }
+  }
   if (p.latent) v_pool = k_pool;
   // The float64 reference.
   const auto qf = floats(q);
@@ -1028,6 +1044,10 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   out.push_back(split_kernel_case(latent4, 2, SplitEntry::wgmma_latent));
   latent4.sinks = true, latent4.seed = ++s;  // in clusters, with sinks (the combine's)
   out.push_back(fused_decode_case(latent4, 1, true));
+  // And the NVFP4 split path to it: a table of 4200 keys, which the dispatcher gives the
+  // heads-in-M block (or its clusters) on an sm_90 device.
+  latent4.sinks = false, latent4.max_blocks_per_seq = 600, latent4.seed = ++s;
+  out.push_back(split_path_case(latent4));
   return out;
 }
 

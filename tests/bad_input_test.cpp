@@ -968,7 +968,7 @@ TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder 
   CHECK(run_cli("conform --backend emu --no-golden --only 0599_mla_batched_gemv --cases " + dir + " " + dir + "/ " +
                     dir + "/../kernels",
                 out) == 0);
-  CHECK_THAT(out, Catch::Matchers::Contains("file     mla_batched_gemv                                1      0"));
+  CHECK_THAT(out, Catch::Matchers::Contains("file     mla_batched_gemv                                    1      0"));
 }
 
 // Twenty-first session's new user: a fuzz run killed by a signal left an empty --out folder.

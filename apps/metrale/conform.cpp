@@ -446,14 +446,14 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     const auto device = device_json(*gpu);
-    fmt::print("{:<8} {:<42} {:>6} {:>6}\n", "group", "kernel", "cases", "failed");
+    fmt::print("{:<8} {:<46} {:>6} {:>6}\n", "group", "kernel", "cases", "failed");
     std::map<std::pair<std::string, std::string>, std::pair<int, int>> summary;
     for (const auto& r : results) {
       auto& [n, bad] = summary[{r.group, r.kernel}];
       ++n;
       bad += r.pass() ? 0 : 1;
     }
-    for (const auto& [k, v] : summary) fmt::print("{:<8} {:<42} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
+    for (const auto& [k, v] : summary) fmt::print("{:<8} {:<46} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
     const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
     for (const auto& r : results)
       if (!r.pass()) {

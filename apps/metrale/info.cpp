@@ -100,7 +100,8 @@ void add_info(CLI::App& app) {
     fmt::print("  576-wide decode rows  mla_wgmma's 64-head blocks above 32 heads: {}\n",
                formats("mla_paged_decode_wgmma"));
     fmt::print(
-        "                        one latent pool (v_cache = k_cache), from 4096 keys: the heads-in-M\n"
+        "                        one latent pool (v_cache = k_cache), a table of 4096 keys or more\n"
+        "                        (max_blocks_per_seq x block_size): the heads-in-M\n"
         "                        block (its combine in clusters where the plan fuses), {}\n",
         formats("mla_paged_decode_wgmma_latent"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
@@ -109,7 +110,7 @@ void add_info(CLI::App& app) {
     fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
-      fmt::print("    {:<52} {} parameters\n", e.full_name(), e.params.size());
+      fmt::print("    {:<56} {} parameters\n", e.full_name(), e.params.size());
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
   });

@@ -31,11 +31,12 @@ struct PagedSpec {
   bool comp_pool = false;                  // FP8
   std::uint32_t comp_block_count = 0;      // FP8
   std::uint32_t zero_groups_every = 0;     // NVFP4: every n-th group all zero (scale 0)
-  /// FP8: logits that rise or fall along the keys. Nonzero: every K code (and compressed entry)
+  /// Logits that rise or fall along the keys. Nonzero, FP8: every K code (and compressed entry)
   /// below 1 in magnitude, then dim 0 of the K row at position t of each sequence the E4M3 code of
   /// key_ramp·t (saturating at 448), so a head's logits move by about
   /// inv_sqrt_d·k_scale·key_ramp·q[0] per key — an online softmax must rescale after its first
-  /// tile, and heads with q[0] < 0 never.
+  /// tile, and heads with q[0] < 0 never. NVFP4: the K row's first group at position t holds dim
+  /// 0 alone, E2M1 6 under the scale E4M3(key_ramp·t/6) (so about key_ramp·t, saturating at 2688).
   float key_ramp = 0.0f;
   /// One pool as both caches (FlashMLA's latent layout): the case's v_cache aliases k_cache
   /// (KernelCase::aliases), so V = K row for row and o's last dims are P·K_rope.
