@@ -1355,8 +1355,8 @@ __device__ inline void hm_store_unit(uint8_t* tile, uint32_t row, uint32_t part,
 // of each key's 36 16-value units (thread `first` of the key's four), loaded straight from the
 // cache into registers — zeros for a key past the chunk's end (a null row) — and later converted
 // (exactly, to FP16) into a swizzled FP16 tile. `Key`: where a key's bytes are (from
-// Rows::locate's rows, a null data row past the chunk's end); prefetch: its bytes into L2. One specialisation a cache
-// format.
+// Rows::locate's rows; a null data row past the chunk's end, its other pointers then unused);
+// prefetch: its bytes into L2. One specialisation a cache format.
 template <class Rows>
 struct HmShare;
 
@@ -1588,10 +1588,11 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
   const uint64_t p_desc = smem_desc(smem_addr(sm.sp), 16, 1024);
   auto tile_at = [&](uint32_t i) { return sm.st + (i % 2) * kHmTileBytes; };  // tile i's FP16 copy
 
-  // Warpgroup 1's keys of a tile (key_a and key_a + 32), its quarter `first` of each. A tile's rows are
-  // found in three steps a tile apart, so that no wait for memory falls on the walk: the block
-  // table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch (tile
-  // i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at tile i.
+  // Warpgroup 1's keys of a tile (key_a and key_a + 32), its quarter `first` of each. A tile's
+  // rows are found in three steps a tile apart, so that no wait for memory falls on the walk: the
+  // block table's entries (tile i + 4, at tile i), the rows' addresses and their L2 prefetch
+  // (tile i + 3), their loads into registers (tile i + 2, under P·V); tile i + 1 is converted at
+  // tile i.
   const uint32_t key_a = (tid % 128) / 4, first = tid % 4;
   auto entries_of = [&](uint32_t tile, int32_t(&e)[2]) {
 #pragma unroll
