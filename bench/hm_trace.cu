@@ -60,6 +60,25 @@ uint32_t argument(const char* program, const char* what, const char* text, uint6
   return static_cast<uint32_t>(value);
 }
 
+// core/mla_fast.cpp's wgmma_latent_shared_bytes(): the heads-in-M block's dynamic shared memory.
+constexpr uint32_t kLatentShared = 1024 + 64 * 576 * 2 + 2 * 64 * 576 * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
+
+// The mean time of 20 launches back to back, in µs (after the caller's warm-up launch).
+template <class Launch>
+double mean_us(const Launch& launch) {
+  constexpr int kReps = 20;
+  cudaEvent_t t0, t1;
+  check(cudaEventCreate(&t0), "cudaEventCreate");
+  check(cudaEventCreate(&t1), "cudaEventCreate");
+  check(cudaEventRecord(t0), "cudaEventRecord");
+  for (int r = 0; r < kReps; ++r) launch();
+  check(cudaEventRecord(t1), "cudaEventRecord");
+  check(cudaDeviceSynchronize(), "timed launches");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+  return 1e3 * ms / kReps;
+}
+
 // MODE nvfp4: both NVFP4 blocks over one random latent pool (64-token blocks in shuffled order,
 // random E2M1 codes, scales E4M3 codes 0x30..0x3F: 0.5 to 1.875), each timed over 20 launches,
 // then the largest difference of their partials (o against the largest |o|, m and l relative).
@@ -85,10 +104,9 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
     check(cudaMalloc(&o_partial[k], partials * kDim * 4), "cudaMalloc");
     check(cudaMalloc(&ml_partial[k], partials * 8), "cudaMalloc");
   }
-  // core/mla_fast.cpp's wgmma_latent_shared_bytes() and wgmma_shared_bytes(nvfp4, 64)
-  const uint32_t shared[2] = {1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8,
-                              1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * (kDim / 2 + kDim / 16) + 64 * 4 +
-                                  2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
+  // kLatentShared and core/mla_fast.cpp's wgmma_shared_bytes(nvfp4, 64)
+  const uint32_t shared[2] = {kLatentShared, 1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * (kDim / 2 + kDim / 16) +
+                                                 64 * 4 + 2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
   decltype(&mla_paged_decode_wgmma_nvfp4)
       const entries[2] = {mla_paged_decode_wgmma_latent_nvfp4, mla_paged_decode_wgmma_nvfp4};
   const char* const names[2] = {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)",
@@ -104,17 +122,7 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
     };
     launch();
     check(cudaDeviceSynchronize(), "warm-up launch");
-    constexpr int kReps = 20;
-    cudaEvent_t t0, t1;
-    check(cudaEventCreate(&t0), "cudaEventCreate");
-    check(cudaEventCreate(&t1), "cudaEventCreate");
-    check(cudaEventRecord(t0), "cudaEventRecord");
-    for (int r = 0; r < kReps; ++r) launch();
-    check(cudaEventRecord(t1), "cudaEventRecord");
-    check(cudaDeviceSynchronize(), "timed launches");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-    const double us = 1e3 * ms / kReps;
+    const double us = mean_us(launch);
     std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u nvfp4 %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps,
                 grid.x, grid.y, grid.z, names[k], us, flop / us * 1e-6);
   }
@@ -213,8 +221,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");
   check(cudaMalloc(&ml_partial, size_t{B} * H * splits * 8), "cudaMalloc");
   check(cudaMalloc(&o, size_t{B} * H * kDim * 2), "cudaMalloc");
-  // core/mla_fast.cpp's wgmma_latent_shared_bytes()
-  const uint32_t shared = 1024 + 64 * kDim * 2 + 2 * 64 * kDim * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
+  const uint32_t shared = kLatentShared;
   for (const void* entry : {reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_fp8),
                              reinterpret_cast<const void*>(mla_paged_decode_wgmma_latent_combine_fp8)})
     check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, shared), "cudaFuncSetAttribute");
@@ -242,17 +249,7 @@ int main(int argc, char** argv) {
   const unsigned long long zero[2][10] = {};
   check(cudaMemcpyToSymbol(g_hm_trace, zero, sizeof zero), "cudaMemcpyToSymbol");
 #endif
-  constexpr int kReps = 20;
-  cudaEvent_t t0, t1;
-  check(cudaEventCreate(&t0), "cudaEventCreate");
-  check(cudaEventCreate(&t1), "cudaEventCreate");
-  check(cudaEventRecord(t0), "cudaEventRecord");
-  for (int r = 0; r < kReps; ++r) launch();
-  check(cudaEventRecord(t1), "cudaEventRecord");
-  check(cudaDeviceSynchronize(), "timed launches");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-  const double us = 1e3 * ms / kReps, flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
+  const double us = mean_us(launch), flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
   std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s%s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
               grid.y, grid.z, mode, as_bench ? " (bench data)" : "", us, flop / us * 1e-6);
 #ifdef METRALE_HM_TRACE

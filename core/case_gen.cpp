@@ -153,37 +153,31 @@ KernelCase paged_decode_case(const PagedSpec& p) {
     for (std::uint32_t h = 0; h < p.num_q_heads; ++h) sinks.push_back(uni(rng) * 4.0f);
   std::vector<std::uint8_t> comp;
   if (p.comp_pool) comp = random_codes(std::size_t{p.num_seqs} * std::max(p.comp_block_count, 1u) * 2 * stride, rng);
-  if (p.format == KvFormat::fp8 && p.key_ramp != 0.0f) {
+  if (p.key_ramp != 0.0f) {  // dim 0 of the K row at position t about key_ramp·t (PagedSpec)
     if (!std::isfinite(p.key_ramp))
       fail(Errc::invalid_argument, "paged_decode_case: key_ramp {} is not finite", p.key_ramp);
-    const auto below_one = [](std::uint8_t& c) { c = static_cast<std::uint8_t>((c & 0x80) | ((c & 0x7F) % 0x38)); };
-    std::for_each(k_pool.begin(), k_pool.end(), below_one);
-    for (std::size_t i = 0; i < comp.size(); i += 2 * stride)  // a compressed entry's K row
-      std::for_each(comp.begin() + static_cast<std::ptrdiff_t>(i),
-                    comp.begin() + static_cast<std::ptrdiff_t>(i + stride), below_one);
-    for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
-      for (std::int64_t t = 0, len = cached_len(s); t < len; ++t) {
-        const std::int64_t blk =
-            tables[std::size_t{s} * p.max_blocks_per_seq + static_cast<std::size_t>(t / p.block_size)];
-        k_pool[static_cast<std::size_t>((blk * p.block_size + t % p.block_size) * stride)] =
-            e4m3_encode(p.key_ramp * static_cast<float>(t));
-      }
+    const bool fp8 = p.format == KvFormat::fp8;
+    if (fp8) {
+      const auto below_one = [](std::uint8_t& c) { c = static_cast<std::uint8_t>((c & 0x80) | ((c & 0x7F) % 0x38)); };
+      std::for_each(k_pool.begin(), k_pool.end(), below_one);
+      for (std::size_t i = 0; i < comp.size(); i += 2 * stride)  // a compressed entry's K row
+        std::for_each(comp.begin() + static_cast<std::ptrdiff_t>(i),
+                      comp.begin() + static_cast<std::ptrdiff_t>(i + stride), below_one);
     }
-  }
-
-  if (p.format == KvFormat::nvfp4 && p.key_ramp != 0.0f) {
-    if (!std::isfinite(p.key_ramp))
-      fail(Errc::invalid_argument, "paged_decode_case: key_ramp {} is not finite", p.key_ramp);
     for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
       for (std::int64_t t = 0, len = cached_len(s); t < len; ++t) {
         const auto blk = static_cast<std::uint64_t>(
             tables[std::size_t{s} * p.max_blocks_per_seq + static_cast<std::size_t>(t / p.block_size)]);
         const std::uint64_t slot = static_cast<std::uint64_t>(t) % p.block_size;
+        const float ramp = p.key_ramp * static_cast<float>(t);
+        if (fp8) {
+          k_pool[(blk * p.block_size + slot) * stride] = e4m3_encode(ramp);
+          continue;
+        }
         const auto data = static_cast<std::ptrdiff_t>(blk * block_stride + slot * width / 2);
         std::fill_n(k_pool.begin() + data, 8, std::uint8_t{0});  // group 0: dim 0 alone, E2M1 6
         k_pool[static_cast<std::size_t>(data)] = 0x07;
-        k_pool[blk * block_stride + data_section + slot * width / 16] =
-            e4m3_encode(p.key_ramp * static_cast<float>(t) / 6.0f);
+        k_pool[blk * block_stride + data_section + slot * width / 16] = e4m3_encode(ramp / 6.0f);
       }
     }
   }

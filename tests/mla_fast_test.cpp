@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <set>
@@ -120,6 +121,38 @@ gen::PagedSpec fused_spec(std::uint32_t heads, std::uint32_t max_blocks) {
   return p;
 }
 
+// Case `c`'s inputs on `gpu`, one buffer each, by parameter name.
+std::map<std::string, DeviceBuffer> upload_inputs(GpuBackend& gpu, const KernelCase& c) {
+  std::map<std::string, DeviceBuffer> in;
+  for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(gpu, t.data));
+  return in;
+}
+
+// A cluster entry's o (`fused` launches it into in["o"]) against its unfused entry's partials
+// (`split` launches it into the partials given) through mla_paged_decode_combine with `sinks` and
+// `v_scale`: the same bits, and no NaN. 3 sequences of `heads` heads in `splits` chunks; `in`
+// holds case `c`'s inputs, whose o (NaN) is uploaded again between the two.
+void check_fused_bits(GpuBackend& gpu, const MlaFastKernels& fast, const KernelCase& c,
+                      const std::map<std::string, DeviceBuffer>& in, std::uint32_t heads, std::uint32_t splits,
+                      DevicePtr sinks, float v_scale, const std::function<void()>& fused,
+                      const std::function<void(DevicePtr, DevicePtr)>& split) {
+  const DevicePtr o = in.at("o").ptr();
+  fused();
+  gpu.synchronize(0);
+  const auto one = in.at("o").to_host<Bf16>();
+  DeviceBuffer partials(gpu, std::size_t{3} * heads * splits * 576 * 4), ml(gpu, std::size_t{3} * heads * splits * 8);
+  upload<std::byte>(gpu, c.inputs.at("o").data, o);  // NaN again
+  split(partials.ptr(), ml.ptr());
+  mla_paged_decode_combine(gpu, fast.combine, {partials.ptr(), ml.ptr(), sinks, o, heads, 576, splits, v_scale, 3});
+  gpu.synchronize(0);
+  const auto two = in.at("o").to_host<Bf16>();
+  REQUIRE(one.size() == two.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < one.size(); ++i) differ += one[i].bits != two[i].bits;
+  CHECK(differ == 0);
+  CHECK(std::none_of(one.begin(), one.end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+}
+
 TEST_CASE("the wgmma entries that combine in their clusters match the float64 reference", "[mla_fast][wgmma]") {
   const auto [heads, max_blocks, tiles] = GENERATE(
       table<std::uint32_t, std::uint32_t, std::uint32_t>({{16, 10, 1},
@@ -149,8 +182,7 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
     auto gpu = test::make_backend(name);
     const auto fast = MlaFastKernels::resolve(*gpu);
     if (fast.wgmma16_rs_combine_fp8.id == 0) continue;  // not sm_90
-    std::map<std::string, DeviceBuffer> in;
-    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const std::map<std::string, DeviceBuffer> in = upload_inputs(*gpu, c);
     const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
     const DevicePtr k_cache = in.at("k_cache").ptr();
     SplitDecodeFp8Args s{{in.at("q").ptr(),
@@ -178,33 +210,25 @@ TEST_CASE("the wgmma entries that combine in their clusters give the combine's b
     REQUIRE(s.num_splits == 8);
     const float v_scale = c.scalars.at("v_scale").as_f32();
     const FusedDecodeFp8Args f{s, in.at("sinks").ptr(), in.at("o").ptr(), v_scale};
-    if (in_m) {
-      mla_paged_decode_wgmma_latent_combine_fp8(*gpu, fast.wgmma_latent_combine_fp8, f);
-    } else if (rows == 64) {
-      mla_paged_decode_wgmma_combine_fp8(*gpu, fast.wgmma_combine_fp8, f);
-    } else {
-      mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8, f);
-    }
-    gpu->synchronize(0);
-    const auto fused = in.at("o").to_host<Bf16>();
-    DeviceBuffer partials(*gpu, std::size_t{3} * heads * 8 * 576 * 4), ml(*gpu, std::size_t{3} * heads * 8 * 2 * 4);
-    s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
-    upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
-    mla_paged_decode_wgmma_fp8(*gpu,
-                               in_m         ? fast.wgmma_latent_fp8
-                               : rows == 64 ? fast.wgmma_fp8
-                                            : fast.wgmma16_rs_fp8,
-                               s);
-    mla_paged_decode_combine(
-        *gpu, fast.combine,
-        {partials.ptr(), ml.ptr(), in.at("sinks").ptr(), in.at("o").ptr(), heads, 576, 8, v_scale, 3});
-    gpu->synchronize(0);
-    const auto two = in.at("o").to_host<Bf16>();
-    REQUIRE(fused.size() == two.size());
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < fused.size(); ++i) differ += fused[i].bits != two[i].bits;
-    CHECK(differ == 0);
-    CHECK(std::none_of(fused.begin(), fused.end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+    check_fused_bits(
+        *gpu, fast, c, in, heads, 8, f.sinks, v_scale,
+        [&] {
+          if (in_m) {
+            mla_paged_decode_wgmma_latent_combine_fp8(*gpu, fast.wgmma_latent_combine_fp8, f);
+          } else if (rows == 64) {
+            mla_paged_decode_wgmma_combine_fp8(*gpu, fast.wgmma_combine_fp8, f);
+          } else {
+            mla_paged_decode_wgmma16_rs_combine_fp8(*gpu, fast.wgmma16_rs_combine_fp8, f);
+          }
+        },
+        [&](DevicePtr o_partial, DevicePtr ml_partial) {
+          s.o_partial = o_partial, s.ml_partial = ml_partial;
+          mla_paged_decode_wgmma_fp8(*gpu,
+                                     in_m         ? fast.wgmma_latent_fp8
+                                     : rows == 64 ? fast.wgmma_fp8
+                                                  : fast.wgmma16_rs_fp8,
+                                     s);
+        });
   }
 }
 
@@ -324,8 +348,7 @@ TEST_CASE("the NVFP4 heads-in-M entry in clusters matches the reference and the 
     auto gpu = test::make_backend(name);
     const auto fast = MlaFastKernels::resolve(*gpu);
     if (fast.wgmma_latent_combine_nvfp4.id == 0) continue;  // not sm_90
-    std::map<std::string, DeviceBuffer> in;
-    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const std::map<std::string, DeviceBuffer> in = upload_inputs(*gpu, c);
     const auto u32 = [&](const char* n) { return c.scalars.at(n).as_u32(); };
     const std::uint32_t splits = u32("num_splits");
     const DevicePtr pool = in.at("k_cache").ptr(), sink = sinks ? in.at("sinks").ptr() : DevicePtr{};
@@ -349,23 +372,16 @@ TEST_CASE("the NVFP4 heads-in-M entry in clusters matches the reference and the 
                             true},
                            c.scalars.at("block_stride_bytes").as_u64(),
                            c.scalars.at("data_section_bytes").as_u64()};
-    mla_paged_decode_wgmma_latent_combine_nvfp4(*gpu, fast.wgmma_latent_combine_nvfp4, {s, sink, in.at("o").ptr()});
-    gpu->synchronize(0);
-    const auto fused = in.at("o").to_host<Bf16>();
-    DeviceBuffer partials(*gpu, std::size_t{3} * heads * splits * 576 * 4),
-        ml(*gpu, std::size_t{3} * heads * splits * 8);
-    s.o_partial = partials.ptr(), s.ml_partial = ml.ptr();
-    upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again
-    mla_paged_decode_wgmma_nvfp4(*gpu, fast.wgmma_latent_nvfp4, s);
-    mla_paged_decode_combine(*gpu, fast.combine,
-                             {partials.ptr(), ml.ptr(), sink, in.at("o").ptr(), heads, 576, splits, 1.0f, 3});
-    gpu->synchronize(0);
-    const auto two = in.at("o").to_host<Bf16>();
-    REQUIRE(fused.size() == two.size());
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < fused.size(); ++i) differ += fused[i].bits != two[i].bits;
-    CHECK(differ == 0);
-    CHECK(std::none_of(fused.begin(), fused.end(), [](Bf16 x) { return std::isnan(x.to_float()); }));
+    check_fused_bits(
+        *gpu, fast, c, in, heads, splits, sink, 1.0f,
+        [&] {
+          mla_paged_decode_wgmma_latent_combine_nvfp4(*gpu, fast.wgmma_latent_combine_nvfp4,
+                                                      {s, sink, in.at("o").ptr()});
+        },
+        [&](DevicePtr o_partial, DevicePtr ml_partial) {
+          s.o_partial = o_partial, s.ml_partial = ml_partial;
+          mla_paged_decode_wgmma_nvfp4(*gpu, fast.wgmma_latent_nvfp4, s);
+        });
   }
 }
 
@@ -943,8 +959,7 @@ TEST_CASE("the combine's result does not depend on its blocks per head", "[mla_f
     INFO("backend " << name);
     auto gpu = test::make_backend(name);
     const KernelHandle k = gpu->kernel("mla_fast", "mla_paged_decode_combine");
-    std::map<std::string, DeviceBuffer> in;
-    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const std::map<std::string, DeviceBuffer> in = upload_inputs(*gpu, c);
     std::vector<std::vector<Bf16>> outs;
     for (std::uint32_t blocks : {1u, 9u, 5u, 4u}) {
       upload<std::byte>(*gpu, c.inputs.at("o").data, in.at("o").ptr());  // NaN again: each run writes every dim
@@ -1182,8 +1197,7 @@ TEST_CASE("the staged and direct split kernels give bit-identical partials", "[m
   for (const auto& name : test::backends()) {
     INFO("backend " << name << " format " << to_string(p.format) << " heads " << p.num_q_heads);
     auto gpu = test::make_backend(name);
-    std::map<std::string, DeviceBuffer> in;
-    for (const auto& [param, t] : c.inputs) in.emplace(param, DeviceBuffer::from_host<std::byte>(*gpu, t.data));
+    const std::map<std::string, DeviceBuffer> in = upload_inputs(*gpu, c);
     PagedDecodeCommon a;
     a.max_blocks_per_seq = p.max_blocks_per_seq, a.num_q_heads = p.num_q_heads, a.num_kv_heads = 1;
     a.q_head_dim = a.kv_cache_dim = 576, a.block_size = p.block_size, a.num_seqs = p.num_seqs;
@@ -1298,8 +1312,7 @@ TEST_CASE("the dispatcher takes the seed kernel where the split path does not ap
   gen::PagedSpec p;
   p.kv_cache_dim = 40, p.q_head_dim = 32, p.seq_lens = {9};  // 40 is not a multiple of 64
   const KernelCase c = gen::paged_decode_case(p);
-  std::map<std::string, DeviceBuffer> bufs;
-  for (const auto& [name, t] : c.inputs) bufs.emplace(name, DeviceBuffer::from_host<std::byte>(gpu, t.data));
+  const std::map<std::string, DeviceBuffer> bufs = upload_inputs(gpu, c);
   PagedDecodeFp8Args a;
   a.q = bufs.at("q").ptr(), a.k_cache = bufs.at("k_cache").ptr(), a.v_cache = bufs.at("v_cache").ptr();
   a.o = bufs.at("o").ptr(), a.block_tables = bufs.at("block_tables").ptr(), a.seq_lens = bufs.at("seq_lens").ptr();
