@@ -8,10 +8,11 @@
 //   hm_trace B L H KEYS_PER_SPLIT [MODE]       e.g. hm_trace_cycles 32 16384 128 8192
 // MODE: partial (the default: mla_paged_decode_wgmma_latent_fp8, partials to global memory),
 // cluster (mla_paged_decode_wgmma_latent_combine_fp8 in clusters of the splits, as the dispatcher
-// launches it), fused (the same entry launched without a cluster: one split only) or nvfp4
-// (mla_paged_decode_wgmma_latent_nvfp4 over a random NVFP4 latent pool, timed beside
-// mla_paged_decode_wgmma_nvfp4, the register-operand block, on the same pool, and their partials
-// compared).
+// launches it), fused (the same entry launched without a cluster: one split only), fp8
+// (mla_paged_decode_wgmma_latent_fp8 timed beside mla_paged_decode_wgmma_fp8, the register-operand
+// block, on the same pool, and their partials compared) or nvfp4 (the same for
+// mla_paged_decode_wgmma_latent_nvfp4 and mla_paged_decode_wgmma_nvfp4 over a random NVFP4 latent
+// pool).
 // With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
 // the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01).
 #include "mla_wgmma.cu"
@@ -79,24 +80,15 @@ double mean_us(const Launch& launch) {
   return 1e3 * ms / kReps;
 }
 
-// MODE nvfp4: both NVFP4 blocks over one random latent pool (64-token blocks in shuffled order,
-// random E2M1 codes, scales E4M3 codes 0x30..0x3F: 0.5 to 1.875), each timed over 20 launches,
-// then the largest difference of their partials (o against the largest |o|, m and l relative).
-int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vector<uint16_t>& q, float logit_scale,
-              std::mt19937_64& rng) {
-  constexpr uint32_t kDim = 576, kBlock = 64, kData = kBlock * kDim / 2, kStride = kData + kBlock * kDim / 16;
-  const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
-  std::vector<uint8_t> pool(size_t{B} * blocks_per_seq * kStride);
-  for (size_t b = 0; b < size_t{B} * blocks_per_seq; ++b) {
-    for (uint32_t i = 0; i < kData; ++i) pool[b * kStride + i] = static_cast<uint8_t>(rng());
-    for (uint32_t i = kData; i < kStride; ++i) pool[b * kStride + i] = static_cast<uint8_t>(0x30 | (rng() & 0x0F));
-  }
-  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  std::shuffle(table.begin(), table.end(), rng);
-  const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
-  const uint8_t* d_pool = upload(pool);
-  const int32_t *d_table = upload(table), *d_lens = upload(lens);
+// Both blocks of one format over one pool, each timed over 20 launches, then the largest
+// difference of their partials (o against the largest |o|, m and l relative); 0 where they agree.
+// launch(k, o_partial, ml_partial): block k's launch (0 the heads-in-M block, 1 the
+// register-operand block).
+template <class Launch>
+int compare_blocks(const char* format, uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const char* const (&names)[2],
+                   const Launch& launch) {
+  constexpr uint32_t kDim = 576;
+  const uint32_t splits = (L + kps - 1) / kps;
   const size_t partials = size_t{B} * H * splits;
   float* o_partial[2] = {};
   float* ml_partial[2] = {};
@@ -104,27 +96,14 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
     check(cudaMalloc(&o_partial[k], partials * kDim * 4), "cudaMalloc");
     check(cudaMalloc(&ml_partial[k], partials * 8), "cudaMalloc");
   }
-  // kLatentShared and core/mla_fast.cpp's wgmma_shared_bytes(nvfp4, 64)
-  const uint32_t shared[2] = {kLatentShared, 1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * (kDim / 2 + kDim / 16) +
-                                                 64 * 4 + 2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
-  decltype(&mla_paged_decode_wgmma_nvfp4)
-      const entries[2] = {mla_paged_decode_wgmma_latent_nvfp4, mla_paged_decode_wgmma_nvfp4};
-  const char* const names[2] = {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)",
-                                "register operands (mla_paged_decode_wgmma_nvfp4)"};
-  const dim3 grid(splits, (H + 63) / 64, B);
   const double flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
   for (int k = 0; k < 2; ++k) {
-    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
-          "cudaFuncSetAttribute");
-    auto launch = [&] {
-      entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial[k], ml_partial[k], d_table, d_lens,
-                                           blocks_per_seq, H, kDim, kDim, kBlock, logit_scale, kStride, kData, kps);
-    };
-    launch();
+    const auto one = [&] { launch(k, o_partial[k], ml_partial[k]); };
+    one();
     check(cudaDeviceSynchronize(), "warm-up launch");
-    const double us = mean_us(launch);
-    std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u nvfp4 %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps,
-                grid.x, grid.y, grid.z, names[k], us, flop / us * 1e-6);
+    const double us = mean_us(one);
+    std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, splits,
+                (H + 63) / 64, B, format, names[k], us, flop / us * 1e-6);
   }
   std::vector<float> o[2], ml[2];
   for (int k = 0; k < 2; ++k) {
@@ -148,21 +127,79 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
   return same ? 0 : 1;
 }
 
+// MODE nvfp4: both NVFP4 blocks over one random latent pool (64-token blocks in shuffled order,
+// random E2M1 codes, scales E4M3 codes 0x30..0x3F: 0.5 to 1.875).
+int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vector<uint16_t>& q, float logit_scale,
+              std::mt19937_64& rng) {
+  constexpr uint32_t kDim = 576, kBlock = 64, kData = kBlock * kDim / 2, kStride = kData + kBlock * kDim / 16;
+  const uint32_t blocks_per_seq = L / kBlock;
+  std::vector<uint8_t> pool(size_t{B} * blocks_per_seq * kStride);
+  for (size_t b = 0; b < size_t{B} * blocks_per_seq; ++b) {
+    for (uint32_t i = 0; i < kData; ++i) pool[b * kStride + i] = static_cast<uint8_t>(rng());
+    for (uint32_t i = kData; i < kStride; ++i) pool[b * kStride + i] = static_cast<uint8_t>(0x30 | (rng() & 0x0F));
+  }
+  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::shuffle(table.begin(), table.end(), rng);
+  const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
+  const uint8_t* d_pool = upload(pool);
+  const int32_t *d_table = upload(table), *d_lens = upload(lens);
+  // kLatentShared and core/mla_fast.cpp's wgmma_shared_bytes(nvfp4, 64)
+  const uint32_t shared[2] = {kLatentShared, 1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * (kDim / 2 + kDim / 16) +
+                                                 64 * 4 + 2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
+  decltype(&mla_paged_decode_wgmma_nvfp4)
+      const entries[2] = {mla_paged_decode_wgmma_latent_nvfp4, mla_paged_decode_wgmma_nvfp4};
+  for (int k = 0; k < 2; ++k)
+    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
+          "cudaFuncSetAttribute");
+  const dim3 grid((L + kps - 1) / kps, (H + 63) / 64, B);
+  return compare_blocks(
+      "nvfp4", B, L, H, kps,
+      {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)", "register operands (mla_paged_decode_wgmma_nvfp4)"},
+      [&](int k, float* o_partial, float* ml_partial) {
+        entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens,
+                                             blocks_per_seq, H, kDim, kDim, kBlock, logit_scale, kStride, kData, kps);
+      });
+}
+
+// MODE fp8: both FP8 blocks over main's pool, as MODE nvfp4 (the partial entries, no cluster).
+int run_fp8(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const uint8_t* d_pool, const __nv_bfloat16* d_q,
+            const int32_t* d_table, const int32_t* d_lens, float logit_scale) {
+  constexpr uint32_t kDim = 576, kBlock = 64;
+  // kLatentShared and core/mla_fast.cpp's wgmma_shared_bytes(fp8, 64)
+  const uint32_t shared[2] = {kLatentShared, 1024 + 64 * kDim * 2 + 64 * 64 * 2 + 4 * 64 * kDim + 64 * 4 +
+                                                 2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
+  decltype(&mla_paged_decode_wgmma_fp8)
+      const entries[2] = {mla_paged_decode_wgmma_latent_fp8, mla_paged_decode_wgmma_fp8};
+  for (int k = 0; k < 2; ++k)
+    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
+          "cudaFuncSetAttribute");
+  const dim3 grid((L + kps - 1) / kps, (H + 63) / 64, B);
+  return compare_blocks(
+      "fp8", B, L, H, kps,
+      {"heads in M (mla_paged_decode_wgmma_latent_fp8)", "register operands (mla_paged_decode_wgmma_fp8)"},
+      [&](int k, float* o_partial, float* ml_partial) {
+        entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens, L / kBlock, H,
+                                             kDim, kDim, kBlock, logit_scale, kDim, 0, nullptr, 0, kps);
+      });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
   if (argc != 5 && argc != 6) {
     std::fprintf(
-        stderr, "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused|nvfp4] (L and KEYS_PER_SPLIT multiples of 64)\n",
+        stderr,
+        "usage: %s B L H KEYS_PER_SPLIT [partial|cluster|fused|fp8|nvfp4] (L and KEYS_PER_SPLIT multiples of 64)\n",
         program);
     return 2;
   }
   const char* const mode = argc == 6 ? argv[5] : "partial";
   const bool partial = std::strcmp(mode, "partial") == 0, cluster = std::strcmp(mode, "cluster") == 0;
-  const bool nvfp4 = std::strcmp(mode, "nvfp4") == 0;
-  if (!partial && !cluster && !nvfp4 && std::strcmp(mode, "fused") != 0) {
-    std::fprintf(stderr, "%s: MODE %s is not partial, cluster, fused or nvfp4\n", program, mode);
+  const bool nvfp4 = std::strcmp(mode, "nvfp4") == 0, fp8 = std::strcmp(mode, "fp8") == 0;
+  if (!partial && !cluster && !nvfp4 && !fp8 && std::strcmp(mode, "fused") != 0) {
+    std::fprintf(stderr, "%s: MODE %s is not partial, cluster, fused, fp8 or nvfp4\n", program, mode);
     return 2;
   }
   const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
@@ -189,7 +226,7 @@ int main(int argc, char** argv) {
   }
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
-  if (!partial && !nvfp4 && splits > (cluster ? 8u : 1u)) {
+  if (!partial && !nvfp4 && !fp8 && splits > (cluster ? 8u : 1u)) {
     std::fprintf(stderr, "%s: %u splits; MODE %s takes at most %u\n", program, splits, mode, cluster ? 8 : 1);
     return 2;
   }
@@ -216,6 +253,7 @@ int main(int argc, char** argv) {
   const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
   const uint8_t* d_pool = upload(pool);
   const int32_t *d_table = upload(table), *d_lens = upload(lens);
+  if (fp8) return run_fp8(B, L, H, kps, d_pool, d_q, d_table, d_lens, logit_scale);
   float *o_partial = nullptr, *ml_partial = nullptr;
   __nv_bfloat16* o = nullptr;
   check(cudaMalloc(&o_partial, size_t{B} * H * splits * kDim * 4), "cudaMalloc");

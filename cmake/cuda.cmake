@@ -66,14 +66,28 @@ target_compile_definitions(metrale_cuda PUBLIC METRALE_WITH_CUDA=1)
 # launches nothing early (a device could otherwise JIT such a build and run it early).
 target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch})
 
-# bench/hm_trace.cu: the heads-in-M block alone, timed, and a build of it that counts where its
-# warpgroups' cycles go (-DMETRALE_HM_TRACE). Not built by default (`--target hm_trace`); sm_90a.
+# bench/hm_trace.cu: the heads-in-M block alone, timed, in builds of kernels/mla_wgmma.cu's
+# switches: hm_trace (as the product builds it), hm_trace_cycles (-DMETRALE_HM_TRACE: where its
+# warpgroups' cycles go), and the experiments of docs/performance.md's "Thirty-third session":
+# hm_trace_pin (-DMETRALE_HM_PIN_LOADS), hm_trace_preg (-DMETRALE_HM_P_REGS) and hm_trace_pin_preg
+# (both). Not built by default (`--target hm_trace`); sm_90a.
 set(hm_trace_src ${PROJECT_SOURCE_DIR}/bench/hm_trace.cu)
 set(hm_trace_flags ${nvcc_flags} -gencode=arch=compute_90a,code=sm_90a)
-add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/hm_trace ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles
-                   COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} -o ${PROJECT_BINARY_DIR}/bin/hm_trace ${hm_trace_src}
-                   COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} -DMETRALE_HM_TRACE
-                           -o ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles ${hm_trace_src}
-                   DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
-                   COMMENT "nvcc bench/hm_trace.cu -> hm_trace, hm_trace_cycles (90a)")
-add_custom_target(hm_trace DEPENDS ${PROJECT_BINARY_DIR}/bin/hm_trace ${PROJECT_BINARY_DIR}/bin/hm_trace_cycles)
+set(hm_trace_bins "")
+function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
+  set(define ${ARGN})
+  list(TRANSFORM define PREPEND -D)
+  string(JOIN " " shown ${define})
+  add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/${name}
+                     COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} ${define}
+                             -o ${PROJECT_BINARY_DIR}/bin/${name} ${hm_trace_src}
+                     DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
+                     COMMENT "nvcc bench/hm_trace.cu ${shown} -> ${name} (90a)")
+  set(hm_trace_bins ${hm_trace_bins} ${PROJECT_BINARY_DIR}/bin/${name} PARENT_SCOPE)
+endfunction()
+hm_trace_build(hm_trace)
+hm_trace_build(hm_trace_cycles METRALE_HM_TRACE)
+hm_trace_build(hm_trace_pin METRALE_HM_PIN_LOADS)
+hm_trace_build(hm_trace_preg METRALE_HM_P_REGS)
+hm_trace_build(hm_trace_pin_preg METRALE_HM_PIN_LOADS METRALE_HM_P_REGS)
+add_custom_target(hm_trace DEPENDS ${hm_trace_bins})

@@ -1369,6 +1369,7 @@ struct HmShare<Fp8Rows> {
   };
   __device__ static Key key(const uint8_t* const (&located)[4], bool live) { return {live ? located[0] : nullptr}; }
   __device__ static void prefetch(const Key& k, uint32_t first) { prefetch_row_l2(k.row, first); }
+  __device__ static void pin(Key& k, uint32_t zero) { k.row += zero; }  // METRALE_HM_PIN_LOADS
   uint4 raw[2][kHmUnits];
   __device__ void load(const Key (&keys)[2], uint32_t first) {
 #pragma unroll
@@ -1400,6 +1401,7 @@ struct HmShare<Nvfp4Rows> {
   __device__ static Key key(const uint8_t* const (&located)[4], bool live) {
     return {live ? located[0] : nullptr, located[1]};
   }
+  __device__ static void pin(Key& k, uint32_t zero) { k.data += zero, k.scales += zero; }  // METRALE_HM_PIN_LOADS
   // The data row's 288 bytes (up to four 128-byte lines) and its 36 scales (up to two).
   __device__ static void prefetch(const Key& k, uint32_t first) {
     if (k.data == nullptr) return;
@@ -1470,6 +1472,10 @@ struct HmAcc {
 #pragma unroll
         for (uint32_t n = 0; n < 4; ++n) wgmma_rs_m64n64k16_tb(o[n], pa[kk], v_at(n, kk, 0));
         wgmma_rs_m64n32k16<1>(oh, pa[kk], v_at(8, kk, 0), 1);
+      } else if (p_desc == 0) {  // METRALE_HM_P_REGS: warpgroup 1's P from registers (pa) too
+#pragma unroll
+        for (uint32_t n = 0; n < 4; ++n) wgmma_rs_m64n64k16_tb(o[n], pa[kk], v_at(4 + n, kk, 0));
+        wgmma_rs_m64n32k16<1>(oh, pa[kk], v_at(8, kk, kHmHalfSlab), 1);
       } else {
         const uint64_t p = p_desc + ((kk * 32) >> 4);
 #pragma unroll
@@ -1700,14 +1706,42 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       const float f[2] = {alpha[r0], alpha[r0 + 8]};
       mbar_arrive(sm.alpha_empty + i % 2);
       rescale(f);
+#ifdef METRALE_HM_P_REGS
+      // Experiment (docs/performance.md, "Thirty-third session"): P's A fragments loaded once by
+      // ldmatrix (8 KB a tile) rather than read by each of the five SS products a k-step (40 KB).
+      uint32_t pw[4][4];
+#pragma unroll
+      for (uint32_t kk = 0; kk < 4; ++kk)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(pw[kk][0]), "=r"(pw[kk][1]), "=r"(pw[kk][2]), "=r"(pw[kk][3])
+                     : "r"(smem_addr(sm.sp + swizzled(16 * warp + lane % 16, 2 * kk + lane / 16))));
+      acc.issue_pv<1>(tile_at(i), pw, 0);
+#else
       acc.issue_pv<1>(tile_at(i), {}, p_desc);
+#endif
       if (more) named_arrive<256>(kHmBarPv);
       trace.mark(3);
+#ifdef METRALE_HM_PIN_LOADS
+      {  // Experiment ("Thirty-third session"): the rows' addresses plus f's sign bit, read after the
+         // kHmBarP wait, so that ptxas issues the loads there (without it, NVFP4's 20 go before
+         // kHmBarP, FP8's 9 of 18). The bit is 0 but for a NaN factor (NaN codes in the cache),
+         // which would misalign the loads: if kept, a zero word in shared memory instead.
+        const uint32_t pin = __float_as_uint(f[0]) >> 31;
+        typename Share::Key pinned[2] = {rows[0], rows[1]};
+        for (auto& k : pinned) Share::pin(k, pin);
+        share.load(pinned, first);
+      }
+#else
       share.load(rows, first);  // tile i + 2, loading under this P·V
+#endif
       rows_of(tile + 3 * kTileKeys, entries, rows);  // under it: tile i + 3 located and prefetched,
       entries_of(tile + 4 * kTileKeys, entries);     // tile i + 4's entries read
       trace.mark(4);
       wgmma_wait<0>();
+#ifdef METRALE_HM_P_REGS
+      for (auto& r : pw)
+        for (auto& x : r) pin(x);  // the wgmmas read them until here
+#endif
       if (more) named_arrive<256>(kHmBarPFree);  // done with this tile and P
       trace.mark(5);
     }

@@ -10,9 +10,11 @@ stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,lib,kernels,golden}
 # fuzz_capacity: the test that kills a fuzz driver mid-run (all six drivers would pass the carry limit)
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity "$stage/bin/"
-# hm_trace and hm_trace_cycles (scripts/device_latent.sh, device_step_gap.sh), where
+# hm_trace's builds (scripts/device_latent.sh, device_step_gap.sh, device_hm_variants.sh), where
 # `cmake --build build --target hm_trace` built them
-for tool in hm_trace hm_trace_cycles; do [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"; done
+for tool in hm_trace hm_trace_cycles hm_trace_pin hm_trace_preg hm_trace_pin_preg; do
+  [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"
+done
 strip "$stage"/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libspdlog.so.1.10 "$stage/lib/"
 cp build/kernels/*.fatbin build/kernels/*.ptx "$stage/kernels/"
