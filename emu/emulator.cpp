@@ -344,12 +344,13 @@ std::uint32_t checked_compute_capability(std::uint32_t cc) {
 // The largest dynamic shared memory per block (cudaFuncAttributeMaxDynamicSharedMemorySize) of
 // the device played: sm_90's 227 KiB, sm_121's 99 KiB, unless METRALE_EMU_SHARED_BYTES says
 // otherwise, from 48 KiB (every device's, the most static shared memory a kernel may declare: the
-// emulator checks only the dynamic) to sm_90's.
+// emulator checks only the dynamic) to the device's own (a smaller device, never a larger one).
 std::uint32_t default_shared_bytes(std::uint32_t compute_capability) {
   constexpr std::uint32_t kSm90 = 227 * 1024, kSm121 = 99 * 1024, kLeast = 48 * 1024;
+  const std::uint32_t device = compute_capability == 121 ? kSm121 : kSm90;
   const std::uint32_t bytes =
-      positive_env("METRALE_EMU_SHARED_BYTES", compute_capability == 121 ? kSm121 : kSm90,
-                   compute_capability == 121 ? "sm_121's 101376 bytes" : "sm_90's 232448 bytes", kSm90);
+      positive_env("METRALE_EMU_SHARED_BYTES", device,
+                   compute_capability == 121 ? "sm_121's 101376 bytes" : "sm_90's 232448 bytes", device);
   if (bytes < kLeast)
     fail(Errc::invalid_argument, "METRALE_EMU_SHARED_BYTES='{}' is below the least a device allows, {} (48 KiB)",
          std::getenv("METRALE_EMU_SHARED_BYTES"), kLeast);
@@ -472,7 +473,7 @@ struct EmulatorBackend::Impl {
       options.multiprocessor_count = options.compute_capability == 121 ? 48 : 132;
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
-    if (options.record_limit_bytes == 0 && !options.record_dir.empty())
+    if (options.record_limit_bytes == 0)  // read whether or not it records, so that `info` checks it too
       options.record_limit_bytes =
           positive_env<std::uint64_t>("METRALE_RECORD_LIMIT", kDefaultRecordLimit, "4000000000 bytes, 4 GB");
   }

@@ -1232,6 +1232,13 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   out.clear();
   CHECK(run_cli("--record-limit 1gb info", out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("--record-limit without --record: nothing is recorded"));
+  // `info` says the limit, and refuses a bad one as a recording run does (it had passed silently).
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_RECORD_LIMIT=123456") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("case files (--record) at most 123456 bytes a run"));
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_RECORD_LIMIT=4GB") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("METRALE_RECORD_LIMIT='4GB' is not a positive 64-bit integer"));
 }
 
 // Each was once silent: spdlog skips a level it does not know, `info` makes no emulator to record,

@@ -819,16 +819,32 @@ TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla
   const Error e = error_of([&] { EmulatorBackend{o}; });
   CHECK(e.code() == Errc::invalid_argument);
   CHECK_THAT(std::string(e.what()), Contains("EmulatorOptions::compute_capability = 80 is not"));
-  // Less shared memory than any device allows, or more than sm_90's, is refused too: the emulator
-  // checks only the dynamic, and a kernel may declare up to 48 KiB of static.
-  for (const auto& [bytes, says] : {std::pair{"49151", "is below the least a device allows, 49152"},
-                                    std::pair{"232449", "is above the largest allowed, 232448"}}) {
-    INFO(bytes);
+  // Less shared memory than any device allows, or more than the device played has (sm_90's 227
+  // KiB, sm_121's 99 KiB), is refused too: the emulator checks only the dynamic, and a kernel may
+  // declare up to 48 KiB of static.
+  for (const auto& [bytes, cc, says] :
+       {std::tuple{"49151", 90u, "is below the least a device allows, 49152"},
+        std::tuple{"232449", 90u, "is above the largest allowed, 232448"},
+        std::tuple{"101377", 121u, "is above the largest allowed, 101376 (unset: sm_121's 101376 bytes)"},
+        std::tuple{"232448", 121u, "is above the largest allowed, 101376"}}) {
+    INFO(bytes << " at compute capability " << cc);
+    EmulatorOptions options;
+    options.compute_capability = cc;
     ::setenv("METRALE_EMU_SHARED_BYTES", bytes, 1);
-    const Error s = error_of([] { EmulatorBackend{}; });
+    const Error s = error_of([&] { EmulatorBackend{options}; });
     ::unsetenv("METRALE_EMU_SHARED_BYTES");
     CHECK(s.code() == Errc::invalid_argument);
     CHECK_THAT(std::string(s.what()), Contains(fmt::format("METRALE_EMU_SHARED_BYTES='{}' {}", bytes, says)));
+  }
+  // The device's own, and less, are taken.
+  for (const auto& [bytes, cc] : {std::pair{"101376", 121u}, std::pair{"65536", 121u}, std::pair{"232448", 90u}}) {
+    INFO(bytes << " at compute capability " << cc);
+    EmulatorOptions options;
+    options.compute_capability = cc;
+    ::setenv("METRALE_EMU_SHARED_BYTES", bytes, 1);
+    const std::uint32_t got = EmulatorBackend{options}.max_shared_bytes_per_block();
+    ::unsetenv("METRALE_EMU_SHARED_BYTES");
+    CHECK(got == std::stoul(bytes));
   }
 }
 

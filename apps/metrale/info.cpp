@@ -71,6 +71,8 @@ void add_info(CLI::App& app) {
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
     fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
+    fmt::print("  case files (--record) at most {} bytes a run (METRALE_RECORD_LIMIT; --record-limit overrides)\n",
+               o.record_limit_bytes);
     // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none.
     const std::string none = module_runs_on(emu, kMlaWgmmaModule)
                                  ? "none: too little shared memory"

@@ -77,13 +77,14 @@ struct EmulatorOptions {
   /// with every launch). A launch whose case could pass it fails with `capacity_exceeded`
   /// before it runs; the cases already written stay. 0 = 4 GB (`METRALE_RECORD_LIMIT`, in bytes,
   /// overrides the default, or is an `invalid_argument` error of the constructor when it is not
-  /// a positive 64-bit integer).
+  /// a positive 64-bit integer, recording or not).
   std::uint64_t record_limit_bytes = 0;
   /// The most dynamic shared memory a block may have, in bytes; 0 = the played device's: sm_90's
   /// 227 KiB (232448), sm_121's 99 KiB (101376) (`METRALE_EMU_SHARED_BYTES` overrides the default,
   /// or is an `invalid_argument` error of the constructor when it is not an integer from 49152 —
   /// 48 KiB, every device's least, the static shared memory the emulator does not count — to
-  /// 232448). A value set here is taken as it is (the tests' small devices).
+  /// the played device's own: a smaller device, never a larger one). A value set here is taken as
+  /// it is (the tests' small devices).
   std::uint32_t max_shared_bytes_per_block = 0;
   /// The compute capability the backend plays, major·10 + minor (GpuBackend::compute_capability):
   /// one the kernels are built for, 90 (H100, H200) or 121 (GB10); 0 = 90
