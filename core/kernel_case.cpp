@@ -574,6 +574,17 @@ std::vector<double> to_doubles(const Tensor& t) {
   }
 }
 
+// Elements [begin, begin + count) of `t` as doubles: the comparisons below take a large tensor
+// (a KV cache) a slice at a time, so that its doubles, 8 bytes for each byte of a U8 cache, are
+// never all in memory at once.
+std::vector<double> to_doubles(const Tensor& t, std::size_t begin, std::size_t count) {
+  const std::size_t size = dtype_size(t.dtype);
+  const auto first = t.data.begin() + static_cast<std::ptrdiff_t>(begin * size);
+  return to_doubles(
+      Tensor{t.dtype, {static_cast<std::int64_t>(count)}, {first, first + static_cast<std::ptrdiff_t>(count * size)}});
+}
+constexpr std::size_t kSlice = std::size_t{1} << 20;  // elements a slice
+
 // Distance in representable BF16 values (sign-magnitude bits mapped to a line).
 std::uint32_t bf16_ulps(std::uint16_t a, std::uint16_t b) {
   auto line = [](std::uint16_t x) { return (x & 0x8000) ? 0x8000 - static_cast<int>(x & 0x7FFF) : 0x8000 + x; };
@@ -799,40 +810,49 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
     r.worst = fmt::format("{} values against {} expected", got.numel(), want.numel());
     return r;
   }
-  const auto g = to_doubles(got), w = to_doubles(want);
   const bool ulp_check = tol.ulps > 0 && got.dtype == Dtype::bf16 && want.dtype == Dtype::bf16;
-  const auto gb = ulp_check ? got.values<Bf16>() : std::vector<Bf16>{};
-  const auto wb = ulp_check ? want.values<Bf16>() : std::vector<Bf16>{};
+  const auto ulps = [&](std::size_t i) {  // BF16 values i of got and want, ulp_check only
+    std::uint16_t a = 0, b = 0;
+    std::memcpy(&a, got.data.data() + 2 * i, 2);
+    std::memcpy(&b, want.data.data() + 2 * i, 2);
+    return bf16_ulps(a, b);
+  };
+  to_doubles(got, 0, 0), to_doubles(want, 0, 0);  // an error for a dtype it cannot compare, even when empty
   double worst_excess = -1;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const double diff = std::fabs(g[i] - w[i]);
-    const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
-    const bool same = both_nan || g[i] == w[i];  // the same infinity included: no difference to report
-    // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
-    // tolerance of ∞ would accept anything); a finite one only by a finite value within the
-    // tolerance, as numpy's isclose has it (its relative part 0 at an expected 0, also when the
-    // relative tolerance is ∞: ∞·0 is NaN; and ∞ under a relative tolerance of ∞ fails).
-    const double rel = w[i] == 0 ? 0.0 : tol.rel * std::fabs(w[i]);
-    bool ok = both_nan || (std::isfinite(w[i]) ? std::isfinite(g[i]) && diff <= tol.abs + rel : g[i] == w[i]);
-    // ULPs between finite values only: on the bit line an infinity is one ULP past the largest
-    // finite value and NaN payloads lie just past it.
-    if (!ok && ulp_check && std::isfinite(g[i]) && std::isfinite(w[i]))
-      ok = bf16_ulps(gb[i].bits, wb[i].bits) <= tol.ulps;
-    if (!same) {
-      r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);
-      if (w[i] != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w[i]));
-      const double inf = std::numeric_limits<double>::infinity(), allowed = tol.abs + rel;
-      double used = !std::isfinite(diff) || !std::isfinite(w[i]) ? inf : allowed > 0 ? diff / allowed : inf;
-      if (ulp_check && std::isfinite(g[i]) && std::isfinite(w[i]))
-        used = std::min(used, static_cast<double>(bf16_ulps(gb[i].bits, wb[i].bits)) / tol.ulps);
-      r.tolerance_used = std::max(r.tolerance_used, used);
-    }
-    if (!ok) {
-      ++r.bad;
-      const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
-      if (excess > worst_excess) {
-        worst_excess = excess;
-        r.worst = fmt::format("[{}] got {} expected {}", i, g[i], w[i]);
+  for (std::size_t begin = 0; begin < r.count; begin += kSlice) {
+    const std::size_t n = std::min(kSlice, r.count - begin);
+    const auto gs = to_doubles(got, begin, n), ws = to_doubles(want, begin, n);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = begin + k;
+      const double g = gs[k], w = ws[k];
+      const double diff = std::fabs(g - w);
+      const bool both_nan = std::isnan(g) && std::isnan(w);
+      const bool same = both_nan || g == w;  // the same infinity included: no difference to report
+      // An infinite expectation is met only by the same infinity (∞ − ∞ is NaN, and a relative
+      // tolerance of ∞ would accept anything); a finite one only by a finite value within the
+      // tolerance, as numpy's isclose has it (its relative part 0 at an expected 0, also when the
+      // relative tolerance is ∞: ∞·0 is NaN; and ∞ under a relative tolerance of ∞ fails).
+      const double rel = w == 0 ? 0.0 : tol.rel * std::fabs(w);
+      bool ok = both_nan || (std::isfinite(w) ? std::isfinite(g) && diff <= tol.abs + rel : g == w);
+      // ULPs between finite values only: on the bit line an infinity is one ULP past the largest
+      // finite value and NaN payloads lie just past it.
+      const bool ulp_pair = ulp_check && std::isfinite(g) && std::isfinite(w);
+      if (!ok && ulp_pair) ok = ulps(i) <= tol.ulps;
+      if (!same) {
+        r.max_abs = std::isnan(diff) ? diff : std::max(r.max_abs, diff);
+        if (w != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w));
+        const double inf = std::numeric_limits<double>::infinity(), allowed = tol.abs + rel;
+        double used = !std::isfinite(diff) || !std::isfinite(w) ? inf : allowed > 0 ? diff / allowed : inf;
+        if (ulp_pair) used = std::min(used, static_cast<double>(ulps(i)) / tol.ulps);
+        r.tolerance_used = std::max(r.tolerance_used, used);
+      }
+      if (!ok) {
+        ++r.bad;
+        const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
+        if (excess > worst_excess) {
+          worst_excess = excess;
+          r.worst = fmt::format("[{}] got {} expected {}", i, g, w);
+        }
       }
     }
   }
@@ -843,8 +863,10 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
 Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
   if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64) return {};
   double peak = 0;
-  for (double v : to_doubles(want))
-    if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
+  const std::size_t count = want.numel();
+  for (std::size_t begin = 0; begin < count; begin += kSlice)
+    for (double v : to_doubles(want, begin, std::min(kSlice, count - begin)))
+      if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
   if (want.dtype == Dtype::bf16) return {floor * peak, 0, 1};
   return {floor * peak, 1e-6, 0};
 }

@@ -193,6 +193,38 @@ TEST_CASE("check_output's ULP fallback never meets or passes an infinity or a Na
   }
 }
 
+// check_output and same_arithmetic_tolerance take a large tensor a slice of 2^20 values at a time
+// (a KV cache's doubles had taken 8 bytes a byte of memory): indices, the worst value, the counts,
+// the BF16 ULP fallback and the peak must hold across the slices' edges as over one whole tensor.
+TEST_CASE("check_output and same_arithmetic_tolerance hold across 2^20-value slices", "[kernel_case]") {
+  constexpr std::size_t kSlice = std::size_t{1} << 20, n = 3 * kSlice + 7;
+  std::vector<float> want(n), got(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = got[i] = static_cast<float>(i % 1000) * 0.001f;
+  want[2 * kSlice + 3] = 250.0f;  // the peak, in the third slice
+  got[2 * kSlice + 3] = 250.0f;
+  got[kSlice - 1] += 0.5f;  // bad, the last of the first slice
+  got[kSlice] += 2.0f;      // bad, the first of the second: the worst
+  got[n - 1] += 0.25f;      // bad, the last value
+  const OutputCheck r = check_output("x", f32(got), f32(want), {1e-3, 0, 0});
+  CHECK(r.count == n);
+  CHECK(r.bad == 3);
+  CHECK(r.worst.starts_with(fmt::format("[{}] got", kSlice)));
+  CHECK(r.max_abs == Approx(2.0).epsilon(1e-6));
+  const Tolerance peak = same_arithmetic_tolerance(f32(want), 1e-3);
+  CHECK(peak.abs == Approx(0.25).epsilon(1e-9));  // 1e-3 × 250
+  // BF16: 1.0 (0x3F80) against values 2 ULPs off in the second slice and 3 in the last
+  std::vector<std::uint16_t> wb(n, 0x3F80), gb(n, 0x3F80);
+  gb[kSlice + 1] = 0x3F82, gb[n - 1] = 0x3F83;
+  auto bf16 = [](const std::vector<std::uint16_t>& bits) {
+    Tensor t{Dtype::bf16, {static_cast<std::int64_t>(bits.size())}, std::vector<std::byte>(bits.size() * 2)};
+    std::memcpy(t.data.data(), bits.data(), t.data.size());
+    return t;
+  };
+  CHECK(check_output("o", bf16(gb), bf16(wb), {0, 0, 2}).bad == 1);
+  CHECK(check_output("o", bf16(gb), bf16(wb), {0, 0, 2}).worst.starts_with(fmt::format("[{}] got", n - 1)));
+  CHECK(check_output("o", bf16(gb), bf16(wb), {0, 0, 3}).pass);
+}
+
 // A relative tolerance of ∞ (which parse_tolerance accepts) once failed exact zeros: ∞·0 is NaN.
 TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, fails off zero", "[kernel_case]") {
   const Tolerance tol{0, std::numeric_limits<double>::infinity(), 0};
