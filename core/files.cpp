@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -104,6 +105,14 @@ std::filesystem::path file_key(const std::filesystem::path& path) {
   std::error_code ec;
   auto canonical = std::filesystem::weakly_canonical(path, ec);
   return ec ? path.lexically_normal() : canonical;
+}
+
+std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::path& dir, std::error_code& ec) {
+  std::vector<std::filesystem::path> files;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".safetensors") files.push_back(it->path());
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 void check_writable(const std::filesystem::path& path) {

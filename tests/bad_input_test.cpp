@@ -1076,6 +1076,31 @@ TEST_CASE("bad input: conform notes a golden file that is not a model case only 
   }
 }
 
+// A loop of symbolic links named as a folder, and a working folder removed under the run, had
+// come out of conform as "error (internal): filesystem error" (case run and replay named them).
+TEST_CASE("bad input: conform names a folder it cannot read and a working folder that is gone", "[bad_input][cli]") {
+  TempPath dir("_conform_folders");
+  std::filesystem::create_directories(dir.path);
+  const auto loop = dir.path / "loop_a";
+  std::filesystem::create_symlink(dir.path / "loop_b", loop);
+  std::filesystem::create_symlink(loop, dir.path / "loop_b");
+  for (const std::string option : {"--no-golden --cases ", "--golden "}) {
+    INFO(option);
+    std::string out;
+    CHECK(run_cli("conform --backend emu --only rope_pairs " + option + loop.string(), out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("conform: cannot read folder " + loop.string() + ": Too many levels"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("internal"));
+  }
+  // The default folders are relative: skipped with a warning that says the working folder is gone.
+  const auto gone = dir.path / "gone";
+  std::filesystem::create_directories(gone);
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only rope_pairs", out,
+                "cd " + gone.string() + " && rmdir " + gone.string() + " &&") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("no folder cases/kernels (relative to a working folder that is gone)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("0 failed"));
+}
+
 // The thirty-first session's adversarial run: under --only a case file whose case could not be
 // built (its metadata naming the kernel --only picks) was dropped unseen, and the run said PASS.
 TEST_CASE("bad input: conform --only reports a broken case file of the kernel it picks", "[bad_input][cli]") {

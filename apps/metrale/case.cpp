@@ -18,17 +18,6 @@
 #include "metrale/mla_fast.hpp"  // entry_unavailable
 
 namespace metrale::cli {
-namespace {
-
-// The .safetensors files of folder `dir` (not its subfolders'); a listing error in `ec`.
-std::vector<std::filesystem::path> case_files_in(const std::filesystem::path& dir, std::error_code& ec) {
-  std::vector<std::filesystem::path> files;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().extension() == ".safetensors") files.push_back(it->path());
-  return files;
-}
-
-}  // namespace
 
 void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
@@ -52,7 +41,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
         files.emplace_back(f);
         continue;
       }
-      const std::vector<std::filesystem::path> in_folder = case_files_in(f, ec);
+      const std::vector<std::filesystem::path> in_folder = safetensors_in_folder(f, ec);
       if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
       files.insert(files.end(), in_folder.begin(), in_folder.end());
       // A folder without cases would otherwise pass with nothing run. Its subfolders are not
@@ -60,7 +49,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       if (in_folder.empty()) {
         std::vector<std::string> holders;
         for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
-          if (std::error_code sub_ec; it->is_directory(sub_ec) && !case_files_in(it->path(), sub_ec).empty())
+          if (std::error_code sub_ec; it->is_directory(sub_ec) && !safetensors_in_folder(it->path(), sub_ec).empty())
             holders.push_back(it->path().string());
         fail(Errc::not_found, "folder {} holds no .safetensors case files{}", f,
              holders.empty()

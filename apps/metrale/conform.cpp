@@ -65,22 +65,25 @@ Check to_check(const OutputCheck& r, std::string against) {
 // it, and a warning for the defaults (a run from another working directory), added to `missing`
 // for the summary line.
 std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vector<std::string>& missing) {
-  std::vector<fs::path> out;
-  if (!fs::is_directory(dir)) {
-    std::error_code ec;
-    const bool exists = fs::exists(dir, ec);
-    if (named) fail(Errc::not_found, "conform: {} {}", exists ? "not a folder:" : "no folder", dir.string());
-    fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", exists ? "not a folder:" : "no folder", dir.string(),
-               dir.is_relative() ? fmt::format(" (relative to {})", fs::current_path().string()) : "");
-    missing.push_back(dir.string());
-    return out;
-  }
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().extension() == ".safetensors") out.push_back(it->path());
+  const fs::file_status status = fs::status(dir, ec);
+  if (ec && status.type() != fs::file_type::not_found)  // a loop of links, a folder it may not read
+    fail(Errc::invalid_argument, "conform: cannot read folder {}: {}", dir.string(), ec.message());
+  if (!fs::is_directory(status)) {
+    const char* what = fs::exists(status) ? "not a folder:" : "no folder";
+    if (named) fail(Errc::not_found, "conform: {} {}", what, dir.string());
+    std::string relative;
+    if (dir.is_relative()) {
+      const fs::path cwd = fs::current_path(ec);
+      relative = ec ? " (relative to a working folder that is gone)" : fmt::format(" (relative to {})", cwd.string());
+    }
+    fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", what, dir.string(), relative);
+    missing.push_back(dir.string());
+    return {};
+  }
+  std::vector<fs::path> out = safetensors_in_folder(dir, ec);
   if (ec) fail(Errc::invalid_argument, "conform: cannot list folder {}: {}", dir.string(), ec.message());
   if (out.empty() && named) fail(Errc::not_found, "conform: no .safetensors files in {}", dir.string());
-  std::sort(out.begin(), out.end());
   return out;
 }
 

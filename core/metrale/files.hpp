@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <span>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 namespace metrale {
 
@@ -44,6 +46,11 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
 /// lexically normal path where that fails, so that `d/x`, `d/./x`, `e/../d/x` and a link to `d`
 /// give one key. Errors: none.
 std::filesystem::path file_key(const std::filesystem::path& path);
+
+/// The files of folder `dir` (not its subfolders') whose names end in `.safetensors`, sorted: the
+/// case files `case run` and `conform` take from a folder. Errors: none; a listing error is left
+/// in `ec`, with the files found before it returned.
+std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::path& dir, std::error_code& ec);
 
 /// Whether a file could be written at `path`: no folder there, and a staged file created beside
 /// it and removed. Errors: `invalid_argument` "cannot write <path> (<reason>)" when not; nothing
