@@ -10,6 +10,7 @@ split path is faster). A sweep run without `--torch` has no matmul rate: its roo
 bytes alone, so the table leaves "% of roofline" out ("—"). A file that is not such a sweep is
 refused with a message naming the file, the row and the field (exit 2).
 """
+import argparse
 import json
 import math
 import sys
@@ -118,7 +119,6 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_json", help="the JSON of `metrale bench --sweep --json FILE`")
+    main(parser.parse_args().sweep_json)

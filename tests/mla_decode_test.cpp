@@ -796,15 +796,15 @@ TEST_CASE("metrale replay --model kimi-k3 on both paths", "[mla_decode][replay][
     run_cli(std::string(METRALE_CLI) + " replay " + test::golden("k3_nope_gate_h8_t65.safetensors").string() +
                 " --model kimi-k3 --kv-cache nvfp4 2>/dev/null",
             status);
-    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(WEXITSTATUS(status) > 100);  // a command-line mistake (CLI11's codes), as the README says
   }
   SECTION("--kv-layout does not apply to kimi-k3, and the error names it") {
     const std::string err =
         run_cli(std::string(METRALE_CLI) + " replay " + test::golden("k3_nope_gate_h8_t65.safetensors").string() +
                     " --model kimi-k3 --kv-layout latent 2>&1",
                 status);
-    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(WEXITSTATUS(status) > 100);
     CHECK_THAT(err,
-               Catch::Matchers::Contains("--kv-layout applies to --model deepseek (its paged cache), not kimi-k3"));
+               Catch::Matchers::Contains("--kv-layout: applies to --model deepseek (its paged cache), not kimi-k3"));
   }
 }

@@ -109,6 +109,8 @@ TEST_CASE("metrale replay --json prints the documented object and exits 0", "[re
   for (const char* m : {"q_absorbed", "o_latent", "attn_out"}) {
     INFO(m);
     CHECK(j["metrics"][m]["rel_l2"].get<double>() < 5e-2);
+    CHECK(j["metrics"][m]["rel_l2"].get<double>() <= j["metrics"][m]["rel_l2_tolerance"].get<double>());
+    CHECK(j["metrics"][m]["pass"] == true);
     CHECK(j["metrics"][m]["max_abs"].get<double>() >= 0.0);
   }
 }
