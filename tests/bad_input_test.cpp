@@ -1401,6 +1401,27 @@ TEST_CASE("bad input: a whole-number option says what is wrong with its value", 
   CHECK(nlohmann::json::parse(in).at("seed") == 10);
 }
 
+// The emulator's report said only "backend: emu", whichever device it played (the entries and
+// plans that ran differ between sm_90 and sm_121).
+TEST_CASE("conform's report says the device the emulator played", "[cli]") {
+  for (const auto& [cc, sms, shared] : {std::tuple{90, 132, 232448}, std::tuple{121, 48, 101376}}) {
+    INFO("compute capability " << cc);
+    TempPath dir("_report_device");
+    std::string out;
+    REQUIRE(run_cli("conform --backend emu --no-golden --only rope_pairs --report " + dir.path.string(), out,
+                    "METRALE_EMU_COMPUTE_CAPABILITY=" + std::to_string(cc)) == 0);
+    std::ifstream in(dir.path / "report.json");
+    const auto device = nlohmann::json::parse(in).at("device");
+    CHECK(device.at("backend") == "emu");
+    CHECK(device.at("compute_capability") == cc);
+    CHECK(device.at("multiprocessors") == sms);
+    CHECK(device.at("max_shared_bytes_per_block") == shared);
+    std::ifstream md(dir.path / "report.md");
+    const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+    CHECK_THAT(text, Catch::Matchers::Contains(fmt::format("- compute_capability: {}\n", cc)));
+  }
+}
+
 TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report holds the seed", "[bad_input][cli]") {
   // Before: 18446744073709551616 ran as 2^64 - 1, and report.json did not say which seed ran.
   std::string out;

@@ -202,16 +202,20 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
   return out;
 }
 
+// The device a run ran on, or the emulator played (its compute capability, SMs and shared memory
+// decide which entries and plans ran).
 ordered_json device_json(GpuBackend& gpu) {
   ordered_json d{{"backend", gpu.name()}};
 #ifdef METRALE_WITH_CUDA
   if (auto* cuda = dynamic_cast<CudaBackend*>(&gpu)) {
     d["device"] = cuda->device_name();
-    d["compute_capability"] = cuda->compute_capability();
     d["driver_version"] = cuda->driver_version();
     d["toolkit_version"] = CudaBackend::toolkit_version();
   }
 #endif
+  d["compute_capability"] = gpu.compute_capability();
+  d["multiprocessors"] = gpu.multiprocessor_count();
+  d["max_shared_bytes_per_block"] = gpu.max_shared_bytes_per_block();
   return d;
 }
 
