@@ -1078,7 +1078,8 @@ TEST_CASE("bad input: conform notes a golden file that is not a model case only 
 
 // A loop of symbolic links named as a folder, and a working folder removed under the run, had
 // come out of conform as "error (internal): filesystem error" (case run and replay named them).
-TEST_CASE("bad input: conform names a folder it cannot read and a working folder that is gone", "[bad_input][cli]") {
+TEST_CASE("bad input: conform names a folder it cannot read, and finds its own from another folder",
+          "[bad_input][cli]") {
   TempPath dir("_conform_folders");
   std::filesystem::create_directories(dir.path);
   const auto loop = dir.path / "loop_a";
@@ -1091,14 +1092,22 @@ TEST_CASE("bad input: conform names a folder it cannot read and a working folder
     CHECK_THAT(out, Catch::Matchers::Contains("conform: cannot read folder " + loop.string() + ": Too many levels"));
     CHECK_THAT(out, !Catch::Matchers::Contains("internal"));
   }
-  // The default folders are relative: skipped with a warning that says the working folder is gone.
+  // The default folders (cases/kernels, cases/golden), from a working folder without them or one
+  // that is gone: the source tree's, said in a note (a run from another folder had passed with the
+  // case files and golden replays left out).
   const auto gone = dir.path / "gone";
   std::filesystem::create_directories(gone);
-  std::string out;
-  CHECK(run_cli("conform --backend emu --only rope_pairs", out,
-                "cd " + gone.string() + " && rmdir " + gone.string() + " &&") == 0);
-  CHECK_THAT(out, Catch::Matchers::Contains("no folder cases/kernels (relative to a working folder that is gone)"));
-  CHECK_THAT(out, Catch::Matchers::Contains("0 failed"));
+  for (const std::string& cd :
+       {"cd " + dir.path.string() + " &&", "cd " + gone.string() + " && rmdir " + gone.string() + " &&"}) {
+    INFO(cd);
+    std::string out;
+    CHECK(run_cli("conform --backend emu --only rope_pairs", out, cd) == 0);
+    for (const char* folder : {"cases/kernels", "cases/golden"})
+      CHECK_THAT(out, Catch::Matchers::Contains(fmt::format("note: conform: no folder {} here; taking {}/{}", folder,
+                                                            METRALE_SOURCE_DIR, folder)));
+    CHECK_THAT(out, !Catch::Matchers::Contains("folders not found"));
+    CHECK_THAT(out, Catch::Matchers::Contains("file     rope_pairs_bf16"));  // the recorded case files ran
+  }
 }
 
 // The thirty-first session's adversarial run: under --only a case file whose case could not be

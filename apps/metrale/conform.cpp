@@ -87,6 +87,19 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vecto
   return out;
 }
 
+// A default folder (`relative`, e.g. cases/kernels): in the working folder, else in the source tree
+// this metrale was built from (a run from another folder, said in a note), else `relative` as it
+// is (safetensors_in then warns that it is missing).
+std::string default_folder(const std::string& relative) {
+  std::error_code ec;
+  if (fs::is_directory(relative, ec)) return relative;
+  const fs::path built = fs::path(METRALE_SOURCE_DIR) / relative;
+  if (!fs::is_directory(built, ec)) return relative;
+  fmt::print(stderr, "note: conform: no folder {} here; taking {} (the source tree metrale was built from)\n", relative,
+             built.string());
+  return built.string();
+}
+
 // Run `body` into a result; an error is the case's failure, not the run's.
 template <class F>
 CaseResult guarded(std::string group, std::string kernel, std::string name, F&& body) {
@@ -400,12 +413,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     // The folders listed first: a named one that is missing or empty fails before the sweep runs.
     // METRALE_GOLDEN_DIR counts as named: a folder the user set that is missing is an error.
     const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
-    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{"cases/kernels"};
+    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{default_folder("cases/kernels")};
     std::vector<std::pair<std::string, bool>> golden_dirs;  // folder, named
     if (named_golden)
       for (const auto& d : opts->golden_dirs) golden_dirs.emplace_back(d, true);
     else
-      golden_dirs.emplace_back("cases/golden", false);
+      golden_dirs.emplace_back(default_folder("cases/golden"), false);
     if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0' && !named_golden)
       golden_dirs.emplace_back(env, true);
     if (opts->no_golden) golden_dirs.clear();
