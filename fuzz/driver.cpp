@@ -3,9 +3,12 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -162,16 +165,22 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   { const emu::EmulatorBackend probe(props::emulator_options()); }
   // Where a failure goes, checked before any case runs but made only when a property fails, so a
   // clean run, an interrupted one or one killed by a signal leaves nothing behind: the folder, or
-  // the nearest folder above it that exists, must be a folder this process can write into.
+  // the nearest folder above it that exists, must be a folder this process can make a folder in
+  // (tried: a probe folder made and removed; access() passes root under /proc, where mkdir fails).
   {
     std::error_code ec;
     fs::path p = fs::absolute(o.out, ec);
     while (!ec && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
-    if (ec || !fs::is_directory(p) || ::access(p.c_str(), W_OK | X_OK) != 0)
-      fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()),
-           ec                     ? ec.message()
-           : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder"
-                                  : quoted(p.string()) + " is not writable");
+    std::string why = ec ? ec.message() : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder" : "";
+    if (why.empty()) {
+      std::string probe = (p / ".metrale-fuzz-out-XXXXXX").string();
+      if (::mkdtemp(probe.data()) == nullptr)
+        why = quoted(p.string()) + " is not writable: " + std::strerror(errno);
+      else
+        ::rmdir(probe.c_str());
+    }
+    if (!why.empty())
+      fail(Errc::invalid_argument, "--out {}: not a directory that can be created ({})", quoted(o.out.string()), why);
   }
   const double seconds = o.seconds == 0 && o.cases == 0 ? 10.0 : o.seconds;
   std::cout << fmt::format(

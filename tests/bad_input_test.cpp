@@ -984,6 +984,37 @@ TEST_CASE("a fuzz driver killed mid-run leaves no --out folder", "[cli]") {
   CHECK(!std::filesystem::exists(out_dir.parent_path()));
 }
 
+// Twenty-seventh and thirty-third sessions: --out under /proc passed the check as root (access()
+// says yes; mkdir there fails), and the run went on. The check now makes and removes a probe folder.
+TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothing where it could", "[cli]") {
+  const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
+  const auto scratch = test::scratch_dir("metrale_fuzz_out");
+  std::filesystem::remove_all(scratch);
+  std::filesystem::create_directories(scratch);
+  write_bytes(scratch / "a_file", std::vector<std::byte>(1, std::byte{1}));
+  auto run = [&](const std::filesystem::path& out_dir, std::string& out) {
+    const std::string cmd = fuzz.string() + " --cases 1 --seed 7 --out " + out_dir.string() + " 2>&1";
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+    REQUIRE(pipe);
+    std::array<char, 4096> buf{};
+    while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+    const int status = pclose(pipe.release());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  std::string out;
+  CHECK(run("/proc/metrale_fuzz_out/failures", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("--out '/proc/metrale_fuzz_out/failures': not a directory that can be "
+                                            "created ('/proc' is not writable"));
+  out.clear();
+  CHECK(run(scratch / "a_file" / "failures", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("is not a folder"));
+  out.clear();
+  CHECK(run(scratch / "new" / "failures", out) == 0);  // a clean run: no --out folder, no probe left
+  CHECK(std::vector<std::filesystem::path>(std::filesystem::directory_iterator(scratch), {}) ==
+        std::vector<std::filesystem::path>{scratch / "a_file"});
+  std::filesystem::remove_all(scratch);
+}
+
 // Nineteenth session's adversarial run: use_nope = 2 ran as true and passed. (The thirty-first's:
 // the message named the case twice.)
 TEST_CASE("bad input: a kernel case's switch is 0 or 1", "[bad_input][kernel_case]") {
