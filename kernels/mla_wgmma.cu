@@ -1364,6 +1364,7 @@ struct HmShare;
 // time).
 template <>
 struct HmShare<Fp8Rows> {
+  static constexpr bool kGrouped = false;  // the tile's dims in order
   struct Key {
     const uint8_t* row;
   };
@@ -1395,6 +1396,15 @@ struct HmShare<Fp8Rows> {
 // + 1 and 32 + first of the row's 36: words 2v + first/2 and 8, 4-byte loads).
 template <>
 struct HmShare<Nvfp4Rows> {
+#ifdef METRALE_HM_NVFP4_GROUPED
+  // Experiment (docs/performance.md, "Thirty-third session"): each group of eight dims in the
+  // tile (and in Q, and so in O's columns) in the order 0, 2, 4, 6, 1, 3, 5, 7, the order the E2M1
+  // codes' even and odd nibbles come out in: no byte permutes to interleave them, and each word's
+  // upper pair converted in place (no shift): 4 of the conversion's instructions a pair fewer.
+  static constexpr bool kGrouped = true;
+#else
+  static constexpr bool kGrouped = false;
+#endif
   struct Key {
     const uint8_t *data, *scales;
   };
@@ -1424,6 +1434,28 @@ struct HmShare<Nvfp4Rows> {
       scales[b][4] = k.data != nullptr ? ld_stream4(k.scales + 32) : 0;
     }
   }
+  // 16 values (eight bytes of codes, one scale) as 16 FP16 values: nvfp4x16_to_f16's, or with
+  // kGrouped each word's eight in the order 0, 2, 4, 6, 1, 3, 5, 7.
+  __device__ static void convert(uint2 raw, uint32_t scale_code, uint32_t (&w)[8]) {
+    if constexpr (!kGrouped) {
+      nvfp4x16_to_f16(raw, scale_code, w);
+    } else {
+      const __half2 scale = __hmul2(e4m3x2_to_f16x2(scale_code * 0x0101u), __float2half2_rn(64.0f));
+      const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {  // E2M1 s·ee·m as E4M3 s·00ee·m00 (nvfp4x16_to_f16)
+        const uint32_t even = ((words[k] & 0x08080808u) << 4) | ((words[k] & 0x07070707u) << 2);
+        const uint32_t odd = (words[k] & 0x80808080u) | ((words[k] >> 2) & 0x1C1C1C1Cu);
+        const uint32_t codes[2] = {even, odd};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          w[4 * k + 2 * c] = bits_of(__hmul2(e4m3x2_to_f16x2(codes[c]), scale));
+          const uint32_t hi = e4m3x2_hi_to_f16x2(codes[c]);
+          w[4 * k + 2 * c + 1] = bits_of(__hmul2(*reinterpret_cast<const __half2*>(&hi), scale));
+        }
+      }
+    }
+  }
   __device__ void store(uint8_t* tile, uint32_t key, uint32_t first) const {
 #pragma unroll
     for (uint32_t b = 0; b < 2; ++b) {
@@ -1432,12 +1464,12 @@ struct HmShare<Nvfp4Rows> {
 #pragma unroll
       for (uint32_t v = 0; v < 4; ++v) {
         const uint32_t shift = 16 * (first % 2);  // the pair's two scale bytes in word v
-        nvfp4x16_to_f16(make_uint2(pairs[b][v].x, pairs[b][v].y), (scales[b][v] >> shift) & 0xFF, w);
+        convert(make_uint2(pairs[b][v].x, pairs[b][v].y), (scales[b][v] >> shift) & 0xFF, w);
         hm_store_unit(tile, row, 2 * first + 8 * v, w);
-        nvfp4x16_to_f16(make_uint2(pairs[b][v].z, pairs[b][v].w), (scales[b][v] >> (shift + 8)) & 0xFF, w);
+        convert(make_uint2(pairs[b][v].z, pairs[b][v].w), (scales[b][v] >> (shift + 8)) & 0xFF, w);
         hm_store_unit(tile, row, 2 * first + 8 * v + 1, w);
       }
-      nvfp4x16_to_f16(tail[b], (scales[b][4] >> (8 * first)) & 0xFF, w);
+      convert(tail[b], (scales[b][4] >> (8 * first)) & 0xFF, w);
       hm_store_unit(tile, row, 32 + first, w);
     }
   }
@@ -1487,9 +1519,20 @@ struct HmAcc {
   }
   // The rows of heads r0 and r0 + 8 (those below num_q_heads) where `out` puts them (ClusterOut:
   // in `rows`, [64 heads][576]).
-  template <class Out>
+  // kGrouped (HmShare::kGrouped): the tile's columns hold each group of eight dims in the order
+  // 0, 2, 4, 6, 1, 3, 5, 7, so a thread's two columns 2j and 2j + 1 go to two dims apart.
+  template <bool kGrouped = false, class Out>
   __device__ void store(const Out& out, float* rows, uint32_t num_q_heads, uint32_t head0, uint32_t s, uint32_t z,
                         uint32_t r0, uint32_t j, uint32_t wg) const {
+    const auto dim = [](uint32_t p) { return p < 4 ? 2 * p : 2 * p - 7; };  // column p's dim in its group of 8
+    const auto put = [&](float* at, uint32_t c, float x0, float x1) {       // columns c and c + 1
+      if constexpr (kGrouped) {
+        at[c - c % 8 + dim(c % 8)] = x0;
+        at[c - c % 8 + dim(c % 8 + 1)] = x1;
+      } else {
+        *reinterpret_cast<float2*>(at + c) = make_float2(x0, x1);
+      }
+    };
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t hb = r0 + 8 * h, head = head0 + hb;
@@ -1499,9 +1542,8 @@ struct HmAcc {
       for (uint32_t e = 2 * h; e < 32; e += 4) {  // columns 8·(e/4) + 2j and + 1
         const uint32_t c = 8 * (e / 4) + 2 * j;
 #pragma unroll
-        for (uint32_t n = 0; n < 4; ++n)
-          *reinterpret_cast<float2*>(row + (4 * wg + n) * 64 + c) = make_float2(o[n][e], o[n][e + 1]);
-        if (e < 16) *reinterpret_cast<float2*>(row + 512 + wg * kHmHalfSlab + c) = make_float2(oh[e], oh[e + 1]);
+        for (uint32_t n = 0; n < 4; ++n) put(row + (4 * wg + n) * 64, c, o[n][e], o[n][e + 1]);
+        if (e < 16) put(row + 512 + wg * kHmHalfSlab, c, oh[e], oh[e + 1]);
       }
     }
   }
@@ -1639,10 +1681,14 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     for (uint32_t b = 0; b < 4; ++b) mbar_init(sm.alpha_full + b, 128);
     fence_mbar_init();
   }
-  load_q_rows_with<kQUnits, 4>(q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale,
-                               [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
-                                 st_shared_v4(sm.sq + swizzled(row, part), w[0], w[1], w[2], w[3]);
-                               });
+  load_q_rows_with<kQUnits, 4>(
+      q, s, head0, kRows64, num_q_heads, kDim, sm.q_unscale, [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) {
+        if constexpr (Share::kGrouped)  // dims 0, 2, 4, 6, 1, 3, 5, 7 as the tile's
+          st_shared_v4(sm.sq + swizzled(row, part), __byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
+                       __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
+        else
+          st_shared_v4(sm.sq + swizzled(row, part), w[0], w[1], w[2], w[3]);
+      });
   fence_to_async_proxy();
   __syncthreads();
   if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
@@ -1673,7 +1719,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
     } else {
       metrale::allow_next_kernel();
     }
-    acc.store(out, cluster_rows, num_q_heads, head0, s, z, r0, j, wg);
+    acc.template store<Share::kGrouped>(out, cluster_rows, num_q_heads, head0, s, z, r0, j, wg);
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t hb = r0 + 8 * h, head = head0 + hb;
