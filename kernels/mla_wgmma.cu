@@ -1490,7 +1490,8 @@ struct HmAcc {
     }
   }
   // Issue O += P·V for the tile at `st`, k-step kk taking V's rows 16kk..16kk + 15 (MN-major), P
-  // from registers (pa, warpgroup 0) or shared memory (p_desc, warpgroup 1); one commit group.
+  // from registers (pa, warpgroup 0; warpgroup 1 under METRALE_HM_P_REGS, p_desc 0) or shared
+  // memory (p_desc, warpgroup 1); one commit group.
   template <uint32_t kWg>
   __device__ void issue_pv(const uint8_t* st, const uint32_t (&pa)[4][4], uint64_t p_desc) {
     const uint64_t v_desc = smem_desc(smem_addr(st), kSlabBytes, 1024);
