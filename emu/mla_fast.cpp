@@ -209,8 +209,10 @@ struct Fp8Keys {
       const std::uint32_t t = keys.start + (j - keys.comp), column = t / block_size;
       const std::int32_t phys = block_tables[std::uint64_t{s} * max_blocks_per_seq + column];
       k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
-      (k_pool + k_off).require_in_bounds(0, kv_cache_dim, [&] { return bad_block_entry(s, column, phys, "k_cache"); });
-      (v_pool + v_off).require_in_bounds(0, kv_cache_dim, [&] { return bad_block_entry(s, column, phys, "v_cache"); });
+      for (const auto& [pool, off, name] : {std::tuple{k_pool, k_off, "k_cache"}, std::tuple{v_pool, v_off, "v_cache"}})
+        (pool + off).require_in_bounds(0, kv_cache_dim, [&] {
+          return bad_block_entry(s, column, phys, name, t, off, off + kv_cache_dim);
+        });
     }
     const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
     for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
@@ -251,8 +253,9 @@ struct Nvfp4Keys {
     const std::int64_t base = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
     const std::uint64_t slot = t % block_size;
     for (auto [pool, row, name] : {std::tuple{k_cache, &k_row, "k_cache"}, std::tuple{v_cache, &v_row, "v_cache"}}) {
-      (pool + base).require_in_bounds(0, data_section_bytes + (slot + 1) * width / 16, [&] {
-        return bad_block_entry(s, column, phys, name);
+      const std::uint64_t through = data_section_bytes + (slot + 1) * width / 16;  // the key's data and scales
+      (pool + base).require_in_bounds(0, through, [&] {
+        return bad_block_entry(s, column, phys, name, t, base, base + static_cast<std::int64_t>(through));
       });
       const auto data = (pool + base).read(slot * width / 2, width / 2);
       const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);

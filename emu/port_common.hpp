@@ -48,9 +48,14 @@ inline KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, st
 }
 
 /// How a port names a block-table entry whose block is not in the pool it reads (SPEC §3: the
-/// columns a sequence attends must hold blocks of the cache), for Global::require_in_bounds.
-inline std::string bad_block_entry(std::uint32_t s, std::uint32_t column, std::int32_t entry, const char* pool) {
-  return fmt::format("block_tables[{}][{}] = {} is not a block of {}", s, column, entry, pool);
+/// columns a sequence attends must hold blocks of the cache), for Global::require_in_bounds: the
+/// entry, and the bytes of key `key` it sends the read to, [first, end) from the pool's start
+/// (with the launch's strides; an entry of a real block that still falls outside says that the
+/// strides and the pool's size disagree).
+inline std::string bad_block_entry(std::uint32_t s, std::uint32_t column, std::int32_t entry, const char* pool,
+                                   std::uint32_t key, std::int64_t first, std::int64_t end) {
+  return fmt::format("block_tables[{}][{}] = {} is not a block of {}: key {} would be read at bytes [{}, {}) of it", s,
+                     column, entry, pool, key, first, end);
 }
 
 }  // namespace metrale::emu

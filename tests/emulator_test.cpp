@@ -1072,8 +1072,30 @@ TEST_CASE("emu: the paged ports name a block-table entry outside the cache", "[e
       KernelCase c = l.entry ? gen::split_kernel_case(p, 1, *l.entry) : gen::paged_decode_case(p);
       run_kernel_case(emu, c);  // the good table, its unused columns INT32_MAX
       reinterpret_cast<std::int32_t*>(c.inputs.at("block_tables").data.data())[4 + 1] = bad;  // sequence 1, column 1
-      test::require_error([&] { run_kernel_case(emu, c); }, Errc::device_fault,
-                          {fmt::format("block_tables[1][1] = {} is not a block of k_cache (allocation #", bad)});
+      std::string what;
+      try {
+        run_kernel_case(emu, c);
+      } catch (const Error& e) {
+        CHECK(e.code() == Errc::device_fault);
+        what = e.what();
+      }
+      // The entry, a key of column 1 (keys 4 to 6), and the bytes the launch's strides send it to.
+      const std::string named = fmt::format("block_tables[1][1] = {} is not a block of k_cache: key ", bad);
+      const auto at = what.find(named);
+      REQUIRE(at != std::string::npos);
+      const std::uint32_t key = std::stoul(what.substr(at + named.size()));
+      CHECK((key >= 4 && key <= 6));
+      std::int64_t first = 0, end = 0;
+      if (l.format == KvFormat::fp8) {
+        first = (std::int64_t{bad} * 4 + key % 4) * static_cast<std::int64_t>(c.scalars.at("cache_stride").as_u64());
+        end = first + l.dim;
+      } else {
+        first = std::int64_t{bad} * static_cast<std::int64_t>(c.scalars.at("block_stride_bytes").as_u64());
+        end =
+            first + static_cast<std::int64_t>(c.scalars.at("data_section_bytes").as_u64()) + (key % 4 + 1) * l.dim / 16;
+      }
+      CHECK_THAT(what,
+                 Contains(fmt::format("key {} would be read at bytes [{}, {}) of it (allocation #", key, first, end)));
     }
   }
 }

@@ -368,7 +368,8 @@ struct BadTableEntry final : CacheCmd {
     for (const std::string& needle :
          {std::string(c.format == KvFormat::fp8 ? "mla_paged_decode_fp8" : "mla_paged_decode_nvfp4"),
           fmt::format("block (0,{},0)", s),
-          fmt::format("block_tables[{}][{}] = {} is not a block of k_cache (allocation #", s, column, entry)})
+          fmt::format("block_tables[{}][{}] = {} is not a block of k_cache: key ", s, column, entry),
+          std::string(" of it (allocation #")})
       if (message.find(needle) == std::string::npos)
         RC_FAIL(fmt::format("the fault does not say \"{}\": {}", needle, message));
     sut.check(m);  // the temporaries are freed and the cache is as it was
