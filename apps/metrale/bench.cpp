@@ -13,7 +13,10 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -311,16 +314,21 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
 // bench/torch_baseline.py's JSON nests three levels (the rows' objects); deeper is not its.
 constexpr int kMaxTorchJsonDepth = 8;
 
+// The dense matmul rates a --torch file may give, in TFLOP/s: a GPU's, not a value in other units
+// (FLOP/s would be 10^12 times it) or a typing slip.
+constexpr double kLeastTflops = 1, kMostTflops = 1e6;
+
 // bench/torch_baseline.py's output as the sweep reads it: an object; matmul_tflops, when there, a
-// positive number whose FLOP/s are finite; rows, when there, an array of objects with unsigned B,
+// number from kLeastTflops to kMostTflops; rows, when there, an array of objects with unsigned B,
 // L and H and best_us a positive number or null. Errors: `invalid_argument` naming the file, the
 // row and the key.
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("matmul_tflops");
-      it != torch.end() && !(it->is_number() && it->get<double>() > 0 && std::isfinite(it->get<double>() * 1e12)))
-    fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a positive number of finite FLOP/s", path,
-         it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()));  // a number shown
+      it != torch.end() && !(it->is_number() && it->get<double>() >= kLeastTflops && it->get<double>() <= kMostTflops))
+    fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a matmul rate from {} to {} TFLOP/s", path,
+         it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()), kLeastTflops,
+         kMostTflops);  // a number shown
   if (!torch.contains("rows")) return;
   if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
   std::size_t i = 0;
@@ -460,11 +468,19 @@ void add_bench(CLI::App& app) {
       std::ifstream in(opts->torch);
       if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
       try {
-        // The file's JSON is a few levels deep; a deeper one is refused while it is read.
-        torch = ordered_json::parse(in, [&](int depth, nlohmann::json::parse_event_t, ordered_json&) {
+        // The file's JSON is a few levels deep; a deeper one is refused while it is read, and so is
+        // an object with a key twice (the parser would keep the last silently).
+        std::vector<std::set<std::string>> keys;  // of each object open
+        torch = ordered_json::parse(in, [&](int depth, nlohmann::json::parse_event_t event, ordered_json& parsed) {
+          using Event = nlohmann::json::parse_event_t;
           if (depth > kMaxTorchJsonDepth)
             fail(Errc::invalid_argument, "bench --torch {}: JSON nests deeper than {} levels", opts->torch,
                  kMaxTorchJsonDepth);
+          if (event == Event::object_start) keys.emplace_back();
+          if (event == Event::object_end) keys.pop_back();
+          if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second)
+            fail(Errc::invalid_argument, "bench --torch {}: key '{}' twice in one object", opts->torch,
+                 parsed.get<std::string>());
           return true;
         });
       } catch (const nlohmann::json::exception& e) {
