@@ -817,6 +817,7 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
     std::memcpy(&b, want.data.data() + 2 * i, 2);
     return bf16_ulps(a, b);
   };
+  got.check_size(), want.check_size();            // the slices below read numel values of each
   to_doubles(got, 0, 0), to_doubles(want, 0, 0);  // an error for a dtype it cannot compare, even when empty
   double worst_excess = -1;
   for (std::size_t begin = 0; begin < r.count; begin += kSlice) {

@@ -62,8 +62,8 @@ Check to_check(const OutputCheck& r, std::string against) {
 }
 
 // The .safetensors files of `dir`. A folder that does not exist is an error when the user named
-// it, and a warning for the defaults (a run from another working directory), added to `missing`
-// for the summary line.
+// it, and a warning for the defaults (found neither here nor in the source tree: default_folder),
+// added to `missing` for the summary line. One it cannot read (a loop of links) is an error.
 std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vector<std::string>& missing) {
   std::error_code ec;
   const fs::file_status status = fs::status(dir, ec);
