@@ -1136,9 +1136,39 @@ TEST_CASE("bad input: conform names a folder it cannot read, and finds its own f
     for (const char* folder : {"cases/kernels", "cases/golden"})
       CHECK_THAT(out, Catch::Matchers::Contains(fmt::format("note: conform: no folder {} here; taking {}/{}", folder,
                                                             METRALE_SOURCE_DIR, folder)));
-    CHECK_THAT(out, !Catch::Matchers::Contains("folders not found"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("not found or empty"));
     CHECK_THAT(out, Catch::Matchers::Contains("file     rope_pairs_bf16"));  // the recorded case files ran
   }
+  // Something under the default's name here is the run's, not a reason to take the source tree's:
+  // a loop of links is an error, an empty folder a warning the summary repeats.
+  const auto here = dir.path / "here";
+  std::filesystem::create_directories(here / "cases" / "golden");
+  std::filesystem::create_symlink(here / "cases" / "kernels", here / "cases" / "kernels");  // a link to itself
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only rope_pairs", out, "cd " + here.string() + " &&") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: cannot read folder cases/kernels: Too many levels"));
+  std::filesystem::remove(here / "cases" / "kernels");
+  std::filesystem::create_directories(here / "cases" / "kernels");
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only rope_pairs", out, "cd " + here.string() + " &&") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("warning: conform: no .safetensors files in cases/kernels, skipped"));
+  CHECK_THAT(out, Catch::Matchers::Contains("default folders not found or empty: cases/kernels, cases/golden"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("taking"));
+  // METRALE_GOLDEN_DIR, which the user set, runs before the source tree's cases/golden (its file
+  // of a shared name had been skipped for the source tree's), and --no-golden takes none.
+  const auto golden = dir.path / "golden";
+  std::filesystem::create_directories(golden);
+  write_bytes(golden / "dsv3_h16_t37.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only dsv3_h16_t37", out,
+                "cd " + dir.path.string() + " && METRALE_GOLDEN_DIR=" + golden.string()) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains((golden / "dsv3_h16_t37.safetensors").string() +
+                                            ": file of 4 bytes is too short"));  // the user's file ran
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      fmt::format("golden case {}/cases/golden/dsv3_h16_t37.safetensors skipped", METRALE_SOURCE_DIR)));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --only rope_pairs", out, "cd " + dir.path.string() + " &&") == 0);
+  CHECK_THAT(out, !Catch::Matchers::Contains("cases/golden"));
 }
 
 // The thirty-first session's adversarial run: under --only a case file whose case could not be

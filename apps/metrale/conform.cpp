@@ -61,9 +61,9 @@ Check to_check(const OutputCheck& r, std::string against) {
   return {r.output, std::move(against), r.max_abs, r.max_rel, 0, r.tolerance_used, r.bad, r.count, r.worst, r.pass};
 }
 
-// The .safetensors files of `dir`. A folder that does not exist is an error when the user named
-// it, and a warning for the defaults (found neither here nor in the source tree: default_folder),
-// added to `missing` for the summary line. One it cannot read (a loop of links) is an error.
+// The .safetensors files of `dir`. A folder that does not exist or holds none is an error when
+// the user named it, and a warning for the defaults (default_folder), added to `missing` for the
+// summary line. One it cannot read (a loop of links) is an error.
 std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vector<std::string>& missing) {
   std::error_code ec;
   const fs::file_status status = fs::status(dir, ec);
@@ -84,19 +84,28 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vecto
   std::vector<fs::path> out = safetensors_in_folder(dir, ec);
   if (ec) fail(Errc::invalid_argument, "conform: cannot list folder {}: {}", dir.string(), ec.message());
   if (out.empty() && named) fail(Errc::not_found, "conform: no .safetensors files in {}", dir.string());
+  if (out.empty()) {  // a default folder: said as a missing one is
+    fmt::print(stderr, "warning: conform: no .safetensors files in {}, skipped\n", dir.string());
+    missing.push_back(dir.string());
+  }
   return out;
 }
 
-// A default folder (`relative`, e.g. cases/kernels): in the working folder, else in the source tree
-// this metrale was built from (a run from another folder, said in a note), else `relative` as it
-// is (safetensors_in then warns that it is missing).
-std::string default_folder(const std::string& relative) {
+// A default folder (`relative`, e.g. cases/kernels): in the working folder when anything is there
+// under that name (safetensors_in then says what is wrong with it: a file, a loop of links, no
+// case files), else in the source tree this metrale was built from (a run from another folder,
+// said in a note; `from_source_tree` set), else `relative` as it is (then reported missing).
+std::string default_folder(const std::string& relative, bool& from_source_tree) {
+  from_source_tree = false;
   std::error_code ec;
-  if (fs::is_directory(relative, ec)) return relative;
+  if (fs::symlink_status(relative, ec).type() != fs::file_type::not_found ||
+      (ec && ec != std::errc::no_such_file_or_directory))
+    return relative;
   const fs::path built = fs::path(METRALE_SOURCE_DIR) / relative;
   if (!fs::is_directory(built, ec)) return relative;
   fmt::print(stderr, "note: conform: no folder {} here; taking {} (the source tree metrale was built from)\n", relative,
              built.string());
+  from_source_tree = true;
   return built.string();
 }
 
@@ -313,7 +322,8 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
   };
   md << fmt::format("- case folders: {}\n- golden folders: {}\n", folders(run.case_folders),
                     folders(run.golden_folders));
-  if (!run.missing.empty()) md << fmt::format("- folders not found: {}\n", fmt::join(run.missing, ", "));
+  if (!run.missing.empty())
+    md << fmt::format("- default folders not found or empty: {}\n", fmt::join(run.missing, ", "));
   md << fmt::format("- cases: {} run, {} failed, {} skipped (the device cannot run them), {:.1f} s\n\n", results.size(),
                     failed, run.skipped, seconds);
   md << "| group | kernel | cases | failed | nearest its tolerance vs reference/golden/file | its max abs error | "
@@ -409,19 +419,23 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     emu::EmulatorBackend emu;
     std::vector<CaseResult> results;
     std::size_t skipped = 0;           // cases the device cannot run
-    std::vector<std::string> missing;  // default folders not found
+    std::vector<std::string> missing;  // default folders not found or empty
     // The folders listed first: a named one that is missing or empty fails before the sweep runs.
     // METRALE_GOLDEN_DIR counts as named: a folder the user set that is missing is an error.
     const bool named_cases = !opts->case_dirs.empty(), named_golden = !opts->golden_dirs.empty();
-    const auto case_dirs = named_cases ? opts->case_dirs : std::vector<std::string>{default_folder("cases/kernels")};
-    std::vector<std::pair<std::string, bool>> golden_dirs;  // folder, named
-    if (named_golden)
+    bool from_source_tree = false;
+    const auto case_dirs =
+        named_cases ? opts->case_dirs : std::vector<std::string>{default_folder("cases/kernels", from_source_tree)};
+    std::vector<std::pair<std::string, bool>> golden_dirs;  // folder, named; a file name's first folder runs
+    if (named_golden) {
       for (const auto& d : opts->golden_dirs) golden_dirs.emplace_back(d, true);
-    else
-      golden_dirs.emplace_back(default_folder("cases/golden"), false);
-    if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0' && !named_golden)
-      golden_dirs.emplace_back(env, true);
-    if (opts->no_golden) golden_dirs.clear();
+    } else if (!opts->no_golden) {
+      golden_dirs.emplace_back(default_folder("cases/golden", from_source_tree), false);
+      // METRALE_GOLDEN_DIR after the working folder's cases/golden, but before the source tree's:
+      // a folder the user set wins over one they did not name
+      if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0')
+        golden_dirs.emplace(from_source_tree ? golden_dirs.begin() : golden_dirs.end(), env, true);
+    }
     std::vector<fs::path> case_files, golden_files;
     std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
     for (const auto& dir : case_dirs)
@@ -488,7 +502,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
           fmt::format(" ({}, driver {})", device["device"].get<std::string>(), device["driver_version"].get<int>());
     std::vector<std::string> notes;  // what the count leaves out
     if (skipped != 0) notes.push_back(fmt::format("{} skipped (the device cannot run them)", skipped));
-    if (!missing.empty()) notes.push_back(fmt::format("folders not found: {}", fmt::join(missing, ", ")));
+    if (!missing.empty())
+      notes.push_back(fmt::format("default folders not found or empty: {}", fmt::join(missing, ", ")));
     fmt::print("\n{}: {} case{}, {} failed, {:.1f} s — {}{}\n", where, results.size(), results.size() == 1 ? "" : "s",
                failed, seconds, failed == 0 ? "PASS" : "FAIL",
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
