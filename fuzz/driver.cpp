@@ -170,7 +170,13 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
   {
     std::error_code ec;
     fs::path p = fs::absolute(o.out, ec);
-    while (!ec && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+    // (symlink_status: a link to nothing is something in the way, not a folder still to make)
+    for (std::error_code status_ec; !ec && p != p.parent_path(); p = p.parent_path()) {
+      const fs::file_type type = fs::symlink_status(p, status_ec).type();
+      if (type == fs::file_type::not_found) continue;  // (its error, ENOENT or ENOTDIR, is the answer)
+      if (type == fs::file_type::none) ec = status_ec;
+      break;
+    }
     std::string why = ec ? ec.message() : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder" : "";
     if (why.empty()) {
       std::string probe = (p / ".metrale-fuzz-out-XXXXXX").string();

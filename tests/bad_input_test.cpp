@@ -1008,6 +1008,11 @@ TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothin
   out.clear();
   CHECK(run(scratch / "a_file" / "failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("is not a folder"));
+  out.clear();  // a link to nothing (it had passed, and the failure's files were then lost)
+  std::filesystem::create_symlink(scratch / "nowhere" / "x", scratch / "dangling");
+  CHECK(run(scratch / "dangling", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("dangling' is not a folder"));
+  std::filesystem::remove(scratch / "dangling");
   out.clear();
   CHECK(run(scratch / "new" / "failures", out) == 0);  // a clean run: no --out folder, no probe left
   CHECK(std::vector<std::filesystem::path>(std::filesystem::directory_iterator(scratch), {}) ==
@@ -1334,6 +1339,10 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   out.clear();
   CHECK(run_cli("info", out, "METRALE_RECORD_LIMIT=4GB") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_RECORD_LIMIT='4GB' is not a positive 64-bit integer"));
+  // --record-limit wins there as in a recording run (info had shown the variable's)
+  out.clear();
+  CHECK(run_cli("--record-limit 100 info", out, "METRALE_RECORD_LIMIT=4GB") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("case files (--record) at most 100 bytes a run (--record-limit)"));
 }
 
 // Each was once silent: spdlog skips a level it does not know, `info` makes no emulator to record,

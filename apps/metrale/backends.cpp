@@ -23,6 +23,7 @@ constexpr const char* kNotBuilt = "not built (no CUDA toolkit at configure time)
 
 void record_launches_to(std::string dir) { g_record_dir = std::move(dir); }
 void limit_recording_to(std::uint64_t bytes) { g_record_limit = bytes; }
+std::uint64_t recording_limit() { return g_record_limit; }
 bool recorder_made() { return g_recorder_made; }
 
 std::string backend_from_env() {

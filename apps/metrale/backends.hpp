@@ -29,6 +29,8 @@ void record_launches_to(std::string dir);
 /// `--record-limit`: the most bytes of case files a recording writes (EmulatorOptions::
 /// record_limit_bytes; 0 = its default).
 void limit_recording_to(std::uint64_t bytes);
+/// What limit_recording_to set (0: none, the emulator's default then).
+std::uint64_t recording_limit();
 /// Whether a backend was made since record_launches_to (a command without one, like `info`,
 /// records nothing: main says so).
 bool recorder_made();

@@ -22,7 +22,9 @@ void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "version, backends and emulator settings");
   cmd->callback([] {
     const auto t0 = std::chrono::steady_clock::now();
-    const emu::EmulatorBackend emu;  // first: a bad METRALE_EMU_* setting fails before anything is printed
+    emu::EmulatorOptions options;  // as a recording run's: --record-limit, else METRALE_RECORD_LIMIT
+    options.record_limit_bytes = recording_limit();
+    const emu::EmulatorBackend emu(options);  // first: a bad METRALE_* setting fails before anything is printed
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
@@ -71,8 +73,8 @@ void add_info(CLI::App& app) {
     fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
     fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
     fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
-    fmt::print("  case files (--record) at most {} bytes a run (METRALE_RECORD_LIMIT; --record-limit overrides)\n",
-               o.record_limit_bytes);
+    fmt::print("  case files (--record) at most {} bytes a run ({})\n", o.record_limit_bytes,
+               recording_limit() != 0 ? "--record-limit" : "METRALE_RECORD_LIMIT, else 4 GB");
     // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none.
     const std::string none = module_runs_on(emu, kMlaWgmmaModule)
                                  ? "none: too little shared memory"
