@@ -235,7 +235,7 @@ void mla_paged_decode_fp8(Block& blk, Global<const Bf16> q, Global<const std::ui
     const std::int64_t off = slot * static_cast<std::int64_t>(cache_stride);
     (pool + off).require_in_bounds(head_off, kv_cache_dim, [&] {
       const std::int64_t first = off + static_cast<std::int64_t>(head_off);
-      return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache", t, first, first + kv_cache_dim);
+      return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache", t, "row", first, first + kv_cache_dim);
     });
     return {pool, off};
   };
@@ -282,7 +282,7 @@ void mla_paged_decode_nvfp4(Block& blk, Global<const Bf16> q, Global<const std::
     const std::uint64_t through = data_section_bytes + (slot + 1) * row_width / 16;  // the key's data and scales
     blk_base.require_in_bounds(0, through, [&] {
       const std::int64_t first = std::int64_t{phys} * static_cast<std::int64_t>(block_stride_bytes);
-      return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache", t, first,
+      return bad_block_entry(s, column, phys, is_v ? "v_cache" : "k_cache", t, "block through its scales", first,
                              first + static_cast<std::int64_t>(through));
     });
     const auto data = blk_base.read(slot * row_width / 2 + e0 / 2, (e0 + kv_cache_dim + 1) / 2 - e0 / 2);

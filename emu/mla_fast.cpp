@@ -211,7 +211,7 @@ struct Fp8Keys {
       k_off = v_off = (std::int64_t{phys} * block_size + t % block_size) * static_cast<std::int64_t>(cache_stride);
       for (const auto& [pool, off, name] : {std::tuple{k_pool, k_off, "k_cache"}, std::tuple{v_pool, v_off, "v_cache"}})
         (pool + off).require_in_bounds(0, kv_cache_dim, [&] {
-          return bad_block_entry(s, column, phys, name, t, off, off + kv_cache_dim);
+          return bad_block_entry(s, column, phys, name, t, "row", off, off + kv_cache_dim);
         });
     }
     const auto kb = (k_pool + k_off).read(0, kv_cache_dim), vb = (v_pool + v_off).read(0, kv_cache_dim);
@@ -255,7 +255,8 @@ struct Nvfp4Keys {
     for (auto [pool, row, name] : {std::tuple{k_cache, &k_row, "k_cache"}, std::tuple{v_cache, &v_row, "v_cache"}}) {
       const std::uint64_t through = data_section_bytes + (slot + 1) * width / 16;  // the key's data and scales
       (pool + base).require_in_bounds(0, through, [&] {
-        return bad_block_entry(s, column, phys, name, t, base, base + static_cast<std::int64_t>(through));
+        return bad_block_entry(s, column, phys, name, t, "block through its scales", base,
+                               base + static_cast<std::int64_t>(through));
       });
       const auto data = (pool + base).read(slot * width / 2, width / 2);
       const auto scales = (pool + base).read(data_section_bytes + slot * width / 16, width / 16);

@@ -47,15 +47,17 @@ inline KeySet key_set(std::int32_t seq_len, std::uint32_t max_blocks_per_seq, st
   return {comp, start, comp + (len - start)};
 }
 
-/// How a port names a block-table entry whose block is not in the pool it reads (SPEC §3: the
+/// How a port names a block-table entry that sends a key outside the pool it reads (SPEC §3: the
 /// columns a sequence attends must hold blocks of the cache), for Global::require_in_bounds: the
-/// entry, and the bytes of key `key` it sends the read to, [first, end) from the pool's start
-/// (with the launch's strides; an entry of a real block that still falls outside says that the
-/// strides and the pool's size disagree).
+/// entry, the key, and the bytes it checked, [first, end) from the pool's start with the launch's
+/// strides — `span` says which: FP8's "row", NVFP4's "block through its scales". Either the entry
+/// is not a block of the cache, or the strides, block size and pool size disagree.
 inline std::string bad_block_entry(std::uint32_t s, std::uint32_t column, std::int32_t entry, const char* pool,
-                                   std::uint32_t key, std::int64_t first, std::int64_t end) {
-  return fmt::format("block_tables[{}][{}] = {} is not a block of {}: key {} would be read at bytes [{}, {}) of it", s,
-                     column, entry, pool, key, first, end);
+                                   std::uint32_t key, const char* span, std::int64_t first, std::int64_t end) {
+  return fmt::format(
+      "block_tables[{}][{}] = {} puts key {} outside {}: its {} would be bytes [{}, {}) of it (the entry is not a "
+      "block of the cache, or the strides, block size and pool size disagree)",
+      s, column, entry, key, pool, span, first, end);
 }
 
 }  // namespace metrale::emu

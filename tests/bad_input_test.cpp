@@ -984,6 +984,23 @@ TEST_CASE("a fuzz driver killed mid-run leaves no --out folder", "[cli]") {
   CHECK(!std::filesystem::exists(out_dir.parent_path()));
 }
 
+// Thirty-third session's adversarial run: under a GB10's settings or a small shared memory, the
+// argument-order and validation families reported false failures (an entry the device cannot run
+// counted as "valid arguments refused"; the combine's grid sized for 132 SMs; the split path
+// expected where its block does not fit).
+TEST_CASE("the launcher property families hold on the devices the emulator plays", "[cli]") {
+  const auto bin = std::filesystem::path(METRALE_CLI).parent_path();
+  for (const char* env : {"METRALE_EMU_COMPUTE_CAPABILITY=121", "METRALE_EMU_SHARED_BYTES=49152"})
+    for (const char* family : {"fuzz_argorder", "fuzz_validation"}) {
+      INFO(env << " " << family);
+      const std::string cmd = std::string(env) + " " + (bin / family).string() + " --cases 300 --seed 5 --out " +
+                              test::scratch_dir("metrale_props_devices").string() + " >/dev/null 2>&1";
+      const int status = std::system(cmd.c_str());
+      REQUIRE(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+}
+
 // Twenty-seventh and thirty-third sessions: --out under /proc passed the check as root (access()
 // says yes; mkdir there fails), and the run went on. The check now makes and removes a probe folder.
 TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothing where it could", "[cli]") {

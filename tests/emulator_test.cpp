@@ -1080,7 +1080,7 @@ TEST_CASE("emu: the paged ports name a block-table entry outside the cache", "[e
         what = e.what();
       }
       // The entry, a key of column 1 (keys 4 to 6), and the bytes the launch's strides send it to.
-      const std::string named = fmt::format("block_tables[1][1] = {} is not a block of k_cache: key ", bad);
+      const std::string named = fmt::format("block_tables[1][1] = {} puts key ", bad);
       const auto at = what.find(named);
       REQUIRE(at != std::string::npos);
       const std::uint32_t key = std::stoul(what.substr(at + named.size()));
@@ -1094,8 +1094,11 @@ TEST_CASE("emu: the paged ports name a block-table entry outside the cache", "[e
         end =
             first + static_cast<std::int64_t>(c.scalars.at("data_section_bytes").as_u64()) + (key % 4 + 1) * l.dim / 16;
       }
-      CHECK_THAT(what,
-                 Contains(fmt::format("key {} would be read at bytes [{}, {}) of it (allocation #", key, first, end)));
+      CHECK_THAT(
+          what, Contains(fmt::format("key {} outside k_cache: its {} would be bytes [{}, {}) of it (the entry is "
+                                     "not a block of the cache, or the strides, block size and pool size "
+                                     "disagree) (allocation #",
+                                     key, l.format == KvFormat::fp8 ? "row" : "block through its scales", first, end)));
     }
   }
 }

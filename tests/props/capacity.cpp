@@ -367,9 +367,8 @@ struct BadTableEntry final : CacheCmd {
     if (message.empty()) RC_FAIL(fmt::format("table entry {} of sequence {} read without a fault", entry, id));
     for (const std::string& needle :
          {std::string(c.format == KvFormat::fp8 ? "mla_paged_decode_fp8" : "mla_paged_decode_nvfp4"),
-          fmt::format("block (0,{},0)", s),
-          fmt::format("block_tables[{}][{}] = {} is not a block of k_cache: key ", s, column, entry),
-          std::string(" of it (allocation #")})
+          fmt::format("block (0,{},0)", s), fmt::format("block_tables[{}][{}] = {} puts key ", s, column, entry),
+          std::string(" outside k_cache: its "), std::string("pool size disagree) (allocation #")})
       if (message.find(needle) == std::string::npos)
         RC_FAIL(fmt::format("the fault does not say \"{}\": {}", needle, message));
     sut.check(m);  // the temporaries are freed and the cache is as it was

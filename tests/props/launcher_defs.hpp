@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "launchers.hpp"
+#include "props.hpp"  // emulated_multiprocessors
 
 namespace metrale::props::defs {
 
@@ -109,10 +110,11 @@ inline ExpectedLaunch launch_of(const char* module, const char* entry, Dim3 grid
 inline std::uint32_t wide_gemv_rows(std::uint32_t k) {
   return 8 * 2 * (32 / std::max(1u, std::bit_floor(std::min(32u, k / 16))));
 }
-/// The combine's blocks per (sequence, head) on the emulator's 132 SMs: enough for 8·132 blocks,
-/// at most one per 64-dim tile, at least one.
+/// The combine's blocks per (sequence, head) on the emulator's SMs (emulated_multiprocessors:
+/// 132, or 48 playing a GB10): enough for 8 blocks an SM, at most one per 64-dim tile, at least one.
 inline std::uint32_t combine_blocks(std::uint32_t heads, std::uint32_t seqs, std::uint32_t dim) {
-  const std::uint64_t n = std::uint64_t{heads} * seqs, want = (8 * 132 + n - 1) / n, tiles = (dim + 63ull) / 64;
+  const std::uint64_t n = std::uint64_t{heads} * seqs, want = (8ull * emulated_multiprocessors() + n - 1) / n,
+                      tiles = (dim + 63ull) / 64;
   return static_cast<std::uint32_t>(std::max<std::uint64_t>(1, std::min(want, tiles)));
 }
 

@@ -78,6 +78,15 @@ emu::EmulatorOptions emulator_options() {
   return o;
 }
 
+std::uint32_t emulated_multiprocessors() {
+  static const std::uint32_t n = [] {
+    emu::EmulatorOptions o;  // (not emulator_options(): this one records nothing)
+    o.threads = 1;
+    return emu::EmulatorBackend(o).multiprocessor_count();
+  }();
+  return n;
+}
+
 std::vector<std::string> backends() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n{"emu"};

@@ -74,6 +74,9 @@ void set_record_dir(std::filesystem::path dir);
 /// The emulator options every property uses: leaks are asserted by the properties themselves
 /// (a destructor may not fail a property), launches recorded when set_record_dir is set.
 emu::EmulatorOptions emulator_options();
+/// The SM count of the device those emulators play (132, or a GB10's 48 under
+/// METRALE_EMU_COMPUTE_CAPABILITY=121): what the launchers size grids for.
+std::uint32_t emulated_multiprocessors();
 
 // ---- backends and checks ---------------------------------------------------------------
 
