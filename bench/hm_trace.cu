@@ -82,13 +82,17 @@ double mean_us(const Launch& launch) {
 
 // Both blocks of one format over one pool, each timed over 20 launches, then the largest
 // difference of their partials (o against the largest |o|, m and l relative); 0 where they agree.
-// launch(k, o_partial, ml_partial): block k's launch (0 the heads-in-M block, 1 the
-// register-operand block).
-template <class Launch>
+// entries[k], shared[k]: block k's entry and dynamic shared memory (0 the heads-in-M block, 1 the
+// register-operand block); launch(entry, grid, shared, o_partial, ml_partial) launches one.
+template <class Entry, class Launch>
 int compare_blocks(const char* format, uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const char* const (&names)[2],
-                   const Launch& launch) {
+                   const Entry (&entries)[2], const uint32_t (&shared)[2], const Launch& launch) {
   constexpr uint32_t kDim = 576;
   const uint32_t splits = (L + kps - 1) / kps;
+  const dim3 grid(splits, (H + 63) / 64, B);
+  for (int k = 0; k < 2; ++k)
+    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
+          "cudaFuncSetAttribute");
   const size_t partials = size_t{B} * H * splits;
   float* o_partial[2] = {};
   float* ml_partial[2] = {};
@@ -98,12 +102,12 @@ int compare_blocks(const char* format, uint32_t B, uint32_t L, uint32_t H, uint3
   }
   const double flop = 2.0 * (kDim + kDim) * static_cast<double>(L) * H * B;
   for (int k = 0; k < 2; ++k) {
-    const auto one = [&] { launch(k, o_partial[k], ml_partial[k]); };
+    const auto one = [&] { launch(entries[k], grid, shared[k], o_partial[k], ml_partial[k]); };
     one();
     check(cudaDeviceSynchronize(), "warm-up launch");
     const double us = mean_us(one);
-    std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, splits,
-                (H + 63) / 64, B, format, names[k], us, flop / us * 1e-6);
+    std::printf("B=%u L=%u H=%u keys_per_split=%u grid %ux%ux%u %s %s: %.1f us, %.0f TFLOP/s\n", B, L, H, kps, grid.x,
+                grid.y, grid.z, format, names[k], us, flop / us * 1e-6);
   }
   std::vector<float> o[2], ml[2];
   for (int k = 0; k < 2; ++k) {
@@ -149,16 +153,12 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
                                                  64 * 4 + 2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
   decltype(&mla_paged_decode_wgmma_nvfp4)
       const entries[2] = {mla_paged_decode_wgmma_latent_nvfp4, mla_paged_decode_wgmma_nvfp4};
-  for (int k = 0; k < 2; ++k)
-    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
-          "cudaFuncSetAttribute");
-  const dim3 grid((L + kps - 1) / kps, (H + 63) / 64, B);
   return compare_blocks(
       "nvfp4", B, L, H, kps,
-      {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)", "register operands (mla_paged_decode_wgmma_nvfp4)"},
-      [&](int k, float* o_partial, float* ml_partial) {
-        entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens,
-                                             blocks_per_seq, H, kDim, kDim, kBlock, logit_scale, kStride, kData, kps);
+      {"heads in M (mla_paged_decode_wgmma_latent_nvfp4)", "register operands (mla_paged_decode_wgmma_nvfp4)"}, entries,
+      shared, [&](auto entry, dim3 grid, uint32_t bytes, float* o_partial, float* ml_partial) {
+        entry<<<grid, 256, bytes>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens, blocks_per_seq, H,
+                                    kDim, kDim, kBlock, logit_scale, kStride, kData, kps);
       });
 }
 
@@ -171,16 +171,12 @@ int run_fp8(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const uint8_t* d_p
                                                  2 * 4 * 32 * 4 + 2 * 4 * 4 + 3 * 2 * 8};
   decltype(&mla_paged_decode_wgmma_fp8)
       const entries[2] = {mla_paged_decode_wgmma_latent_fp8, mla_paged_decode_wgmma_fp8};
-  for (int k = 0; k < 2; ++k)
-    check(cudaFuncSetAttribute(entries[k], cudaFuncAttributeMaxDynamicSharedMemorySize, shared[k]),
-          "cudaFuncSetAttribute");
-  const dim3 grid((L + kps - 1) / kps, (H + 63) / 64, B);
   return compare_blocks(
       "fp8", B, L, H, kps,
-      {"heads in M (mla_paged_decode_wgmma_latent_fp8)", "register operands (mla_paged_decode_wgmma_fp8)"},
-      [&](int k, float* o_partial, float* ml_partial) {
-        entries[k]<<<grid, 256, shared[k]>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens, L / kBlock, H,
-                                             kDim, kDim, kBlock, logit_scale, kDim, 0, nullptr, 0, kps);
+      {"heads in M (mla_paged_decode_wgmma_latent_fp8)", "register operands (mla_paged_decode_wgmma_fp8)"}, entries,
+      shared, [&](auto entry, dim3 grid, uint32_t bytes, float* o_partial, float* ml_partial) {
+        entry<<<grid, 256, bytes>>>(d_q, d_pool, d_pool, o_partial, ml_partial, d_table, d_lens, L / kBlock, H, kDim,
+                                    kDim, kBlock, logit_scale, kDim, 0, nullptr, 0, kps);
       });
 }
 

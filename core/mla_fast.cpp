@@ -363,7 +363,6 @@ std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiproces
   return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((slots + heads - 1) / heads, 1, std::max(1u, tiles)));
 }
 
-// Whether a direct 16-head split block fits `max_shared_bytes` (else the seed kernel).
 bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
   return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= max_shared_bytes;
 }

@@ -66,16 +66,20 @@ void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>
   REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size());
 }
 
-// Run the CLI, stdout and stderr together, with `env` (NAME=value ...) before it; returns the
-// exit status.
-int run_cli(const std::string& args, std::string& out, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(METRALE_CLI) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+// Shell command `cmd`'s exit status, its standard output and error appended to `out`.
+int run_command(const std::string& cmd, std::string& out) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), pclose);
   REQUIRE(pipe);
   std::array<char, 4096> buf{};
   while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
   const int status = pclose(pipe.release());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Run the CLI, stdout and stderr together, with `env` (NAME=value ...) before it; returns the
+// exit status.
+int run_cli(const std::string& args, std::string& out, const std::string& env = "") {
+  return run_command(env + " " + std::string(METRALE_CLI) + " " + args, out);
 }
 
 SafeTensors recorded_decode_case() {
@@ -1010,13 +1014,7 @@ TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothin
   std::filesystem::create_directories(scratch);
   write_bytes(scratch / "a_file", std::vector<std::byte>(1, std::byte{1}));
   auto run = [&](const std::filesystem::path& out_dir, std::string& out) {
-    const std::string cmd = fuzz.string() + " --cases 1 --seed 7 --out " + out_dir.string() + " 2>&1";
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-    REQUIRE(pipe);
-    std::array<char, 4096> buf{};
-    while (std::fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
-    const int status = pclose(pipe.release());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return run_command(fuzz.string() + " --cases 1 --seed 7 --out " + out_dir.string(), out);
   };
   std::string out;
   CHECK(run("/proc/metrale_fuzz_out/failures", out) == 2);

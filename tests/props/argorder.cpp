@@ -56,12 +56,6 @@ void check_record(const emu::LaunchRecord& r, const ExpectedLaunch& e) {
   }
 }
 
-// Whether a 16-head split block of these rows fits the device's shared memory (else the paged
-// dispatchers take the seed kernel: a small METRALE_EMU_SHARED_BYTES, or a GB10's 99 KiB).
-bool split_fits_device(const GpuBackend& gpu, std::uint32_t kv_cache_dim) {
-  return split_shared_bytes(16, kv_cache_dim, 0) <= gpu.max_shared_bytes_per_block();
-}
-
 struct DryRun {
   emu::EmulatorBackend gpu{emulator_options()};
   DryRun() {
@@ -188,7 +182,8 @@ void paged_dispatchers() {
                            a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.comp_block_count, a.q.addr,
                            a.o.addr));
     const auto& log = rig.gpu.launch_log();
-    RC_ASSERT((path == DecodePath::seed) == (seed_only || !split_fits_device(rig.gpu, a.kv_cache_dim)));
+    RC_ASSERT((path == DecodePath::seed) ==
+              (seed_only || !split_fits(rig.gpu.max_shared_bytes_per_block(), a.kv_cache_dim)));
     if (path == DecodePath::seed) {
       RC_ASSERT(log.size() == 1u);
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_fp8"));
@@ -245,7 +240,8 @@ void paged_dispatchers() {
     note_input(fmt::format("nvfp4 num_q_heads {} q_head_dim {} kv_cache_dim {} block_size {} q {:#x} o {:#x}",
                            a.num_q_heads, a.q_head_dim, a.kv_cache_dim, a.block_size, a.q.addr, a.o.addr));
     const auto& log = rig.gpu.launch_log();
-    RC_ASSERT((path == DecodePath::seed) == (seed_only || !split_fits_device(rig.gpu, a.kv_cache_dim)));
+    RC_ASSERT((path == DecodePath::seed) ==
+              (seed_only || !split_fits(rig.gpu.max_shared_bytes_per_block(), a.kv_cache_dim)));
     if (path == DecodePath::seed) {
       RC_ASSERT(log.size() == 1u);
       RC_ASSERT(log[0].entry == std::string("mla_paged_decode_nvfp4"));
