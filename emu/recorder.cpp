@@ -61,6 +61,12 @@ constexpr std::uint64_t kMaxCases = 10'000'000'000'000'000'000ULL;
 CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     : dir_(std::move(dir)), limit_bytes_(limit_bytes) {
   std::error_code ec;
+  // The shallowest folder of dir_ that is not there yet: a recording that writes nothing removes
+  // what it made (an empty folder left behind reads as a run that recorded nothing on purpose).
+  for (std::filesystem::path p = dir_; !p.empty() && !std::filesystem::exists(p, ec); p = p.parent_path()) {
+    made_ = p;
+    if (p == p.parent_path()) break;
+  }
   std::filesystem::create_directories(dir_, ec);
   if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
   // Numbering continues after the highest number already there (NNNN_<entry>), so a second run
@@ -88,8 +94,15 @@ CaseRecorder::~CaseRecorder() {
     spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
                  format_bytes(bytes_), printable(dir_.string()));
   } else {
-    spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written)",
-                 printable(dir_.string()));
+    // The folders it made, deepest first, where still empty (std::filesystem::remove takes no other).
+    bool removed = !made_.empty();
+    for (std::filesystem::path p = dir_; removed; p = p.parent_path()) {
+      std::error_code ec;
+      removed = std::filesystem::remove(p, ec);
+      if (p == made_ || p == p.parent_path()) break;
+    }
+    spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written){}",
+                 printable(dir_.string()), removed ? "; removed the empty folder it made" : "");
   }
 }
 

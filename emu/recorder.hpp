@@ -19,7 +19,8 @@ class CaseRecorder {
   /// every launch: a long replay's can fill a disk). Errors: `invalid_argument` when `dir`
   /// cannot be created (names it).
   CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes);
-  /// Says how many cases it wrote, and where (a warning when none).
+  /// Says how many cases it wrote, and where (a warning when none: the folders it made for `dir`
+  /// are then removed where empty).
   ~CaseRecorder();
   CaseRecorder(const CaseRecorder&) = delete;
   CaseRecorder& operator=(const CaseRecorder&) = delete;
@@ -45,6 +46,7 @@ class CaseRecorder {
 
  private:
   std::filesystem::path dir_;
+  std::filesystem::path made_;  // the shallowest folder of dir_ the constructor made (empty: none)
   std::uint64_t next_ = 0;  // the next case's number
   std::uint64_t written_ = 0;
   std::uint64_t limit_bytes_;

@@ -1321,12 +1321,23 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   CHECK(run_cli("--record-limit 1kb " + run, out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB (0 bytes already written in 0 cases); the "
                                             "launch did not run"));
-  CHECK(std::filesystem::is_empty(dir.path));
-  // The same after the command (it was "not expected" there, exit 109).
+  // The folder it made for the run is gone again (it was left behind, empty).
+  CHECK_THAT(out, Catch::Matchers::Contains("; removed the empty folder it made"));
+  CHECK(!std::filesystem::exists(dir.path));
+  // The same after the command (it was "not expected" there, exit 109), into a folder that was
+  // there before: it stays.
+  std::filesystem::create_directories(dir.path);
   out.clear();
   CHECK(run_cli("case run --backend emu " + some_case + " --record " + dir.path.string() + " --record-limit 1kb",
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("removed the empty folder"));
+  CHECK(std::filesystem::is_empty(dir.path));
+  // Folders it made under one that was there: those it made go, that one stays.
+  out.clear();
+  CHECK(
+      run_cli("--record-limit 1kb --record " + (dir.path / "a" / "b").string() + " case run --backend emu " + some_case,
+              out) == 2);
   CHECK(std::filesystem::is_empty(dir.path));
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
            {"0", "a size of 0 bytes (give a positive size)"},
