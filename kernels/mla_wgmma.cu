@@ -1771,9 +1771,9 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
 #ifdef METRALE_HM_PIN_LOADS
       {  // Experiment ("Thirty-third session"): the rows' addresses plus f's sign bit, read after the
          // kHmBarP wait, so that ptxas issues the loads there (without it, NVFP4's 20 go before
-         // kHmBarP, FP8's 9 of 18). The bit is 0 but for a NaN factor (NaN codes in the cache),
-         // which would misalign the loads: if kept, a zero word in shared memory instead.
-        const uint32_t pin = __float_as_uint(f[0]) >> 31;
+         // kHmBarP, FP8's 9 of 18). A factor is exp2 of a difference, never negative: the bit is
+         // 0, and a NaN factor (NaN codes in the cache) gives 0 too, by the select.
+        const uint32_t pin = f[0] == f[0] ? __float_as_uint(f[0]) >> 31 : 0u;
         typename Share::Key pinned[2] = {rows[0], rows[1]};
         for (auto& k : pinned) Share::pin(k, pin);
         share.load(pinned, first);

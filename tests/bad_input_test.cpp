@@ -27,6 +27,7 @@
 #include "metrale/case_gen.hpp"
 #include "metrale/deepseek_mla.hpp"
 #include "metrale/emu/emulator.hpp"
+#include "metrale/formats.hpp"
 #include "metrale/kernel_case.hpp"
 #include "metrale/mla_decode.hpp"
 #include "metrale/model_case.hpp"
@@ -1089,6 +1090,35 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
     CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == expect);
     out.clear();
     CHECK(run_cli("conform --backend emu --no-golden --cases " + dir.path.string() + " --only no_tolerance", out) ==
+          expect);
+  }
+}
+
+// A BF16 output against an F32 expectation (a higher-precision reference's) without a tolerance:
+// judged with BF16's one ULP, not F32's 1e-6 (which its own rounding, half an ULP, failed).
+TEST_CASE("bad input: a BF16 output against an F32 expectation is judged at BF16's ULP", "[bad_input][cli]") {
+  for (const double off : {0x1.8p-8, 0x1p-5}) {
+    INFO("each value off by " << off << " of itself");
+    SafeTensors f = recorded_decode_case();
+    f.tensors.erase("tolerance.o");
+    Tensor& want = f.tensors.at("expected.o");
+    REQUIRE(want.dtype == Dtype::bf16);
+    std::vector<float> values(want.numel());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      std::uint16_t b = 0;
+      std::memcpy(&b, want.data.data() + 2 * i, 2);
+      values[i] = static_cast<float>(Bf16{b}.to_float() * (1 + off));
+    }
+    want = Tensor{Dtype::f32, want.shape, std::vector<std::byte>(values.size() * 4)};
+    std::memcpy(want.data.data(), values.data(), want.data.size());
+    TempPath dir("_f32_expectation");
+    std::filesystem::create_directories(dir.path);
+    f.write(dir.path / "f32_expectation.safetensors");
+    const int expect = off < 0x1p-7 ? 0 : 1;
+    std::string out;
+    CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == expect);
+    out.clear();
+    CHECK(run_cli("conform --backend emu --no-golden --cases " + dir.path.string() + " --only f32_expectation", out) ==
           expect);
   }
 }
