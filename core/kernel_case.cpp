@@ -873,12 +873,15 @@ Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
 }
 
 namespace {
-// same_arithmetic_tolerance(want), for an output the kernel stores as BF16 widened to BF16's one
-// ULP (2^-7 relative at most) where the expectation is wider (F32, F64): the output carries BF16's
-// rounding, which an F32 tolerance of 1e-6 would fail at half an ULP.
+// same_arithmetic_tolerance(want), widened to BF16's one ULP (2^-7 relative at most) where one of
+// the output (as the kernel stores it) and the expectation is BF16 and the other is a wider float
+// (F32, F64): one of them carries BF16's rounding, which an F32 tolerance of 1e-6 fails at half an
+// ULP, and BF16's ULP count compares two BF16 values only.
 Tolerance default_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {
   Tolerance t = same_arithmetic_tolerance(want);
-  if (want.dtype != Dtype::bf16 && pointer_dtype(c.module, c.entry, output) == Dtype::bf16)
+  const auto wide = [](Dtype d) { return d == Dtype::f32 || d == Dtype::f64; };
+  if (const auto stored = pointer_dtype(c.module, c.entry, output);
+      stored && ((*stored == Dtype::bf16 && wide(want.dtype)) || (wide(*stored) && want.dtype == Dtype::bf16)))
     t.rel = std::max(t.rel, 0x1p-7);
   return t;
 }

@@ -1096,7 +1096,8 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
 
 // A BF16 output against an F32 expectation (a higher-precision reference's) without a tolerance:
 // judged with BF16's one ULP, not F32's 1e-6 (which its own rounding, half an ULP, failed).
-TEST_CASE("bad input: a BF16 output against an F32 expectation is judged at BF16's ULP", "[bad_input][cli]") {
+TEST_CASE("bad input: BF16 against F32 between an output and its expectation is judged at BF16's ULP",
+          "[bad_input][cli]") {
   for (const double off : {0x1.8p-8, 0x1p-5}) {
     INFO("each value off by " << off << " of itself");
     SafeTensors f = recorded_decode_case();
@@ -1121,6 +1122,25 @@ TEST_CASE("bad input: a BF16 output against an F32 expectation is judged at BF16
     CHECK(run_cli("conform --backend emu --no-golden --cases " + dir.path.string() + " --only f32_expectation", out) ==
           expect);
   }
+  // The other way round: an F32 output (a split block's partials) against a BF16 expectation, which
+  // had been judged by the floor alone (BF16's ULP count compares two BF16 values only).
+  SafeTensors f = SafeTensors::read(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                                    "dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors");
+  f.tensors.erase("tolerance.o_partial");
+  f.tensors.erase("backend_tolerance.o_partial");
+  Tensor& want = f.tensors.at("expected.o_partial");
+  REQUIRE(want.dtype == Dtype::f32);
+  std::vector<float> values(want.numel());
+  std::memcpy(values.data(), want.data.data(), want.data.size());
+  std::vector<std::uint16_t> bits(values.size());
+  std::ranges::transform(values, bits.begin(), [](float v) { return Bf16::from_float(v).bits; });
+  want = Tensor{Dtype::bf16, want.shape, std::vector<std::byte>(bits.size() * 2)};
+  std::memcpy(want.data.data(), bits.data(), want.data.size());
+  TempPath dir("_bf16_expectation");
+  std::filesystem::create_directories(dir.path);
+  f.write(dir.path / "bf16_expectation.safetensors");
+  std::string out;
+  CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 0);
 }
 
 // The note on a golden folder's file that is not a model case (ml_dtypes' format tables) was

@@ -113,7 +113,8 @@ Tolerance same_arithmetic_tolerance(const Tensor& want, double floor = 1e-6);
 /// The tolerance of `output` against the case's expectation `want`: the case's `tolerance` entry,
 /// else same_arithmetic_tolerance(want) (an expectation without one is taken as another
 /// backend's result; `metrale case run` and `conform` both judge by this), its relative part at
-/// least BF16's one ULP (2^-7) where the kernel stores `output` as BF16 and `want` is wider.
+/// least BF16's one ULP (2^-7) where one of `output` (as the kernel stores it) and `want` is BF16
+/// and the other F32 or F64.
 Tolerance expected_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 /// The case's backend_tolerance for `output`, else as expected_tolerance's default.
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
