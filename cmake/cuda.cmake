@@ -75,6 +75,9 @@ target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch
 set(hm_trace_src ${PROJECT_SOURCE_DIR}/bench/hm_trace.cu)
 set(hm_trace_flags ${nvcc_flags} -gencode=arch=compute_90a,code=sm_90a)
 set(hm_trace_bins "")
+# An experiment's build also gets the module's fatbin, kernels/variants/<suffix>/mla_wgmma.fatbin,
+# which the CUDA backend loads in place of its own under METRALE_CUDA_FATBIN_DIR: the GPU suite,
+# `conform` and the sanitizers can then check the switch's very machine code before it is kept.
 function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
   set(define ${ARGN})
   list(TRANSFORM define PREPEND -D)
@@ -84,7 +87,19 @@ function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
                              -o ${PROJECT_BINARY_DIR}/bin/${name} ${hm_trace_src}
                      DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
                      COMMENT "nvcc bench/hm_trace.cu ${shown} -> ${name} (90a)")
-  set(hm_trace_bins ${hm_trace_bins} ${PROJECT_BINARY_DIR}/bin/${name} PARENT_SCOPE)
+  set(outputs ${PROJECT_BINARY_DIR}/bin/${name})
+  string(REPLACE "hm_trace_" "" suffix ${name})
+  if(define AND NOT name STREQUAL "hm_trace_cycles")
+    set(fatbin ${gen}/variants/${suffix}/mla_wgmma.fatbin)
+    add_custom_command(OUTPUT ${fatbin}
+                       COMMAND ${CMAKE_COMMAND} -E make_directory ${gen}/variants/${suffix}
+                       COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} ${define} -fatbin -o ${fatbin}
+                               ${PROJECT_SOURCE_DIR}/kernels/mla_wgmma.cu
+                       DEPENDS ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
+                       COMMENT "nvcc mla_wgmma.cu ${shown} -> variants/${suffix}/mla_wgmma.fatbin (90a)")
+    list(APPEND outputs ${fatbin})
+  endif()
+  set(hm_trace_bins ${hm_trace_bins} ${outputs} PARENT_SCOPE)
 endfunction()
 hm_trace_build(hm_trace)
 hm_trace_build(hm_trace_cycles METRALE_HM_TRACE)

@@ -7,7 +7,8 @@
 # 128-head rows at batch ≥ 32 from 4K keys (the chunks as the plan cuts them). MODE fp8 and
 # nvfp4 time each format's heads-in-M partial entry beside its register-operand block and compare
 # their partials ("agree" or "DIFFER"); MODE cluster times the FP8 cluster entry. The builds take
-# turns on each row, twice over, so that drift falls on all of them alike. Needs .carry/
+# turns on each row, twice over, so that drift falls on all of them alike (TIMING_SECONDS, 330
+# unless given, bounds it). Needs .carry/
 # (scripts/pack_device.sh after `cmake --build build --target hm_trace`); logs under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -17,8 +18,10 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 # B L H KEYS_PER_SPLIT
 rows=("32 4096 128 2048" "128 4096 128 4096" "32 16384 128 8192" "128 16384 128 16384")
+stop=$(($(date +%s) + ${TIMING_SECONDS:-330}))  # the timing's bound: a row not begun by then is left out
 for rep in 1 2; do
   for row in "${rows[@]}"; do
+    [ "$(date +%s)" -lt "$stop" ] || { echo "rep $rep $row: not run (TIMING_SECONDS spent)"; continue; }
     for mode in fp8 cluster nvfp4; do
       builds=(hm_trace hm_trace_pin hm_trace_preg hm_trace_pin_preg)
       [ "$mode" != nvfp4 ] || builds+=(hm_trace_grouped)
@@ -29,3 +32,23 @@ for rep in 1 2; do
     done
   done
 done | tee "$OUT/hm_variants.txt"
+# Then each experiment's own build of the module (kernels/variants/<name>/mla_wgmma.fatbin, loaded
+# through METRALE_CUDA_FATBIN_DIR) under the GPU suite's wgmma and latent tests, `conform`'s
+# heads-in-M cases and memcheck and racecheck over them: a switch that wins is checked as built.
+# CHECK_SECONDS bounds the lot (150 s unless given).
+export METRALE_GOLDEN_DIR=$PWD/.carry/golden
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }  # the test binary's baked source path
+deadline=$((SECONDS + ${CHECK_SECONDS:-150}))
+for dir in .carry/kernels/variants/*/; do
+  name=$(basename "$dir")
+  for check in "tests:.carry/bin/metrale_tests [wgmma],[latent]" \
+    "conform:.carry/bin/metrale conform --backend cuda --no-golden --only wgmma_latent" \
+    "memcheck:compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 .carry/bin/metrale conform --backend cuda --no-golden --only wgmma_latent" \
+    "racecheck:compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 .carry/bin/metrale conform --backend cuda --no-golden --only wgmma_latent"; do
+    left=$((deadline - SECONDS))
+    [ "$left" -gt 5 ] || { echo "$name ${check%%:*}: not run (CHECK_SECONDS spent)"; continue; }
+    t0=$SECONDS
+    (cd /work/main && METRALE_CUDA_FATBIN_DIR=$PWD/$dir timeout "$left" ${check#*:}) > "$OUT/check_${name}_${check%%:*}.txt" 2>&1
+    echo "$name ${check%%:*}: exit $? in $((SECONDS - t0)) s; $(tail -n 1 "$OUT/check_${name}_${check%%:*}.txt")"
+  done
+done | tee "$OUT/hm_variant_checks.txt"

@@ -18,6 +18,8 @@ done
 strip "$stage"/bin/*
 cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libspdlog.so.1.10 "$stage/lib/"
 cp build/kernels/*.fatbin build/kernels/*.ptx "$stage/kernels/"
+# the experiments' builds of mla_wgmma (kernels/variants/<name>/, METRALE_CUDA_FATBIN_DIR), where built
+[ ! -d build/kernels/variants ] || cp -r build/kernels/variants "$stage/kernels/"
 # The golden cases as the test suite finds them: METRALE_GOLDEN_DIR, else ../shared/golden, else the copies here.
 golden=${METRALE_GOLDEN_DIR:-}
 [ -n "$golden" ] || { [ -d ../shared/golden ] && golden=../shared/golden || golden=cases/golden; }
