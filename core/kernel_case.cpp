@@ -734,8 +734,17 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   }
   for (const auto* tolerances : {&c.tolerance, &c.backend_tolerance})
     for (const auto& [out, tol] : *tolerances)
-      if (c.expected.count(out) == 0)
+      if (c.expected.count(out) == 0) {
         fail(Errc::invalid_argument, "case {}: a tolerance for {}, which has no expected.{} tensor", c.name, out, out);
+      } else if (const auto stored = pointer_dtype(c.module, c.entry, out);
+                 tol.ulps > 0 && (c.expected.at(out).dtype != Dtype::bf16 || (stored && *stored != Dtype::bf16))) {
+        // (check_output counts ULPs between two BF16 values only: the ulps would have no effect)
+        fail(Errc::invalid_argument,
+             "case {}: a tolerance for {} allows {} ulps, which count between BF16 values only, but {} is {} against "
+             "an expected.{} of {}: give rel instead",
+             c.name, out, tol.ulps, out, stored ? to_string(*stored) : "stored as given", out,
+             to_string(c.expected.at(out).dtype));
+      }
   const auto& pointers = a.fields.pointers;
   for (const auto& [param, target] : c.aliases) {
     const std::string what = fmt::format("case {}: alias.{} = '{}'", c.name, printable(param), printable(target));
@@ -862,27 +871,34 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
 }
 
 Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
-  if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64) return {};
+  if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64)
+    return {};
   double peak = 0;
   const std::size_t count = want.numel();
   for (std::size_t begin = 0; begin < count; begin += kSlice)
     for (double v : to_doubles(want, begin, std::min(kSlice, count - begin)))
       if (std::isfinite(v)) peak = std::max(peak, std::fabs(v));
   if (want.dtype == Dtype::bf16) return {floor * peak, 0, 1};
+  if (want.dtype == Dtype::f16) return {floor * peak, 0x1p-10, 0};  // one ULP, relative, at most
   return {floor * peak, 1e-6, 0};
 }
 
 namespace {
-// same_arithmetic_tolerance(want), widened to BF16's one ULP (2^-7 relative at most) where one of
-// the output (as the kernel stores it) and the expectation is BF16 and the other is a wider float
-// (F32, F64): one of them carries BF16's rounding, which an F32 tolerance of 1e-6 fails at half an
-// ULP, and BF16's ULP count compares two BF16 values only.
+// One ULP of a 16-bit float format relative to the value, at most (0 for wider ones).
+double ulp16(Dtype d) { return d == Dtype::bf16 ? 0x1p-7 : d == Dtype::f16 ? 0x1p-10 : 0; }
+
+// same_arithmetic_tolerance(want), widened to the coarser format's one ULP where the output (as the
+// kernel stores it) and the expectation are floats of two formats (a BF16 output against an F32
+// reference's, an F32 partial against a BF16 or F16 expectation): one side carries that format's
+// rounding, which F32's 1e-6 fails at half an ULP, and BF16's ULP count compares two BF16 values only.
 Tolerance default_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {
   Tolerance t = same_arithmetic_tolerance(want);
-  const auto wide = [](Dtype d) { return d == Dtype::f32 || d == Dtype::f64; };
+  const auto is_float = [](Dtype d) {
+    return d == Dtype::bf16 || d == Dtype::f16 || d == Dtype::f32 || d == Dtype::f64;
+  };
   if (const auto stored = pointer_dtype(c.module, c.entry, output);
-      stored && ((*stored == Dtype::bf16 && wide(want.dtype)) || (wide(*stored) && want.dtype == Dtype::bf16)))
-    t.rel = std::max(t.rel, 0x1p-7);
+      stored && *stored != want.dtype && is_float(*stored) && is_float(want.dtype))
+    t.rel = std::max({t.rel, ulp16(*stored), ulp16(want.dtype)});
   return t;
 }
 }  // namespace

@@ -60,15 +60,26 @@ constexpr std::uint64_t kMaxCases = 10'000'000'000'000'000'000ULL;
 
 CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     : dir_(std::move(dir)), limit_bytes_(limit_bytes) {
-  std::error_code ec;
-  // The shallowest folder of dir_ that is not there yet: a recording that writes nothing removes
-  // what it made (an empty folder left behind reads as a run that recorded nothing on purpose).
-  for (std::filesystem::path p = dir_; !p.empty() && !std::filesystem::exists(p, ec); p = p.parent_path()) {
-    made_ = p;
-    if (p == p.parent_path()) break;
+  // dir_ made one component at a time as written (a `..` resolves through what exists then), so
+  // that the folders made are known exactly: a recording that writes nothing removes them again
+  // (an empty folder left behind reads as a run that recorded nothing on purpose), and no other.
+  std::filesystem::path p;
+  for (const auto& part : dir_) {
+    p /= part;
+    std::error_code ec;
+    if (part.empty() || std::filesystem::exists(std::filesystem::symlink_status(p, ec))) continue;
+    if (!std::filesystem::create_directory(p, ec) && ec) {
+      remove_made();
+      fail(Errc::invalid_argument, "recorder: cannot create {}: {} ({})", printable(dir_.string()),
+           printable(p.string()), ec.message());
+    }
+    made_.push_back(p);
   }
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) fail(Errc::invalid_argument, "recorder: cannot create {}: {}", dir_.string(), ec.message());
+  if (std::error_code ec; !std::filesystem::is_directory(dir_, ec)) {
+    remove_made();
+    fail(Errc::invalid_argument, "recorder: cannot record into {}: it is not a folder{}", printable(dir_.string()),
+         std::filesystem::is_symlink(dir_, ec) ? " (a link to nothing, or to a file)" : "");
+  }
   // Numbering continues after the highest number already there (NNNN_<entry>), so a second run
   // never overwrites a case of the first, even one whose earlier neighbours were deleted.
   std::uint64_t files = 0;
@@ -94,15 +105,8 @@ CaseRecorder::~CaseRecorder() {
     spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
                  format_bytes(bytes_), printable(dir_.string()));
   } else {
-    // The folders it made, deepest first, where still empty (std::filesystem::remove takes no other).
-    bool removed = !made_.empty();
-    for (std::filesystem::path p = dir_; removed; p = p.parent_path()) {
-      std::error_code ec;
-      removed = std::filesystem::remove(p, ec);
-      if (p == made_ || p == p.parent_path()) break;
-    }
     spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written){}",
-                 printable(dir_.string()), removed ? "; removed the empty folder it made" : "");
+                 printable(dir_.string()), remove_made() ? "; removed the empty folders it made for it" : "");
   }
 }
 
@@ -149,6 +153,18 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   return c;
 }
 
+bool CaseRecorder::remove_made() {
+  bool removed = false;
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+    std::error_code ec;  // a real folder and empty (std::filesystem::remove would unlink a link)
+    if (!std::filesystem::is_directory(std::filesystem::symlink_status(*it, ec)) || !std::filesystem::is_empty(*it, ec))
+      break;
+    removed = std::filesystem::remove(*it, ec) || removed;
+  }
+  made_.clear();
+  return removed;
+}
+
 void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
                          const detail::AddressSpace& memory) {
   for (std::size_t i = 0; i < e.params.size(); ++i) {
@@ -169,7 +185,10 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   }
   // A number another run (recording into the same folder) took meanwhile is skipped: a case file
   // is only ever created, never replaced. Numbers stay below 10^19 (19 digits), which the next
-  // run's scan reads back.
+  // run's scan reads back. The folder again first: another run that made it and wrote nothing
+  // removes it at its end.
+  std::error_code made_again;
+  std::filesystem::create_directories(dir_, made_again);
   for (;; ++next_) {
     if (next_ >= kMaxCases)
       fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <vector>
 
 #include "metrale/emu/port.hpp"
 #include "metrale/kernel_case.hpp"
@@ -17,10 +18,10 @@ class CaseRecorder {
  public:
   /// Records into `dir`, at most `limit_bytes` of case files in all (a recording grows with
   /// every launch: a long replay's can fill a disk). Errors: `invalid_argument` when `dir`
-  /// cannot be created (names it).
+  /// cannot be created or is not a folder (names it; the folders made by then are removed).
   CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes);
   /// Says how many cases it wrote, and where (a warning when none: the folders it made for `dir`
-  /// are then removed where empty).
+  /// are then removed, deepest first, while empty).
   ~CaseRecorder();
   CaseRecorder(const CaseRecorder&) = delete;
   CaseRecorder& operator=(const CaseRecorder&) = delete;
@@ -45,8 +46,11 @@ class CaseRecorder {
   std::uint64_t written() const { return written_; }
 
  private:
+  /// Remove the folders in made_ (deepest first, while each is a real, empty folder); true when
+  /// any was removed.
+  bool remove_made();
   std::filesystem::path dir_;
-  std::filesystem::path made_;  // the shallowest folder of dir_ the constructor made (empty: none)
+  std::vector<std::filesystem::path> made_;  // the folders the constructor made for dir_, outermost first
   std::uint64_t next_ = 0;  // the next case's number
   std::uint64_t written_ = 0;
   std::uint64_t limit_bytes_;

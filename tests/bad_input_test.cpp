@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1094,6 +1095,16 @@ TEST_CASE("bad input: case run and conform judge an expectation without a tolera
   }
 }
 
+// The FP16 bits of f16_round(v) (finite values in FP16's range).
+std::uint16_t fp16_bits(float v) {
+  const float r = f16_round(v), a = std::fabs(r);
+  const auto u = std::bit_cast<std::uint32_t>(r);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  if (a < 0x1p-14f) return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(a * 0x1p24f));  // subnormal
+  const std::uint32_t exponent = ((u >> 23) & 0xFFu) - 127 + 15;
+  return static_cast<std::uint16_t>(sign | (exponent << 10) | ((u >> 13) & 0x3FFu));
+}
+
 // A BF16 output against an F32 expectation (a higher-precision reference's) without a tolerance:
 // judged with BF16's one ULP, not F32's 1e-6 (which its own rounding, half an ULP, failed).
 TEST_CASE("bad input: BF16 against F32 between an output and its expectation is judged at BF16's ULP",
@@ -1141,6 +1152,22 @@ TEST_CASE("bad input: BF16 against F32 between an output and its expectation is 
   f.write(dir.path / "bf16_expectation.safetensors");
   std::string out;
   CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 0);
+  // An F16 expectation: its one ULP (2^-10), where it had been compared exactly.
+  std::vector<std::uint16_t> halves(values.size());
+  std::ranges::transform(values, halves.begin(), [](float v) { return fp16_bits(v); });
+  want = Tensor{Dtype::f16, want.shape, std::vector<std::byte>(halves.size() * 2)};
+  std::memcpy(want.data.data(), halves.data(), want.data.size());
+  f.write(dir.path / "bf16_expectation.safetensors");
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 0);
+  // ULPs in a tolerance count between two BF16 values: for an F32 output they had no effect.
+  f.tensors["tolerance.o_partial"] = f64_tensor({0, 0, 100000});
+  std::filesystem::remove(dir.path / "bf16_expectation.safetensors");
+  f.write(dir.path / "bf16_expectation.safetensors");
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);  // not run: an error
+  CHECK_THAT(out, Catch::Matchers::Contains("a tolerance for o_partial allows 100000 ulps, which count between BF16 "
+                                            "values only, but o_partial is F32 against an expected.o_partial of F16"));
 }
 
 // The note on a golden folder's file that is not a model case (ml_dtypes' format tables) was
@@ -1372,7 +1399,7 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 1.0 kB (0 bytes already written in 0 cases); the "
                                             "launch did not run"));
   // The folder it made for the run is gone again (it was left behind, empty).
-  CHECK_THAT(out, Catch::Matchers::Contains("; removed the empty folder it made"));
+  CHECK_THAT(out, Catch::Matchers::Contains("; removed the empty folders it made for it"));
   CHECK(!std::filesystem::exists(dir.path));
   // The same after the command (it was "not expected" there, exit 109), into a folder that was
   // there before: it stays.
@@ -1384,11 +1411,35 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   CHECK_THAT(out, !Catch::Matchers::Contains("removed the empty folder"));
   CHECK(std::filesystem::is_empty(dir.path));
   // Folders it made under one that was there: those it made go, that one stays.
-  out.clear();
-  CHECK(
-      run_cli("--record-limit 1kb --record " + (dir.path / "a" / "b").string() + " case run --backend emu " + some_case,
-              out) == 2);
+  const auto record_nothing = [&](const std::filesystem::path& into) {
+    out.clear();
+    return run_cli("--record-limit 1kb --record '" + into.string() + "' case run --backend emu " + some_case, out);
+  };
+  CHECK(record_nothing(dir.path / "a" / "b") == 2);
   CHECK(std::filesystem::is_empty(dir.path));
+  // Only the folders it made, however the path reaches them: `made/..` makes `made` (removed) and
+  // then leads to folders that were there, and a link to a folder that holds files (kept). It had
+  // taken everything after a missing component for its own, and removed the user's folders and link.
+  const std::filesystem::path base = dir.path / "paths";
+  std::filesystem::create_directories(base / "mine" / "inner");
+  std::ofstream(base / "data") << "x";
+  std::filesystem::create_directory_symlink(base / "mine", base / "link");
+  for (const char* path : {"made/../mine/inner", "made/../link", "made/./x/../y/"}) {
+    INFO(path);
+    CHECK(record_nothing(base / path) == 2);
+    CHECK(std::filesystem::is_directory(base / "mine" / "inner"));
+    CHECK(std::filesystem::is_symlink(base / "link"));
+    CHECK(!std::filesystem::exists(base / "made"));
+  }
+  // Not a folder: named, and what it made on the way removed.
+  CHECK(record_nothing(base / "made" / ".." / "data") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("recorder: cannot record into " + (base / "made" / ".." / "data").string() +
+                                            ": it is not a folder"));
+  CHECK(!std::filesystem::exists(base / "made"));
+  std::filesystem::create_symlink(base / "nowhere", base / "dangling");
+  CHECK(record_nothing(base / "dangling") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("it is not a folder (a link to nothing, or to a file)"));
+  std::filesystem::remove_all(base);
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
            {"0", "a size of 0 bytes (give a positive size)"},
            {"-5", "'-5' is not a size"},

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (record_dir.empty() && record_limit != 0) spdlog::warn("--record-limit without --record: nothing is recorded");
     if (!record_dir.empty() && !metrale::cli::recorder_made())
-      spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", record_dir,
+      spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", metrale::printable(record_dir),
                    app.get_subcommands().front()->get_name());
   } catch (const CLI::ParseError& e) {
     // "metrale bogus", "metrale case bogus": name the unknown command rather than "a subcommand is

@@ -105,16 +105,16 @@ struct OutputCheck {
 OutputCheck check_output(const std::string& name, const Tensor& got, const Tensor& want, const Tolerance& tol);
 
 /// The tolerance of one backend's result against another's for the same
-/// arithmetic: BF16 within one ulp, FP32 within 1e-6 relative, integers and
-/// bytes exact; plus an absolute floor of `floor` (1e-6) of the output's largest
+/// arithmetic: BF16 within one ulp, FP16 within 2^-10 relative (one ulp), FP32 within 1e-6
+/// relative, integers and bytes exact; plus an absolute floor of `floor` (1e-6) of the output's largest
 /// value for results that cancel to near zero, or that differ by a rounding
 /// that went the other way inside the kernel.
 Tolerance same_arithmetic_tolerance(const Tensor& want, double floor = 1e-6);
 /// The tolerance of `output` against the case's expectation `want`: the case's `tolerance` entry,
 /// else same_arithmetic_tolerance(want) (an expectation without one is taken as another
 /// backend's result; `metrale case run` and `conform` both judge by this), its relative part at
-/// least BF16's one ULP (2^-7) where one of `output` (as the kernel stores it) and `want` is BF16
-/// and the other F32 or F64.
+/// least the coarser format's one ULP (BF16 2^-7, F16 2^-10) where `output` (as the kernel stores
+/// it) and `want` are floats of two formats.
 Tolerance expected_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 /// The case's backend_tolerance for `output`, else as expected_tolerance's default.
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
