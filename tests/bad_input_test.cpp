@@ -1166,8 +1166,8 @@ TEST_CASE("bad input: BF16 against F32 between an output and its expectation is 
   f.write(dir.path / "bf16_expectation.safetensors");
   out.clear();
   CHECK(run_cli("case run --backend emu " + dir.path.string(), out) == 2);  // not run: an error
-  CHECK_THAT(out, Catch::Matchers::Contains("a tolerance for o_partial allows 100000 ulps, which count between BF16 "
-                                            "values only, but o_partial is F32 against an expected.o_partial of F16"));
+  CHECK_THAT(out, Catch::Matchers::Contains("tolerance.o_partial allows 100000 ulps, which count between BF16 "
+                                            "values only, but o_partial is F32 against an expectation of F16"));
 }
 
 // The note on a golden folder's file that is not a model case (ml_dtypes' format tables) was
