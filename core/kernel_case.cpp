@@ -743,10 +743,11 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
         const Dtype other = tolerances == &c.tolerance ? c.expected.at(out).dtype : *stored;
         if (*stored != Dtype::bf16 || other != Dtype::bf16)
           fail(Errc::invalid_argument,
-               "case {}: {}tolerance.{} allows {} ulps, which count between BF16 values only, but {} is {} against {} "
+               "case {}: {}tolerance.{} allows {} ulp{}, which count between BF16 values only, but {} is {} against {} "
                "{}: give rel instead",
-               c.name, tolerances == &c.tolerance ? "" : "backend_", out, tol.ulps, out, to_string(*stored),
-               tolerances == &c.tolerance ? "an expectation of" : "another backend's", to_string(other));
+               c.name, tolerances == &c.tolerance ? "" : "backend_", out, tol.ulps, tol.ulps == 1 ? "" : "s", out,
+               to_string(*stored), tolerances == &c.tolerance ? "an expectation of" : "another backend's",
+               to_string(other));
       }
   const auto& pointers = a.fields.pointers;
   for (const auto& [param, target] : c.aliases) {

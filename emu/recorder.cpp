@@ -60,26 +60,7 @@ constexpr std::uint64_t kMaxCases = 10'000'000'000'000'000'000ULL;
 
 CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     : dir_(std::move(dir)), limit_bytes_(limit_bytes) {
-  // dir_ made one component at a time as written (a `..` resolves through what exists then), so
-  // that the folders made are known exactly: a recording that writes nothing removes them again
-  // (an empty folder left behind reads as a run that recorded nothing on purpose), and no other.
-  std::filesystem::path p;
-  for (const auto& part : dir_) {
-    p /= part;
-    std::error_code ec;
-    if (part.empty() || std::filesystem::exists(std::filesystem::symlink_status(p, ec))) continue;
-    if (!std::filesystem::create_directory(p, ec) && ec) {
-      remove_made();
-      fail(Errc::invalid_argument, "recorder: cannot create {}: {} ({})", printable(dir_.string()),
-           printable(p.string()), ec.message());
-    }
-    made_.push_back(p);
-  }
-  if (std::error_code ec; !std::filesystem::is_directory(dir_, ec)) {
-    remove_made();
-    fail(Errc::invalid_argument, "recorder: cannot record into {}: it is not a folder{}", printable(dir_.string()),
-         std::filesystem::is_symlink(dir_, ec) ? " (a link to nothing, or to a file)" : "");
-  }
+  make_folder();
   // Numbering continues after the highest number already there (NNNN_<entry>), so a second run
   // never overwrites a case of the first, even one whose earlier neighbours were deleted.
   std::uint64_t files = 0;
@@ -104,10 +85,13 @@ CaseRecorder::~CaseRecorder() {
   if (written_ > 0) {
     spdlog::info("recorder: wrote {} kernel case{} ({}) to {}", written_, written_ == 1 ? "" : "s",
                  format_bytes(bytes_), printable(dir_.string()));
-  } else {
-    spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written){}",
-                 printable(dir_.string()), remove_made() ? "; removed the empty folders it made for it" : "");
   }
+  // The folders it made that stayed empty: all of them where it wrote nothing, else those a `..`
+  // passed through (`new/..`).
+  const bool removed = remove_made();
+  if (written_ == 0)
+    spdlog::warn("recorder: wrote no kernel case to {} (no launch ran on this emulator, or none could be written){}",
+                 printable(dir_.string()), removed ? "; removed the empty folders it made for it" : "");
 }
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
@@ -153,13 +137,43 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   return c;
 }
 
+void CaseRecorder::make_folder() {
+  // One component at a time as written (a `..` resolves through what exists then), so that the
+  // folders made are known exactly: those this recorder created, not another run recording into
+  // the same new folder. That run may also remove what it made while this one makes its own: the
+  // walk then starts again, a few times.
+  for (int attempt = 0;; ++attempt) {
+    std::filesystem::path p;
+    std::error_code ec;
+    for (const auto& part : dir_) {
+      p /= part;
+      if (part.empty() || std::filesystem::exists(std::filesystem::symlink_status(p, ec))) continue;
+      if (std::filesystem::create_directory(p, ec)) made_.push_back(p);
+      if (ec) break;
+    }
+    std::error_code unused;
+    if (!ec && std::filesystem::is_directory(dir_, unused)) return;
+    // What is not a folder: dir_ itself, or the folder a component could not be made in. Its link
+    // hint before the removal: `made/../link` resolves only while `made` is there.
+    const bool missing = ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory;
+    const std::filesystem::path bad = !ec ? dir_ : missing ? p.parent_path() : p;
+    const bool link = std::filesystem::is_symlink(bad, unused);
+    remove_made();
+    if (attempt < 3 && missing && !link && !std::filesystem::exists(bad, unused)) continue;
+    if (ec && !missing)
+      fail(Errc::invalid_argument, "recorder: cannot create {}{}: {}", printable(dir_.string()),
+           p == dir_ ? "" : fmt::format(" (at {})", printable(p.string())), ec.message());
+    fail(Errc::invalid_argument, "recorder: cannot record into {}: {} is not a folder{}", printable(dir_.string()),
+         bad == dir_ ? "it" : printable(bad.string()), link ? " (a link to nothing, or to a file)" : "");
+  }
+}
+
 bool CaseRecorder::remove_made() {
   bool removed = false;
   for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
     std::error_code ec;  // a real folder and empty (std::filesystem::remove would unlink a link)
-    if (!std::filesystem::is_directory(std::filesystem::symlink_status(*it, ec)) || !std::filesystem::is_empty(*it, ec))
-      break;
-    removed = std::filesystem::remove(*it, ec) || removed;
+    if (std::filesystem::is_directory(std::filesystem::symlink_status(*it, ec)) && std::filesystem::is_empty(*it, ec))
+      removed = std::filesystem::remove(*it, ec) || removed;
   }
   made_.clear();
   return removed;
@@ -187,14 +201,19 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   // is only ever created, never replaced. Numbers stay below 10^19 (19 digits), which the next
   // run's scan reads back. The folder again first: another run that made it and wrote nothing
   // removes it at its end.
-  std::error_code made_again;
-  std::filesystem::create_directories(dir_, made_again);
-  for (;; ++next_) {
+  for (int attempt = 0;; ++next_) {
     if (next_ >= kMaxCases)
       fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),
            next_ - 1, kMaxCases - 1);
     c.name = fmt::format("{:04}_{}", next_, c.entry);
-    if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    try {
+      if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
+    } catch (const Error&) {  // the folder removed again before the file was begun: a few more tries
+      if (++attempt > 3 || std::filesystem::is_directory(dir_, ec)) throw;
+      --next_;  // (the same number again)
+    }
   }
   std::error_code ec;
   const auto size = std::filesystem::file_size(dir_ / (c.name + ".safetensors"), ec);

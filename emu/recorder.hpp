@@ -20,8 +20,10 @@ class CaseRecorder {
   /// every launch: a long replay's can fill a disk). Errors: `invalid_argument` when `dir`
   /// cannot be created or is not a folder (names it; the folders made by then are removed).
   CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes);
-  /// Says how many cases it wrote, and where (a warning when none: the folders it made for `dir`
-  /// are then removed, deepest first, while empty).
+  /// Says how many cases it wrote, and where (a warning when none). The folders it made for
+  /// `dir` that are empty are removed, deepest first: all of them when it wrote nothing. (Two runs
+  /// recording into the same new folder each remove only what they made, so an empty folder the
+  /// one made may stay where the other's was still inside it.)
   ~CaseRecorder();
   CaseRecorder(const CaseRecorder&) = delete;
   CaseRecorder& operator=(const CaseRecorder&) = delete;
@@ -46,8 +48,9 @@ class CaseRecorder {
   std::uint64_t written() const { return written_; }
 
  private:
-  /// Remove the folders in made_ (deepest first, while each is a real, empty folder); true when
-  /// any was removed.
+  /// Make dir_, noting in made_ the folders it creates (errors as the constructor's).
+  void make_folder();
+  /// Remove the folders in made_ that are real, empty folders, deepest first; true when any was.
   bool remove_made();
   std::filesystem::path dir_;
   std::vector<std::filesystem::path> made_;  // the folders the constructor made for dir_, outermost first

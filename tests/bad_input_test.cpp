@@ -1439,6 +1439,14 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   std::filesystem::create_symlink(base / "nowhere", base / "dangling");
   CHECK(record_nothing(base / "dangling") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("it is not a folder (a link to nothing, or to a file)"));
+  CHECK(record_nothing(base / "dangling" / "sub") == 2);  // (was "cannot create …/sub: …/sub (No such file …)")
+  CHECK_THAT(out, Catch::Matchers::Contains((base / "dangling").string() +
+                                            " is not a folder (a link to nothing, or to a file)"));
+  // A recording that writes removes the empty folders a `..` passed through, and keeps the rest.
+  out.clear();
+  CHECK(run_cli("--record '" + (base / "new" / "..").string() + "' case run --backend emu " + some_case, out) == 0);
+  CHECK(std::filesystem::exists(base / "0000_rope_pairs_bf16.safetensors"));
+  CHECK(!std::filesystem::exists(base / "new"));
   std::filesystem::remove_all(base);
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
            {"0", "a size of 0 bytes (give a positive size)"},
