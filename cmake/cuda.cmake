@@ -68,10 +68,9 @@ target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch
 
 # bench/hm_trace.cu: the heads-in-M block alone, timed, in builds of kernels/mla_wgmma.cu's
 # switches: hm_trace (as the product builds it), hm_trace_cycles (-DMETRALE_HM_TRACE: where its
-# warpgroups' cycles go), and the experiments of docs/performance.md's "Thirty-third session":
-# hm_trace_pin (-DMETRALE_HM_PIN_LOADS), hm_trace_preg (-DMETRALE_HM_P_REGS), hm_trace_pin_preg
-# (both) and hm_trace_grouped (-DMETRALE_HM_NVFP4_GROUPED). Not built by default
-# (`--target hm_trace`); sm_90a.
+# warpgroups' cycles go), and the experiments of docs/performance.md's "Thirty-third session" that
+# the thirty-fourth timed and did not keep: hm_trace_preg (-DMETRALE_HM_P_REGS) and
+# hm_trace_grouped (-DMETRALE_HM_NVFP4_GROUPED). Not built by default (`--target hm_trace`); sm_90a.
 set(hm_trace_src ${PROJECT_SOURCE_DIR}/bench/hm_trace.cu)
 set(hm_trace_flags ${nvcc_flags} -gencode=arch=compute_90a,code=sm_90a)
 set(hm_trace_bins "")
@@ -103,8 +102,6 @@ function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
 endfunction()
 hm_trace_build(hm_trace)
 hm_trace_build(hm_trace_cycles METRALE_HM_TRACE)
-hm_trace_build(hm_trace_pin METRALE_HM_PIN_LOADS)
 hm_trace_build(hm_trace_preg METRALE_HM_P_REGS)
-hm_trace_build(hm_trace_pin_preg METRALE_HM_PIN_LOADS METRALE_HM_P_REGS)
 hm_trace_build(hm_trace_grouped METRALE_HM_NVFP4_GROUPED)
 add_custom_target(hm_trace DEPENDS ${hm_trace_bins})

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The heads-in-M block's prepared experiments against its build, on the device machine
-# (docs/performance.md, "Thirty-third session"): hm_trace_pin (warpgroup 1's loads of tile i + 2
-# kept after the kHmBarP wait), hm_trace_preg (warpgroup 1's P·V with P's A fragments in registers,
-# loaded once by ldmatrix), hm_trace_pin_preg (both) and hm_trace_grouped (NVFP4's tile in its
+# The heads-in-M block's experiments against its build, on the device machine (docs/performance.md,
+# "Thirty-third session" and "Thirty-fourth session"): hm_trace_preg (warpgroup 1's P·V with P's A
+# fragments in registers, loaded once by ldmatrix) and hm_trace_grouped (NVFP4's tile in its
 # codes' nibble order, MODE nvfp4 only), each beside hm_trace (the product's build) on the
 # 128-head rows at batch ≥ 32 from 4K keys (the chunks as the plan cuts them). MODE fp8 and
 # nvfp4 time each format's heads-in-M partial entry beside its register-operand block and compare
@@ -23,7 +22,7 @@ for rep in 1 2; do
   for row in "${rows[@]}"; do
     [ "$(date +%s)" -lt "$stop" ] || { echo "rep $rep $row: not run (TIMING_SECONDS spent)"; continue; }
     for mode in fp8 cluster nvfp4; do
-      builds=(hm_trace hm_trace_pin hm_trace_preg hm_trace_pin_preg)
+      builds=(hm_trace hm_trace_preg)
       [ "$mode" != nvfp4 ] || builds+=(hm_trace_grouped)
       for build in "${builds[@]}"; do
         # fp8 and nvfp4 print three lines: the heads-in-M block, the register-operand block, the comparison

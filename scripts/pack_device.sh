@@ -12,7 +12,7 @@ mkdir -p "$stage"/{bin,lib,kernels,golden}
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity "$stage/bin/"
 # hm_trace's builds (scripts/device_latent.sh, device_step_gap.sh, device_hm_variants.sh), where
 # `cmake --build build --target hm_trace` built them
-for tool in hm_trace hm_trace_cycles hm_trace_pin hm_trace_preg hm_trace_pin_preg hm_trace_grouped; do
+for tool in hm_trace hm_trace_cycles hm_trace_preg hm_trace_grouped; do
   [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"
 done
 strip "$stage"/bin/*
