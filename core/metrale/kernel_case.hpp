@@ -74,7 +74,8 @@ SafeTensors to_safetensors(const KernelCase& c);
 /// a scalar parameter, an input tensor whose dtype is not its parameter's or
 /// that has no elements, an expectation of a dtype check_output cannot compare
 /// or of another length than its output's buffer, a tolerance that is not F64
-/// [abs ≥ 0, rel ≥ 0, ulps a whole number that fits u32], an alias that is not
+/// [abs ≥ 0, rel ≥ 0, ulps a whole number that fits u32], or that allows ulps where
+/// the two values it compares are not both BF16, an alias that is not
 /// a pointer parameter or names no input, has a tensor or an expectation of its
 /// own, or names another alias); `not_found` for an unknown kernel.
 KernelCase kernel_case_from(const SafeTensors& file, std::string name);
