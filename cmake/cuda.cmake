@@ -74,11 +74,13 @@ target_compile_definitions(metrale_cuda PRIVATE METRALE_CUDA_MIN_ARCH=${min_arch
 set(hm_trace_src ${PROJECT_SOURCE_DIR}/bench/hm_trace.cu)
 set(hm_trace_flags ${nvcc_flags} -gencode=arch=compute_90a,code=sm_90a)
 set(hm_trace_bins "")
-# An experiment's build also gets the module's fatbin, kernels/variants/<suffix>/mla_wgmma.fatbin,
-# which the CUDA backend loads in place of its own under METRALE_CUDA_FATBIN_DIR: the GPU suite,
-# `conform` and the sanitizers can then check the switch's very machine code before it is kept.
-function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
-  set(define ${ARGN})
+# With FATBIN (an experiment), the build also gets the module's fatbin,
+# kernels/variants/<suffix>/mla_wgmma.fatbin, which the CUDA backend loads in place of its own under
+# METRALE_CUDA_FATBIN_DIR: the GPU suite, `conform` and the sanitizers can then check the switch's
+# very machine code before it is kept.
+function(hm_trace_build name)  # [FATBIN] [MACRO ...]: built with -DMACRO each
+  cmake_parse_arguments(PARSE_ARGV 1 hm "FATBIN" "" "")
+  set(define ${hm_UNPARSED_ARGUMENTS})
   list(TRANSFORM define PREPEND -D)
   string(JOIN " " shown ${define})
   add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/${name}
@@ -87,8 +89,8 @@ function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
                      DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
                      COMMENT "nvcc bench/hm_trace.cu ${shown} -> ${name} (90a)")
   set(outputs ${PROJECT_BINARY_DIR}/bin/${name})
-  string(REPLACE "hm_trace_" "" suffix ${name})
-  if(define AND NOT name STREQUAL "hm_trace_cycles")
+  if(hm_FATBIN)
+    string(REPLACE "hm_trace_" "" suffix ${name})
     set(fatbin ${gen}/variants/${suffix}/mla_wgmma.fatbin)
     add_custom_command(OUTPUT ${fatbin}
                        COMMAND ${CMAKE_COMMAND} -E make_directory ${gen}/variants/${suffix}
@@ -102,6 +104,6 @@ function(hm_trace_build name)  # [MACRO ...]: built with -DMACRO each
 endfunction()
 hm_trace_build(hm_trace)
 hm_trace_build(hm_trace_cycles METRALE_HM_TRACE)
-hm_trace_build(hm_trace_preg METRALE_HM_P_REGS)
-hm_trace_build(hm_trace_grouped METRALE_HM_NVFP4_GROUPED)
+hm_trace_build(hm_trace_preg FATBIN METRALE_HM_P_REGS)
+hm_trace_build(hm_trace_grouped FATBIN METRALE_HM_NVFP4_GROUPED)
 add_custom_target(hm_trace DEPENDS ${hm_trace_bins})

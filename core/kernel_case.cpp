@@ -874,9 +874,12 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
   return r;
 }
 
+namespace {
+bool is_float(Dtype d) { return d == Dtype::bf16 || d == Dtype::f16 || d == Dtype::f32 || d == Dtype::f64; }
+}  // namespace
+
 Tolerance same_arithmetic_tolerance(const Tensor& want, double floor) {
-  if (want.dtype != Dtype::bf16 && want.dtype != Dtype::f16 && want.dtype != Dtype::f32 && want.dtype != Dtype::f64)
-    return {};
+  if (!is_float(want.dtype)) return {};
   double peak = 0;
   const std::size_t count = want.numel();
   for (std::size_t begin = 0; begin < count; begin += kSlice)
@@ -897,9 +900,6 @@ double ulp16(Dtype d) { return d == Dtype::bf16 ? 0x1p-7 : d == Dtype::f16 ? 0x1
 // rounding, which F32's 1e-6 fails at half an ULP, and BF16's ULP count compares two BF16 values only.
 Tolerance default_tolerance(const KernelCase& c, const std::string& output, const Tensor& want) {
   Tolerance t = same_arithmetic_tolerance(want);
-  const auto is_float = [](Dtype d) {
-    return d == Dtype::bf16 || d == Dtype::f16 || d == Dtype::f32 || d == Dtype::f64;
-  };
   if (const auto stored = pointer_dtype(c.module, c.entry, output);
       stored && *stored != want.dtype && is_float(*stored) && is_float(want.dtype))
     t.rel = std::max({t.rel, ulp16(*stored), ulp16(want.dtype)});

@@ -179,6 +179,20 @@ bool CaseRecorder::remove_made() {
   return removed;
 }
 
+bool CaseRecorder::write_new(const SafeTensors& file, const std::filesystem::path& path) const {
+  // The folder again first: another run that made it and wrote nothing removes it at its end,
+  // also between this and the file's creation (then a few more tries).
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    try {
+      return file.write_new(path);
+    } catch (const Error&) {
+      if (attempt == 3 || std::filesystem::is_directory(dir_, ec)) throw;
+    }
+  }
+}
+
 void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Registry::Entry& e,
                          const detail::AddressSpace& memory) {
   for (std::size_t i = 0; i < e.params.size(); ++i) {
@@ -199,21 +213,13 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   }
   // A number another run (recording into the same folder) took meanwhile is skipped: a case file
   // is only ever created, never replaced. Numbers stay below 10^19 (19 digits), which the next
-  // run's scan reads back. The folder again first: another run that made it and wrote nothing
-  // removes it at its end.
-  for (int attempt = 0;; ++next_) {
+  // run's scan reads back.
+  for (;; ++next_) {
     if (next_ >= kMaxCases)
       fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),
            next_ - 1, kMaxCases - 1);
     c.name = fmt::format("{:04}_{}", next_, c.entry);
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    try {
-      if (to_safetensors(c).write_new(dir_ / (c.name + ".safetensors"))) break;
-    } catch (const Error&) {  // the folder removed again before the file was begun: a few more tries
-      if (++attempt > 3 || std::filesystem::is_directory(dir_, ec)) throw;
-      --next_;  // (the same number again)
-    }
+    if (write_new(to_safetensors(c), dir_ / (c.name + ".safetensors"))) break;
   }
   std::error_code ec;
   const auto size = std::filesystem::file_size(dir_ / (c.name + ".safetensors"), ec);

@@ -52,6 +52,8 @@ class CaseRecorder {
   void make_folder();
   /// Remove the folders in made_ that are real, empty folders, deepest first; true when any was.
   bool remove_made();
+  /// SafeTensors::write_new into dir_, made again where another run removed it.
+  bool write_new(const SafeTensors& file, const std::filesystem::path& path) const;
   std::filesystem::path dir_;
   std::vector<std::filesystem::path> made_;  // the folders the constructor made for dir_, outermost first
   std::uint64_t next_ = 0;  // the next case's number

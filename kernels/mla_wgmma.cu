@@ -1373,7 +1373,6 @@ struct HmShare<Fp8Rows> {
   };
   __device__ static Key key(const uint8_t* const (&located)[4], bool live) { return {live ? located[0] : nullptr}; }
   __device__ static void prefetch(const Key& k, uint32_t first) { prefetch_row_l2(k.row, first); }
-  __device__ static void pin(Key& k, uint32_t zero) { k.row += zero; }  // where kPinLoads
   uint4 raw[2][kHmUnits];
   __device__ void load(const Key (&keys)[2], uint32_t first) {
 #pragma unroll
