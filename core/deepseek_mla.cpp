@@ -150,6 +150,9 @@ void DeepseekMlaDecoder::check_step_output(const StepOutput& out) const {
   // A score is softmax_scale x q_absorbed . K over FP32; |K| is at most the cache's largest value,
   // so below this bound on every row no score can overflow (to +inf, a NaN output; to -inf, a
   // key silently dropped).
+  // (A q_absorbed that overflowed BF16 is named as such first: its bound below would be NaN or inf.)
+  constexpr std::string_view why = "the step overflowed its BF16 outputs; it was not applied";
+  detail::require_finite("deepseek mla: q_absorbed", out.q_absorbed, why);
   const PagedCacheConfig& cc = cache_.config();
   const double k_largest = cache_range(cc, "k_scale", cc.k_scale).largest;
   const std::uint32_t H = cfg_.heads, cd = cfg_.dims.cache_dim();
@@ -163,8 +166,6 @@ void DeepseekMlaDecoder::check_step_output(const StepOutput& out) const {
            "{:.6g} = {:.6g} reaches 2^126, so its attention scores could overflow FP32; the step was not applied",
            r / H, r % H, cfg_.softmax_scale, l1, k_largest, bound);
   }
-  constexpr std::string_view why = "the step overflowed its BF16 outputs; it was not applied";
-  detail::require_finite("deepseek mla: q_absorbed", out.q_absorbed, why);
   detail::require_finite("deepseek mla: o_latent", out.o_latent, why);
   detail::require_finite("deepseek mla: attn_out", out.attn_out, why);
 }

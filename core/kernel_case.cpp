@@ -719,7 +719,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
              c.name, tname);
       c.inputs[tname] = t;
     } else {
-      fail(Errc::invalid_argument, "case {}: tensor {} is not a pointer parameter of {}", c.name, tname, c.entry);
+      fail(Errc::invalid_argument, "case {}: tensor '{}' is not a pointer parameter of {}", c.name, tname, c.entry);
     }
   }
   for (const auto& [out, t] : c.expected) {

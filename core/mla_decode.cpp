@@ -333,6 +333,14 @@ MlaKv MlaDeviceKv::download() const {
   return host;
 }
 
+namespace {
+// An append's room: `capacity_exceeded` when `kv` is full, or has no buffers (cap 0: freed or moved from).
+void require_room(const MlaDeviceKv& kv) {
+  if (kv.cap() == 0) fail(Errc::capacity_exceeded, "k3 mla: the device KV has no buffers (it was freed or moved from)");
+  if (kv.seq_len() >= kv.cap()) fail(Errc::capacity_exceeded, "k3 mla: device KV cap {} full", kv.cap());
+}
+}  // namespace
+
 void MlaDeviceKv::free() {
   k_.reset();
   v_.reset();
@@ -341,7 +349,7 @@ void MlaDeviceKv::free() {
 }
 
 void MlaDeviceKv::append_from_device(DevicePtr k_new, std::span<const float> v_row) {
-  if (seq_len_ >= cap_) fail(Errc::capacity_exceeded, "k3 mla: device KV cap {} full", cap_);
+  require_room(*this);
   if (v_row.size() != v_row_)
     fail(Errc::invalid_argument, "k3 mla: V row has {} values, the device KV's rows have {}", v_row.size(), v_row_);
   gpu_->copy_d2d(k_new, k() + seq_len_ * k_row_ * kF32, k_row_ * kF32);
@@ -404,7 +412,7 @@ std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K
   check_token_values(q, k, v, g);
   kv.validate_cfg(cfg);
   if (&kv.backend() != &gpu) fail(Errc::invalid_argument, "k3 mla: the device KV was allocated on another backend");
-  if (kv.seq_len() >= kv.cap()) fail(Errc::capacity_exceeded, "k3 mla: device KV cap {} full", kv.cap());
+  require_room(kv);
   check_history_len(kv.seq_len());
   return with_context(fmt::format("k3 mla decode (device KV) at position {}", pos), [&] {
     const auto dq = with_context("upload q", [&] { return DeviceBuffer::from_host<float>(gpu, q); });

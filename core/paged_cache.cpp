@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "metrale/error.hpp"
 #include "metrale/formats.hpp"
@@ -111,8 +112,28 @@ PagedKvCache::PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg) : gpu_(gpu), c
   free_ = initial_free_list(cfg_.num_blocks, cfg_.free_list_seed);
 }
 
+PagedKvCache::PagedKvCache(PagedKvCache&& o) noexcept
+    : gpu_(o.gpu_),
+      cfg_(o.cfg_),
+      data_section_bytes_(o.data_section_bytes_),
+      block_stride_bytes_(o.block_stride_bytes_),
+      k_pool_(std::move(o.k_pool_)),
+      v_pool_(std::move(o.v_pool_)),
+      free_(std::move(o.free_)),
+      seqs_(std::move(o.seqs_)),
+      next_seq_(o.next_seq_),
+      open_(std::exchange(o.open_, nullptr)) {
+  o.free_.clear();
+  o.seqs_.clear();
+  if (open_ != nullptr) open_->cache_ = this;
+}
+
+PagedKvCache::~PagedKvCache() {
+  if (open_ != nullptr) open_->cache_ = nullptr;  // the reservation outlives its cache: it keeps its slots only
+}
+
 SeqId PagedKvCache::add_sequence() {
-  if (reservation_open_) fail(Errc::internal, "paged cache: add_sequence while a slot reservation is outstanding");
+  if (open_ != nullptr) fail(Errc::internal, "paged cache: add_sequence while a slot reservation is outstanding");
   if (seqs_.size() > std::numeric_limits<SeqId>::max())
     fail(Errc::capacity_exceeded, "paged cache: all {} sequence ids are live", seqs_.size());
   while (seqs_.count(next_seq_) != 0) ++next_seq_;  // (wraps; ends: some id is free)
@@ -122,7 +143,7 @@ SeqId PagedKvCache::add_sequence() {
 }
 
 void PagedKvCache::free_sequence(SeqId seq) {
-  if (reservation_open_) fail(Errc::internal, "paged cache: free_sequence while a slot reservation is outstanding");
+  if (open_ != nullptr) fail(Errc::internal, "paged cache: free_sequence while a slot reservation is outstanding");
   Seq& s = seq_ref(seq);
   for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) free_.push_back(*it);
   seqs_.erase(seq);
@@ -151,10 +172,10 @@ std::vector<SeqId> PagedKvCache::sequences() const {
 }
 
 SlotReservation PagedKvCache::reserve(std::span<const SeqId> tokens) {
-  if (reservation_open_) fail(Errc::internal, "paged cache: a slot reservation is already outstanding");
+  if (open_ != nullptr) fail(Errc::internal, "paged cache: a slot reservation is already outstanding");
   for (SeqId seq : tokens) seq_ref(seq);  // unknown sequences fail before anything changes
   SlotReservation r(*this);
-  reservation_open_ = true;
+  open_ = &r;
   r.slots_.reserve(tokens.size());
   for (SeqId seq : tokens) {
     Seq& s = seq_ref(seq);
@@ -188,21 +209,23 @@ void PagedKvCache::rollback(SlotReservation& r) noexcept {
     s.len = u.seq_len;
     s.table.resize(u.table_size);
   }
-  reservation_open_ = false;
+  open_ = nullptr;
 }
 
 SlotReservation::SlotReservation(SlotReservation&& o) noexcept
     : cache_(std::exchange(o.cache_, nullptr)),
       slots_(std::move(o.slots_)),
       undo_(std::move(o.undo_)),
-      taken_blocks_(std::move(o.taken_blocks_)) {}
+      taken_blocks_(std::move(o.taken_blocks_)) {
+  if (cache_ != nullptr) cache_->open_ = this;
+}
 
 SlotReservation::~SlotReservation() {
   if (cache_ != nullptr) cache_->rollback(*this);
 }
 
 void SlotReservation::commit() noexcept {
-  if (cache_ != nullptr) cache_->reservation_open_ = false;
+  if (cache_ != nullptr) cache_->open_ = nullptr;
   cache_ = nullptr;
 }
 

@@ -210,7 +210,9 @@ CombineResult combine_partials(std::span<const float> o_partial, std::span<const
   for (std::uint32_t s = 0; s < num_seqs; ++s)
     for (std::uint32_t h = 0; h < num_q_heads; ++h) {
       const std::size_t base = (std::size_t{s} * num_q_heads + h) * num_splits;
-      const bool has_sink = !sinks.empty();
+      bool keys = false;
+      for (std::uint32_t z = 0; z < num_splits; ++z) keys = keys || ml_partial[2 * (base + z) + 1] > 0;
+      const bool has_sink = !sinks.empty() && keys;  // no keys: zeros, whatever the sink (SPEC §3)
       double big = has_sink ? double{sinks[h]} : -std::numeric_limits<double>::infinity();
       for (std::uint32_t z = 0; z < num_splits; ++z)
         if (ml_partial[2 * (base + z) + 1] > 0) big = std::max(big, double{ml_partial[2 * (base + z)]});

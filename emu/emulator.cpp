@@ -634,8 +634,10 @@ KernelHandle EmulatorBackend::kernel(std::string_view module, std::string_view e
   std::lock_guard lock(impl_->mutex);
   impl_->enter(Op::kernel);
   if (!module_runs_on(*this, module))  // as the CUDA backend finds no image for the device
-    fail(Errc::unsupported, "kernel {}.{}: module {} is not built for compute capability {}", module, entry, module,
-         compute_capability());
+    fail(Errc::unsupported,
+         "kernel {}.{}: module {} is not built for compute capability {} (the one the emulator plays: "
+         "EmulatorOptions::compute_capability, METRALE_EMU_COMPUTE_CAPABILITY)",
+         module, entry, module, compute_capability());
   const auto& entries = impl_->registry.entries();
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].module == module && entries[i].entry == entry) return KernelHandle{i + 1};

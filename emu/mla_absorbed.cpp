@@ -178,15 +178,16 @@ void paged_attention(Block& blk, Global<const Bf16> q, Global<Bf16> o, std::uint
       }
     });
   }
-  // The sink joins the denominator only, unscaled and without a value row.
-  if (has_sink) {
+  // The sink joins the denominator only, unscaled and without a value row, and only where there are
+  // keys (l = 0 without: an empty key set writes zeros whatever the sink, NaN included; SPEC §3).
+  if (has_sink && l != 0.0f) {
     const float m_final = std::max(m, sink);
-    const float alpha = exp_below(m, m_final);  // no keys and a −inf sink: 1, not NaN
+    const float alpha = exp_below(m, m_final);  // all logits −inf and a −inf sink: 1, not NaN
     l = l * alpha + exp_below(sink, m_final);
     for (auto& a : acc)
       for (float& x : a) x *= alpha;
   }
-  // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.
+  // An empty key set writes zeros, never NaN; a NaN sink or logit with keys stays NaN, as in the split path.
   const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
   blk.threads([&](std::uint32_t tid) {
     for (std::uint32_t r = 0; r < kMaxDimsPerThread; ++r) {

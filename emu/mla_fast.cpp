@@ -133,15 +133,17 @@ void combine_head(std::span<const float> ml, std::optional<float> sink, float v_
                   std::uint32_t d_end, Row&& row, Out&& out) {
   const auto num_splits = static_cast<std::uint32_t>(ml.size() / 2);
   float big = -std::numeric_limits<float>::infinity();
+  bool keys = false;
   for (std::uint32_t z = 0; z < num_splits; ++z)
-    if (ml[2 * z + 1] != 0.0f) big = std::fmax(big, ml[2 * z]);
+    if (ml[2 * z + 1] != 0.0f) keys = true, big = std::fmax(big, ml[2 * z]);
+  if (!keys) sink.reset();  // no keys: zeros, whatever the sink (SPEC §3)
   if (sink) big = std::fmax(*sink, big);
   std::array<std::array<float, kWarp>, 8> part{};
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] != 0.0f) part[(z % 256) / kWarp][z % kWarp] += std::exp(ml[2 * z] - big) * ml[2 * z + 1];
   float denom = sink ? exp_below(*sink, big) : 0.0f;
   for (const auto& warp : part) denom += warp_sum(warp);
-  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink with keys) stays NaN
   std::vector<std::optional<float>> weight(num_splits);      // none: a chunk without keys
   for (std::uint32_t z = 0; z < num_splits; ++z)
     if (ml[2 * z + 1] != 0.0f) weight[z] = std::exp(ml[2 * z] - big);
@@ -456,7 +458,7 @@ void mla_paged_decode_wgmma_latent_combine_nvfp4(Block& blk, Global<const Bf16> 
 // ---------------------------------------------------------------------------
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
 // M = max(max_z m_z, sink) over the chunks with keys (l_z ≠ 0, NaN included: NaN in, NaN out); the
-// sink counts once; no keys and no sink writes zeros.
+// sink counts once; no keys writes zeros, whatever the sink.
 // Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. Block z of a head takes a run of
 // ⌈tiles/dim_blocks⌉ of the 64-dim tiles; a dim's sum is its chunks' sums by residue mod 4,
 // added in order, as the kernel's threads add them whatever their lanes.

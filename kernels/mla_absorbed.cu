@@ -175,14 +175,15 @@ __device__ void paged_attention(const __nv_bfloat16* q, __nv_bfloat16* o, uint32
     }
     __syncthreads();  // p and v_rows are rewritten by the next tile
   }
-  // The sink joins the denominator only, unscaled and without a value row.
-  if (has_sink) {
+  // The sink joins the denominator only, unscaled and without a value row, and only where there are
+  // keys (l = 0 without: an empty key set writes zeros whatever the sink, NaN included; SPEC §3).
+  if (has_sink && l != 0.0f) {
     const float m_final = fmaxf(m, sink);
-    const float alpha = exp_below(m, m_final);  // no keys and a −inf sink: 1, not NaN
+    const float alpha = exp_below(m, m_final);  // all logits −inf and a −inf sink: 1, not NaN
     l = l * alpha + exp_below(sink, m_final);
     for (float& a : acc) a *= alpha;
   }
-  // An empty key set writes zeros, never NaN; a NaN sink or logit stays NaN, as in the split path.
+  // An empty key set writes zeros, never NaN; a NaN sink or logit with keys stays NaN, as in the split path.
   const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
   for (uint32_t r = 0; r < kMaxDimsPerThread; ++r) {
     const uint32_t d = tid + r * kTile;

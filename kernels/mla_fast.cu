@@ -452,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // mla_paged_decode_combine: o = v_scale · Σ_z e^(m_z − M)·O_z / (Σ_z e^(m_z − M)·l_z + e^(sink − M)),
 // M = max(max_z m_z, sink), over the chunks z with keys (l_z ≠ 0: a NaN l_z, from NaN or inf in q,
 // counts and makes the head's output NaN, as the seed kernel's); the sink (when sinks is not
-// null) counts once; no keys and no sink writes zeros.
+// null) counts once; no keys writes zeros, whatever the sink.
 // Grid: [num_q_heads, num_seqs, dim_blocks]. Block: 256. The dims fall in 64-wide tiles, dealt
 // to the dim_blocks blocks of a head in runs of ⌈tiles/dim_blocks⌉ (the launcher raises
 // dim_blocks until small problems fill the device: one sequence of 16 heads is 16 blocks
@@ -575,12 +575,16 @@ extern "C" __global__ void __launch_bounds__(256)
                        v_scale, d_begin, d_end, out);
   // M and the denominator, each a block-wide reduction.
   float big = -INFINITY;
-  for (uint32_t z = tid; z < num_splits; z += blockDim.x)
+  bool keys = false;
+  for (uint32_t z = tid; z < num_splits; z += blockDim.x) {
+    keys = keys || ml[2 * z + 1] != 0.0f;
     big = ml[2 * z + 1] != 0.0f ? fmaxf(big, ml[2 * z]) : big;
+  }
   big = warp_max(big);
   if (tid % kWarp == 0) red_max[warp] = big;
-  __syncthreads();
-  big = has_sink ? sinks[h] : -INFINITY;
+  keys = __syncthreads_or(keys);       // (the barrier before red_max is read)
+  const bool sink = has_sink && keys;  // no keys: zeros, whatever the sink (SPEC §3)
+  big = sink ? sinks[h] : -INFINITY;
   for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) big = fmaxf(big, red_max[w]);
   float denom = 0.0f;
   for (uint32_t z = tid; z < num_splits; z += blockDim.x)
@@ -588,9 +592,9 @@ extern "C" __global__ void __launch_bounds__(256)
   denom = warp_sum(denom);
   if (tid % kWarp == 0) red_sum[warp] = denom;
   __syncthreads();
-  denom = has_sink ? exp_below(sinks[h], big) : 0.0f;
+  denom = sink ? exp_below(sinks[h], big) : 0.0f;
   for (uint32_t w = 0; w < blockDim.x / kWarp; ++w) denom += red_sum[w];
-  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink) stays NaN
+  const float inv = denom == 0.0f ? 0.0f : v_scale / denom;  // NaN (a NaN sink with keys) stays NaN
 
   // The weights of chunks [z0, z0 + kCombineBatch).
   auto fill_weights = [&](uint32_t z0) {

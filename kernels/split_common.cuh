@@ -80,19 +80,21 @@ __device__ inline float combine_term(float w, float v) { return w != kCombineSki
 
 // The weights of n ≤ kMax chunks (running max m_z, sum l_z): w_z = e^(m_z − M), kCombineSkip for a
 // chunk without keys (l_z = 0; a NaN l_z counts and poisons the head), M = max(the m_z with keys,
-// *sink); returns v_scale / (e^(*sink − M) + Σ w_z·l_z), 0 with no keys and no sink, the terms
+// *sink); returns v_scale / (e^(*sink − M) + Σ w_z·l_z), 0 with no keys (whatever the sink), the terms
 // added as the combine's block reductions add them (a butterfly over lanes 0..kMax−1:
 // ((t0 + t2) + (t1 + t3)) for four) after the sink's.
 template <uint32_t kMax>
 __device__ float chunk_weights(const float (&m)[kMax], const float (&l)[kMax], uint32_t n, const float* sink,
                                float v_scale, float (&w)[kMax]) {
-  bool live[kMax];
+  bool live[kMax], any = false;
   float big = -INFINITY, t[kMax];
 #pragma unroll
   for (uint32_t z = 0; z < kMax; ++z) {
     live[z] = z < n && l[z] != 0.0f;
+    any = any || live[z];
     big = live[z] ? fmaxf(big, m[z]) : big;
   }
+  if (!any) sink = nullptr;  // no keys: zeros, whatever the sink (SPEC §3)
   if (sink != nullptr) big = fmaxf(*sink, big);
 #pragma unroll
   for (uint32_t z = 0; z < kMax; ++z) {

@@ -701,6 +701,12 @@ TEST_CASE("bad input: a DeepSeek value the cache cannot hold, a NaN query or ove
       q_rope[2] = 0.5f, q_nope[7] = std::nanf("");
       require_error(step, Errc::invalid_argument, {"deepseek mla: q_nope[7] is nan; a query must be finite"});
     }
+    SECTION("a finite q whose absorbed query overflows BF16") {
+      // Before: "|q_absorbed|_1 nan ... = nan reaches 2^126" (helper's adversarial run, 35th session).
+      std::fill(q_nope.begin(), q_nope.end(), 3.4e38f);
+      require_error(step, Errc::invalid_argument,
+                    {"deepseek mla: q_absorbed[0] is inf; the step overflowed its BF16 outputs; it was not applied"});
+    }
   } else {
     SECTION("scores that could pass FP32's range") {
       std::fill(q_nope.begin(), q_nope.end(), 1e5f);
@@ -884,7 +890,7 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
   CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 skipped: the device cannot run them)"));
   // Every case skipped checks nothing: an error, not a PASS (the adversarial helper's finding);
   // with a file that runs beside it, the run passes.
-  CHECK_THAT(out, Catch::Matchers::Contains("the device (emu) can run none of the 1 file: nothing was checked"));
+  CHECK_THAT(out, Catch::Matchers::Contains("the device (emu) cannot run the one file: nothing was checked"));
   const std::string combine =
       std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0607_mla_paged_decode_combine.safetensors";
   out.clear();
@@ -892,7 +898,19 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
   CHECK_THAT(out, Catch::Matchers::Contains("2 files on emu (1 skipped: the device cannot run them): PASS"));
   out.clear();
   CHECK(run_cli("conform --backend emu --no-golden --only wgmma16", out, "METRALE_EMU_COMPUTE_CAPABILITY=121") == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("conform: the device (emu) can run none of the"));
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: the device (emu) cannot run any of the"));
+}
+
+// Before: "error (not_found): no tensor named 'attn_out'", naming no file (35th session's
+// adversarial run). What a model case lacks is named with the file.
+TEST_CASE("bad input: replay names the file whose case lacks a tensor", "[bad_input][cli]") {
+  SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
+  f.tensors.erase("attn_out");
+  const TempPath file(".safetensors");
+  f.write(file.path);
+  std::string out;
+  CHECK(run_cli("replay --backend emu " + file.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains(file.path.string() + ": no tensor named 'attn_out'"));
 }
 
 // Two formats' recordings of one launch share the case's name: a row names its file.

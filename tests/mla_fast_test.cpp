@@ -1334,17 +1334,46 @@ TEST_CASE("the dispatcher takes the seed kernel where the split path does not ap
             .pass);
 }
 
-TEST_CASE("a NaN sink gives NaN on both decode paths, never zeros", "[mla_fast][nan]") {
+// A NaN sink poisons the heads of a sequence with keys; a sequence without keys writes zeros, sink
+// or not (SPEC §3: "an empty key set writes zeros (never NaN), with or without a sink"). Seed
+// kernel, split path (its combine, one chunk and over four) and the cluster entry, on every backend.
+TEST_CASE("a NaN sink gives NaN where there are keys and zeros where there are none", "[mla_fast][nan][sinks]") {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   gen::PagedSpec p;
-  p.q_head_dim = 64, p.kv_cache_dim = 64, p.seq_lens = {5}, p.sinks = true, p.num_blocks = 4;
-  KernelCase split = gen::split_path_case(p), seed = gen::paged_decode_case(p);
-  const std::vector<float> nan_sink{std::numeric_limits<float>::quiet_NaN()};
-  for (KernelCase* c : {&split, &seed}) {
-    c->inputs["sinks"] = Tensor::from<float>({1}, nan_sink);
-    emu::EmulatorBackend gpu;
-    const auto out = run_kernel_case(gpu, *c).at("o").to_f32();
-    INFO(c->entry);
-    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
+  p.q_head_dim = 64, p.kv_cache_dim = 64, p.num_q_heads = 2, p.num_seqs = 2, p.seq_lens = {5, 0}, p.sinks = true;
+  p.num_blocks = 4;
+  gen::PagedSpec wide = fused_spec(20, 10);
+  wide.comp_pool = false, wide.comp_block_count = 0;  // sequence 1 has no keys
+  std::vector<KernelCase> cases{gen::paged_decode_case(p), gen::split_path_case(p), gen::fused_decode_case(wide, 1)};
+  for (const auto& name : test::backends()) {
+    auto gpu = test::make_backend(name);
+    for (KernelCase c : cases) {
+      INFO("backend " << name << ", entry " << c.entry);
+      if (entry_unavailable(*gpu, c.module, c.entry)) continue;
+      const auto heads = static_cast<std::size_t>(c.inputs.at("sinks").shape.at(0));
+      c.inputs["sinks"] = Tensor::from<float>({static_cast<std::int64_t>(heads)},
+                                              std::vector<float>(heads, std::numeric_limits<float>::quiet_NaN()));
+      const auto out = run_kernel_case(*gpu, c).at("o").to_f32();
+      const auto per_seq = out.size() / static_cast<std::size_t>(c.inputs.at("o").shape.at(0));
+      CHECK(std::all_of(out.begin(), out.begin() + per_seq, [](float x) { return std::isnan(x); }));
+      CHECK(std::all_of(out.begin() + per_seq, out.begin() + 2 * per_seq, [](float x) { return x == 0.0f; }));
+    }
+    // The combine alone over 8 chunks (its block-wide reductions; 4 or fewer take combine_few):
+    // sequence 1's chunks all without keys.
+    KernelCase c = gen::combine_case(2, 3, 64, 8, true, 5);
+    auto ml = c.inputs.at("ml_partial").to_f32();
+    for (std::size_t i = ml.size() / 2; i < ml.size(); i += 2) ml[i] = -kInf, ml[i + 1] = 0.0f;
+    c.inputs["ml_partial"] = Tensor::from<float>(c.inputs.at("ml_partial").shape, ml);
+    c.inputs["sinks"] = Tensor::from<float>({3}, std::vector<float>(3, std::numeric_limits<float>::quiet_NaN()));
+    const auto out = run_kernel_case(*gpu, c).at("o").to_f32();
+    REQUIRE(out.size() == 2 * 3 * 64);
+    for (std::size_t row = 0; row < 2 * 3; ++row) {  // (sequence, head): NaN where a chunk has keys
+      bool keys = false;
+      for (std::size_t z = 0; z < 8; ++z) keys = keys || ml[2 * (row * 8 + z) + 1] != 0.0f;
+      CHECK(keys == (row < 3));
+      const auto head = std::span(out).subspan(row * 64, 64);
+      CHECK(std::all_of(head.begin(), head.end(), [&](float x) { return keys ? std::isnan(x) : x == 0.0f; }));
+    }
   }
 }
 

@@ -511,6 +511,48 @@ TEST_CASE("paged cache: an uncommitted reservation rolls back exactly", "[paged_
   t.require_same();
 }
 
+TEST_CASE("paged cache: an open reservation follows its cache's move", "[paged_cache]") {
+  emu::EmulatorBackend gpu(test_options());
+  std::optional<PagedKvCache> from(std::in_place, gpu, small_config(8, 2, 0, 7));
+  const SeqId a = from->add_sequence(), b = from->add_sequence();
+  from->reserve(std::vector<SeqId>{a, a, a}).commit();
+  const Snapshot before = snapshot(*from);
+  std::optional<PagedKvCache> to;
+  SECTION("dropped after the move: the moved-to cache rolls back") {
+    {
+      auto r = from->reserve(std::vector<SeqId>{b, b, b, a});
+      to.emplace(std::move(*from));
+      CHECK(to->seq_len(b) == 3);
+      from.reset();  // the moved-from cache's end leaves the reservation alone
+    }
+    CHECK(snapshot(*to) == before);
+  }
+  SECTION("committed after the move") {
+    {
+      auto r = from->reserve(std::vector<SeqId>{b, b, b, a});
+      to.emplace(std::move(*from));
+      r.commit();
+    }
+    CHECK(to->seq_len(a) == 4);
+    CHECK(to->seq_len(b) == 3);
+    CHECK(to->free_blocks() == before.free_blocks - 2);
+  }
+  // Either way no reservation stays open on the moved-to cache.
+  const SeqId c = to->add_sequence();
+  CHECK(to->reserve(std::vector<SeqId>{c}).slot_mapping().size() == 1);
+}
+
+TEST_CASE("paged cache: a reservation may outlive its cache", "[paged_cache]") {
+  emu::EmulatorBackend gpu(test_options());
+  std::optional<PagedKvCache> cache(std::in_place, gpu, small_config(4, 2));
+  const SeqId a = cache->add_sequence();
+  auto r = cache->reserve(std::vector<SeqId>{a, a, a});
+  const std::vector<std::int32_t> slots(r.slot_mapping().begin(), r.slot_mapping().end());
+  cache.reset();  // (AddressSanitizer: the reservation's end below must not reach the freed cache)
+  CHECK(std::vector<std::int32_t>(r.slot_mapping().begin(), r.slot_mapping().end()) == slots);
+  r.commit();  // commits to nothing
+}
+
 TEST_CASE("paged cache: one reservation at a time", "[paged_cache]") {
   emu::EmulatorBackend gpu(test_options());
   PagedKvCache c(gpu, small_config(8, 2));

@@ -122,8 +122,8 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       return;
     }
     if (none_ran)
-      fail(Errc::unsupported, "case run: the device ({}) can run none of the {} file{}: nothing was checked",
-           gpu->name(), files.size(), files.size() == 1 ? "" : "s");
+      fail(Errc::unsupported, "case run: the device ({}) cannot run {}: nothing was checked", gpu->name(),
+           files.size() == 1 ? std::string("the one file") : fmt::format("any of the {} files", files.size()));
     set_exit(failed == 0 ? 0 : 1);
   });
 }

@@ -475,8 +475,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'", opts->only);
     if (results.empty() && skipped > 0)  // nothing checked is not a PASS
-      fail(Errc::unsupported, "conform: the device ({}) can run none of the {} case{} selected: nothing was checked",
-           gpu->name(), skipped, skipped == 1 ? "" : "s");
+      fail(Errc::unsupported, "conform: the device ({}) cannot run {}: nothing was checked", gpu->name(),
+           skipped == 1 ? std::string("the one case selected") : fmt::format("any of the {} cases selected", skipped));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     const auto device = device_json(*gpu);

@@ -117,18 +117,20 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string());
     ReplayResult r;
     KvDescription kv{opts->model, "", "", 0, ""};
-    if (kimi) {
-      const bool device_path = mla_kv_placement_from_env() == MlaKvPlacement::device;
-      r = replay_kimi_case(*gpu, file, name, device_path);
-      kv.kv_cache = "f32";
-      kv.kv_path = device_path ? "device" : "host";
-    } else {
-      r = replay_deepseek_case(*gpu, file, name,
-                               {parse_kv_format(opts->kv_cache), opts->block_size, opts->layout == "latent"});
-      kv.kv_cache = std::string(to_string(r.kv_cache));
-      kv.block_size = r.block_size;
-      kv.layout = r.latent ? "latent" : "separate";
-    }
+    with_context(opts->file, [&] {  // what the file lacks or holds wrong, named with the file
+      if (kimi) {
+        const bool device_path = mla_kv_placement_from_env() == MlaKvPlacement::device;
+        r = replay_kimi_case(*gpu, file, name, device_path);
+        kv.kv_cache = "f32";
+        kv.kv_path = device_path ? "device" : "host";
+      } else {
+        r = replay_deepseek_case(*gpu, file, name,
+                                 {parse_kv_format(opts->kv_cache), opts->block_size, opts->layout == "latent"});
+        kv.kv_cache = std::string(to_string(r.kv_cache));
+        kv.block_size = r.block_size;
+        kv.layout = r.latent ? "latent" : "separate";
+      }
+    });
     opts->json ? print_json(r, kv) : print_table(r, kv);
     set_exit(r.pass ? 0 : 1);
   });

@@ -183,7 +183,7 @@ class MlaDeviceKv {
   void free();
 
   /// Append one row: K copied device to device from `k_new` (k_row floats), V
-  /// from the host. Errors: `capacity_exceeded` when seq_len == cap;
+  /// from the host. Errors: `capacity_exceeded` when seq_len == cap (cap 0: freed or moved from);
   /// `invalid_argument` when v_row.size() != v_row(); the backend's. On error
   /// seq_len is unchanged.
   void append_from_device(DevicePtr k_new, std::span<const float> v_row);

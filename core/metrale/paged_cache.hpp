@@ -43,7 +43,8 @@ class PagedKvCache;
 
 /// Slots reserved for new tokens. Until `commit()`, the cache counts them as
 /// used; destroying an uncommitted reservation restores the cache exactly
-/// (seq_lens, block tables and free list).
+/// (seq_lens, block tables and free list). A reservation follows its cache when the cache is
+/// moved, and is left holding only its slot mapping when the cache is destroyed first.
 class SlotReservation {
  public:
   SlotReservation(SlotReservation&& o) noexcept;
@@ -81,6 +82,11 @@ class PagedKvCache {
   /// not finite or ≤ 0, or 448 (the largest E4M3 code) times it past FP32's range; latent FP8
   /// with k_scale ≠ v_scale; a slot index past INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
+  /// Takes `o`'s pools, sequences and free list, and its open reservation, if any: that
+  /// reservation then commits to or rolls back this cache. `o` is left empty.
+  PagedKvCache(PagedKvCache&& o) noexcept;
+  PagedKvCache(const PagedKvCache&) = delete;
+  ~PagedKvCache();
 
   const PagedCacheConfig& config() const { return cfg_; }
   /// Values per token row: num_kv_heads · kv_cache_dim.
@@ -151,7 +157,7 @@ class PagedKvCache {
   std::vector<std::int32_t> free_;  // popped from the back
   std::map<SeqId, Seq> seqs_;
   SeqId next_seq_ = 0;
-  bool reservation_open_ = false;
+  SlotReservation* open_ = nullptr;  // the outstanding reservation, whose cache_ is this
 };
 
 }  // namespace metrale

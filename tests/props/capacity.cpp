@@ -472,7 +472,8 @@ void require_full(KvSut& sut, const KvModel& m, F&& body) {
   } catch (const Error& e) {
     if (e.code() != Errc::capacity_exceeded)
       RC_FAIL(fmt::format("{} instead of capacity_exceeded: {}", to_string(e.code()), e.what()));
-    const std::string cap = fmt::format("cap {} full", m.cap);
+    // (cap 0: freed)
+    const std::string cap = m.cap == 0 ? std::string("no buffers (it was freed") : fmt::format("cap {} full", m.cap);
     if (std::string(e.what()).find(cap) == std::string::npos) RC_FAIL(fmt::format("\"{}\" not in {}", cap, e.what()));
     RC_ASSERT(sut.gpu.calls() == calls);  // refused before any backend call
     return;
