@@ -1472,7 +1472,9 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
             "'18446744073709551616' bytes is more than 2^64 - 1"},  // (was "error (internal): stoull")
            {"lots", "'lots' is not a size"},
            {"MB", "'MB' is not a size"},  // (was 1 MB: AsSizeValue reads a bare unit as one)
-           {"1zb", "unit not recognized"}}) {
+           {"1zb", "unit not recognized"},
+           {"1.5GB", "'1.5GB' is not a size (4GB, 500MB, 1024: a whole number, then a unit)"},
+           {"99999999999GB", "'99999999999GB' bytes is more than 2^64 - 1"}}) {
     out.clear();
     CHECK(run_cli(fmt::format("--record-limit {} {}", bad, run), out) > 100);
     CHECK_THAT(out, Catch::Matchers::Contains("--record-limit") && Catch::Matchers::Contains(why));

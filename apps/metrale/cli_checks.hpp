@@ -100,7 +100,18 @@ inline CLI::Validator size_in_bytes() {
             if (at == std::string::npos || std::isdigit(static_cast<unsigned char>(s[at])) == 0)
               return "'" + s + "' is not a size (4GB, 500MB, 1024)";
             const std::string given = s;
-            if (std::string error = CLI::AsSizeValue(true)(s); !error.empty()) return error;
+            // CLI11's own words (thrown or returned) for a bad unit list the units; for a fraction
+            // ("Value 1.5 could not be converted to UINT") or an overflow, ours name the value.
+            std::string error;
+            try {
+              error = CLI::AsSizeValue(true)(s);
+            } catch (const CLI::ValidationError& e) {
+              error = e.what();
+            }
+            if (error.find("overflow") != std::string::npos) return "'" + given + "' bytes is more than 2^64 - 1";
+            if (error.find("could not be converted") != std::string::npos)
+              return "'" + given + "' is not a size (4GB, 500MB, 1024: a whole number, then a unit)";
+            if (!error.empty()) return error;
             const Decimal d = read_decimal(s);
             if (d.error == std::errc::result_out_of_range) return "'" + given + "' bytes is more than 2^64 - 1";
             if (d.error != std::errc{}) return "'" + given + "' is not a size (4GB, 500MB, 1024)";
