@@ -112,22 +112,6 @@ PagedKvCache::PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg) : gpu_(gpu), c
   free_ = initial_free_list(cfg_.num_blocks, cfg_.free_list_seed);
 }
 
-PagedKvCache::PagedKvCache(PagedKvCache&& o) noexcept
-    : gpu_(o.gpu_),
-      cfg_(o.cfg_),
-      data_section_bytes_(o.data_section_bytes_),
-      block_stride_bytes_(o.block_stride_bytes_),
-      k_pool_(std::move(o.k_pool_)),
-      v_pool_(std::move(o.v_pool_)),
-      free_(std::move(o.free_)),
-      seqs_(std::move(o.seqs_)),
-      next_seq_(o.next_seq_),
-      open_(std::exchange(o.open_, nullptr)) {
-  o.free_.clear();
-  o.seqs_.clear();
-  if (open_ != nullptr) open_->cache_ = this;
-}
-
 PagedKvCache::~PagedKvCache() {
   if (open_ != nullptr) open_->cache_ = nullptr;  // the reservation outlives its cache: it keeps its slots only
 }
@@ -182,10 +166,14 @@ SlotReservation PagedKvCache::reserve(std::span<const SeqId> tokens) {
     if (std::none_of(r.undo_.begin(), r.undo_.end(), [&](const auto& u) { return u.seq == seq; }))
       r.undo_.push_back({seq, s.len, s.table.size()});
     if (s.len % cfg_.block_size == 0) {  // the token starts a new block
-      if (s.table.size() == cfg_.max_blocks_per_seq)
+      if (s.table.size() == cfg_.max_blocks_per_seq) {
+        const auto held = std::find_if(r.undo_.begin(), r.undo_.end(), [&](const auto& u) { return u.seq == seq; });
         fail(Errc::capacity_exceeded,
-             "paged cache: sequence {} is full at {} tokens (max_blocks_per_seq {} x block_size {})", seq, s.len,
-             cfg_.max_blocks_per_seq, cfg_.block_size);
+             "paged cache: sequence {} holds {} tokens and cannot take the {} this reservation asks for: it is full at "
+             "{} (max_blocks_per_seq {} x block_size {})",
+             seq, held->seq_len, std::count(tokens.begin(), tokens.end(), seq), s.len, cfg_.max_blocks_per_seq,
+             cfg_.block_size);
+      }
       if (free_.empty())
         fail(Errc::capacity_exceeded,
              "paged cache: no free block for sequence {}: the reservation needs more blocks than the {} of {} that "

@@ -211,20 +211,20 @@ CombineResult combine_partials(std::span<const float> o_partial, std::span<const
     for (std::uint32_t h = 0; h < num_q_heads; ++h) {
       const std::size_t base = (std::size_t{s} * num_q_heads + h) * num_splits;
       bool keys = false;
-      for (std::uint32_t z = 0; z < num_splits; ++z) keys = keys || ml_partial[2 * (base + z) + 1] > 0;
+      for (std::uint32_t z = 0; z < num_splits; ++z) keys = keys || ml_partial[2 * (base + z) + 1] != 0;
       const bool has_sink = !sinks.empty() && keys;  // no keys: zeros, whatever the sink (SPEC §3)
       double big = has_sink ? double{sinks[h]} : -std::numeric_limits<double>::infinity();
       for (std::uint32_t z = 0; z < num_splits; ++z)
-        if (ml_partial[2 * (base + z) + 1] > 0) big = std::max(big, double{ml_partial[2 * (base + z)]});
+        if (ml_partial[2 * (base + z) + 1] != 0) big = std::max(big, double{ml_partial[2 * (base + z)]});
       double denom = has_sink ? exp_below(sinks[h], big) : 0.0;
       for (std::uint32_t z = 0; z < num_splits; ++z)
-        if (const double l = ml_partial[2 * (base + z) + 1]; l > 0)
+        if (const double l = ml_partial[2 * (base + z) + 1]; l != 0)
           denom += std::exp(ml_partial[2 * (base + z)] - big) * l;
       if (denom == 0) continue;
       for (std::uint32_t d = 0; d < kv_cache_dim; ++d) {
         double num = 0, mag = 0;
         for (std::uint32_t z = 0; z < num_splits; ++z) {
-          if (ml_partial[2 * (base + z) + 1] <= 0) continue;
+          if (ml_partial[2 * (base + z) + 1] == 0) continue;
           const double w = std::exp(ml_partial[2 * (base + z)] - big), x = o_partial[(base + z) * kv_cache_dim + d];
           num += w * x;
           mag += std::fabs(w * x);

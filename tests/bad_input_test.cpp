@@ -219,6 +219,45 @@ TEST_CASE("bad input: a key given twice in a nested header object is refused", "
   }
 }
 
+// ---- the case generator -----------------------------------------------------------------
+
+// Before: SIGFPE (block_size, num_blocks or num_kv_heads 0), a null write (cache_store_case
+// without slots), a bare std::out_of_range (too few seq_lens) and `internal` errors (35th
+// session's adversarial run). The generator is a library API too: each is named.
+TEST_CASE("bad input: the case generator refuses a spec it cannot build", "[bad_input][case_gen]") {
+  gen::PagedSpec base;
+  base.seq_lens = {5};
+  REQUIRE_NOTHROW(gen::paged_decode_case(base));
+  const std::vector<std::pair<std::function<void(gen::PagedSpec&)>, std::string>> bad{
+      {[](gen::PagedSpec& p) { p.block_size = 0; }, "block_size 0, num_blocks 8 and max_blocks_per_seq 4"},
+      {[](gen::PagedSpec& p) { p.num_blocks = 0; }, "block_size 4, num_blocks 0"},
+      {[](gen::PagedSpec& p) { p.num_kv_heads = 0; }, "num_kv_heads 0 must be positive and divide num_q_heads 1"},
+      {[](gen::PagedSpec& p) { p.num_q_heads = 3, p.num_kv_heads = 2; }, "num_kv_heads 2 must be positive"},
+      {[](gen::PagedSpec& p) { p.num_seqs = 2; }, "1 seq_lens for num_seqs 2"},
+      {[](gen::PagedSpec& p) {
+         p.seq_lens = {1, 2, 3};
+       },
+       "3 seq_lens for num_seqs 1"},
+      {[](gen::PagedSpec& p) { p.cache_stride = 4; }, "cache_stride 4 is below the row width 8"},
+      {[](gen::PagedSpec& p) { p.format = KvFormat::nvfp4; }, "an nvfp4 row width 8"}};
+  for (const auto& [mutate, needle] : bad) {
+    gen::PagedSpec p = base;
+    mutate(p);
+    INFO(p.vars());
+    require_error([&] { (void)gen::paged_decode_case(p); }, Errc::invalid_argument, {"paged_decode_case: " + needle});
+    require_error([&] { (void)gen::split_path_case(p); }, Errc::invalid_argument, {needle});
+  }
+  REQUIRE_NOTHROW(gen::cache_store_case(KvFormat::fp8, 2, 16, 4, 1, 16, 1));
+  require_error([&] { (void)gen::cache_store_case(KvFormat::fp8, 2, 16, 0, 4, 16, 1); }, Errc::invalid_argument,
+                {"cache_store_case: block_size 0, num_blocks 4 and row_width 16 must be positive"});
+  require_error([&] { (void)gen::cache_store_case(KvFormat::fp8, 5, 16, 2, 2, 16, 1); }, Errc::invalid_argument,
+                {"cache_store_case: 5 tokens for 4 slots"});
+  require_error([&] { (void)gen::cache_store_case(KvFormat::fp8, 2, 16, 4, 1, 8, 1); }, Errc::invalid_argument,
+                {"pitch 8 is below row_width 16"});
+  require_error([&] { (void)gen::cache_store_case(KvFormat::nvfp4, 2, 24, 4, 1, 0, 1); }, Errc::invalid_argument,
+                {"an nvfp4 row_width 24 that is not a multiple of 16"});
+}
+
 // ---- model cases ----------------------------------------------------------------------
 
 TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the tensor", "[bad_input][replay]") {
@@ -1027,6 +1066,24 @@ TEST_CASE("the launcher property families hold on the devices the emulator plays
 
 // Twenty-seventh and thirty-third sessions: --out under /proc passed the check as root (access()
 // says yes; mkdir there fails), and the run went on. The check now makes and removes a probe folder.
+// Before: "Value abc not in range 0.001000 to 10000000.000000" for text that is no number, and
+// "0x10" taken as 16 s where --cases and --seed take decimal digits only (35th session's helper).
+TEST_CASE("a fuzz driver's --seconds is a decimal number", "[cli]") {
+  const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
+  for (const char* bad : {"abc", "0x10", "1e-3x", "nan", "inf", "''"}) {
+    std::string out;
+    INFO(bad);
+    CHECK(run_command(fuzz.string() + " --list --seconds " + bad, out) == 2);
+    const std::string shown = std::string(bad) == "''" ? "" : bad;
+    CHECK_THAT(out, Catch::Matchers::Contains("--seconds: '" + shown + "' is not a number (2, 0.5, 1e-3)"));
+  }
+  std::string out;
+  CHECK(run_command(fuzz.string() + " --list --seconds 1e8", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("not in range"));
+  out.clear();
+  CHECK(run_command(fuzz.string() + " --list --seconds 0.5", out) == 0);
+}
+
 TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothing where it could", "[cli]") {
   const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
   const auto scratch = test::scratch_dir("metrale_fuzz_out");
@@ -1039,7 +1096,7 @@ TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothin
   std::string out;
   CHECK(run("/proc/metrale_fuzz_out/failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("--out '/proc/metrale_fuzz_out/failures': not a directory that can be "
-                                            "created ('/proc' is not writable"));
+                                            "created (no folder can be made in '/proc': "));
   out.clear();
   CHECK(run(scratch / "a_file" / "failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("is not a folder"));
@@ -1769,6 +1826,12 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
            {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
             "JSON nests deeper than 8 levels"},
            {R"({"rows": {}})", "rows is not an array"},
+           // Before: the first of two rows of one shape was taken without a word; a B past 2^64 − 1
+           // was "no unsigned integer B" (35th session's helper).
+           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 2}]})",
+            "rows[1] repeats rows[0]'s B 1, L 2, H 3"},
+           {R"({"rows": [{"B": 18446744073709551616, "L": 2, "H": 3, "best_us": 1.5}]})",
+            "rows[0] B is 1.8446744073709552e+19, not an unsigned 64-bit integer"},
            {R"([1, 2])", "not a JSON object"}}) {
     INFO(text);
     std::ofstream(json.path) << text;

@@ -15,6 +15,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -475,8 +476,15 @@ TEST_CASE("paged cache: a reservation that does not fit entirely changes nothing
   }
   SECTION("one sequence's table is full part-way") {
     // b's seventh token needs a fourth column; the pool has room for it.
-    require_error([&] { t.main.reserve(std::vector<SeqId>{a, b, b, b, b, c, b, b, b}); }, Errc::capacity_exceeded,
-                  {fmt::format("sequence {}", b), "max_blocks_per_seq 3"});
+    // (Before: "sequence 1 is full at 6 tokens", the count part-way through the reservation.)
+    require_error(
+        [&] {
+          t.main.reserve(std::vector<SeqId>{a, b, b, b, b, c, b, b, b});
+        },
+        Errc::capacity_exceeded,
+        {fmt::format("sequence {} holds 0 tokens and cannot take the 7 this reservation asks for: it is "
+                     "full at 6 (max_blocks_per_seq 3 x block_size 2)",
+                     b)});
   }
   CHECK(snapshot(t.main) == before);
   t.require_same();
@@ -511,36 +519,9 @@ TEST_CASE("paged cache: an uncommitted reservation rolls back exactly", "[paged_
   t.require_same();
 }
 
-TEST_CASE("paged cache: an open reservation follows its cache's move", "[paged_cache]") {
-  emu::EmulatorBackend gpu(test_options());
-  std::optional<PagedKvCache> from(std::in_place, gpu, small_config(8, 2, 0, 7));
-  const SeqId a = from->add_sequence(), b = from->add_sequence();
-  from->reserve(std::vector<SeqId>{a, a, a}).commit();
-  const Snapshot before = snapshot(*from);
-  std::optional<PagedKvCache> to;
-  SECTION("dropped after the move: the moved-to cache rolls back") {
-    {
-      auto r = from->reserve(std::vector<SeqId>{b, b, b, a});
-      to.emplace(std::move(*from));
-      CHECK(to->seq_len(b) == 3);
-      from.reset();  // the moved-from cache's end leaves the reservation alone
-    }
-    CHECK(snapshot(*to) == before);
-  }
-  SECTION("committed after the move") {
-    {
-      auto r = from->reserve(std::vector<SeqId>{b, b, b, a});
-      to.emplace(std::move(*from));
-      r.commit();
-    }
-    CHECK(to->seq_len(a) == 4);
-    CHECK(to->seq_len(b) == 3);
-    CHECK(to->free_blocks() == before.free_blocks - 2);
-  }
-  // Either way no reservation stays open on the moved-to cache.
-  const SeqId c = to->add_sequence();
-  CHECK(to->reserve(std::vector<SeqId>{c}).slot_mapping().size() == 1);
-}
+// A moved cache would leave its reservation and decoders on a dead one (the 35th session's helpers:
+// std::terminate, then a use after free through a decoder, after the implicit move).
+static_assert(!std::is_move_constructible_v<PagedKvCache> && !std::is_copy_constructible_v<PagedKvCache>);
 
 TEST_CASE("paged cache: a reservation may outlive its cache", "[paged_cache]") {
   emu::EmulatorBackend gpu(test_options());

@@ -5,11 +5,13 @@
 // against the PyTorch baseline of bench/torch_baseline.py. On the emulator, wall clock on small
 // shapes shows the emulator's own speed.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -332,16 +334,26 @@ void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.contains("rows")) return;
   if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
   std::size_t i = 0;
+  std::map<std::array<std::uint64_t, 3>, std::size_t> seen;  // (B, L, H) -> its row
   for (const auto& r : torch["rows"]) {
     if (!r.is_object()) fail(Errc::invalid_argument, "bench --torch {}: rows[{}] is not an object", path, i);
-    for (const char* key : {"B", "L", "H"})
-      if (!r.contains(key) || !r[key].is_number_unsigned())
+    for (const char* key : {"B", "L", "H"}) {
+      if (!r.contains(key))
         fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no unsigned integer {}", path, i, key);
+      if (!r[key].is_number_unsigned())
+        fail(Errc::invalid_argument, "bench --torch {}: rows[{}] {} is {}, not an unsigned 64-bit integer", path, i,
+             key, r[key].dump());
+    }
     if (!r.contains("best_us") || !(r["best_us"].is_number() || r["best_us"].is_null()))
       fail(Errc::invalid_argument, "bench --torch {}: rows[{}] has no best_us (a number or null)", path, i);
     if (r["best_us"].is_number() && !(r["best_us"].get<double>() > 0))
       fail(Errc::invalid_argument, "bench --torch {}: rows[{}] best_us {} is not a positive time", path, i,
            r["best_us"].dump());
+    const std::array<std::uint64_t, 3> shape{r["B"].get<std::uint64_t>(), r["L"].get<std::uint64_t>(),
+                                             r["H"].get<std::uint64_t>()};
+    if (const auto [at, fresh] = seen.emplace(shape, i); !fresh)
+      fail(Errc::invalid_argument, "bench --torch {}: rows[{}] repeats rows[{}]'s B {}, L {}, H {}", path, i,
+           at->second, shape[0], shape[1], shape[2]);
     ++i;
   }
 }

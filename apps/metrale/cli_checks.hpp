@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -94,6 +95,19 @@ inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
 /// "1024"), converted by CLI::AsSizeValue (1000-based units, "Ki"-style 1024-based), rewritten as
 /// decimal bytes, positive and within 64 bits. The number must come first: AsSizeValue reads a
 /// bare unit ("MB") as one of it.
+/// A decimal number, all of the text ("2", "0.5", "1e-3"; not "abc", "0x10", "nan", "inf" or
+/// "1e-3x"): CLI11 alone reads hex and says only "not in range" of text that is no number.
+inline CLI::Validator decimal_number() {
+  return {[](std::string& s) {
+            double v = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
+            if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || !std::isfinite(v))
+              return "'" + s + "' is not a number (2, 0.5, 1e-3)";
+            return std::string{};
+          },
+          ""};
+}
+
 inline CLI::Validator size_in_bytes() {
   return {[](std::string& s) {
             const std::size_t at = s.find_first_not_of(" \t");

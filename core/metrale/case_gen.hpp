@@ -49,7 +49,11 @@ struct PagedSpec {
 
 /// The case of a paged decode launch, expected o from the float64 reference.
 /// Tolerance: BF16 rounding of o (2^-8 relative) plus 1e-5 of the largest |V|
-/// for the FP32 softmax — far below what one missing or extra key changes.
+/// for the FP32 softmax — far below what one missing or extra key changes. Errors:
+/// `invalid_argument` for a spec the generator cannot build: a count or size of 0, num_kv_heads
+/// not dividing num_q_heads, seq_lens not one a sequence, an FP8 cache_stride below the row
+/// width, an NVFP4 row width not a multiple of 16 (as split_path_case's and the other cases'
+/// built on it).
 KernelCase paged_decode_case(const PagedSpec& spec);
 
 /// The same launch through the split path of module mla_fast (entry
@@ -108,6 +112,8 @@ KernelCase cache_assemble_case(std::uint32_t kv_lora, std::uint32_t rope, std::u
 /// `rope_pairs_bf16`. Tolerance: BF16 rounding plus the FP32 angle error (pos·2^-24 rad).
 KernelCase rope_case(std::uint32_t rows, std::uint32_t rope, std::uint32_t pos, float theta, std::uint64_t seed);
 /// The cache stores: exact bytes (the codecs are the reference, checked against ml_dtypes).
+/// Errors: `invalid_argument` for block_size, num_blocks or row_width 0, more tokens than
+/// slots, an FP8 pitch below row_width, an NVFP4 row_width not a multiple of 16.
 KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint32_t row_width,
                             std::uint32_t block_size, std::uint32_t num_blocks, std::uint64_t pitch,
                             std::uint64_t seed);

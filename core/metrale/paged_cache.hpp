@@ -43,8 +43,8 @@ class PagedKvCache;
 
 /// Slots reserved for new tokens. Until `commit()`, the cache counts them as
 /// used; destroying an uncommitted reservation restores the cache exactly
-/// (seq_lens, block tables and free list). A reservation follows its cache when the cache is
-/// moved, and is left holding only its slot mapping when the cache is destroyed first.
+/// (seq_lens, block tables and free list). A reservation whose cache is destroyed first is left
+/// holding only its slot mapping.
 class SlotReservation {
  public:
   SlotReservation(SlotReservation&& o) noexcept;
@@ -82,10 +82,11 @@ class PagedKvCache {
   /// not finite or ≤ 0, or 448 (the largest E4M3 code) times it past FP32's range; latent FP8
   /// with k_scale ≠ v_scale; a slot index past INT32_MAX); `out_of_memory`.
   PagedKvCache(GpuBackend& gpu, PagedCacheConfig cfg);
-  /// Takes `o`'s pools, sequences and free list, and its open reservation, if any: that
-  /// reservation then commits to or rolls back this cache. `o` is left empty.
-  PagedKvCache(PagedKvCache&& o) noexcept;
+  /// Neither copied nor moved: reservations and decoders (DeepseekMlaDecoder) refer to the cache
+  /// where it is, so a moved cache would leave them on a dead one. Place it where it stays (a
+  /// std::unique_ptr, std::optional or std::deque for a set of caches).
   PagedKvCache(const PagedKvCache&) = delete;
+  PagedKvCache& operator=(const PagedKvCache&) = delete;
   ~PagedKvCache();
 
   const PagedCacheConfig& config() const { return cfg_; }

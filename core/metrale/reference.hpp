@@ -61,9 +61,10 @@ struct SplitPartials {
 SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale, std::uint32_t keys_per_split,
                              std::uint32_t num_splits);
 
-/// The combine of the split decode by its definition: per (sequence, head), over chunks with
-/// l > 0, M = max(max m_z, sink), o = v_scale·Σ e^(m_z−M)·O_z / (Σ e^(m_z−M)·l_z + e^(sink−M)),
-/// zeros when nothing counts. `max_abs_terms`: the largest v_scale·Σ e^(m_z−M)·|O_z| / denominator.
+/// The combine of the split decode by its definition: per (sequence, head), over the chunks with
+/// keys (l ≠ 0, as the kernels count them: a NaN l counts), M = max(max m_z, sink),
+/// o = v_scale·Σ e^(m_z−M)·O_z / (Σ e^(m_z−M)·l_z + e^(sink−M)), the sink only where some chunk
+/// counts; zeros when none does. `max_abs_terms`: the largest v_scale·Σ e^(m_z−M)·|O_z| / denominator.
 struct CombineResult {
   std::vector<double> o;  // [num_seqs, num_q_heads, kv_cache_dim]
   double max_abs_terms = 0;
