@@ -15,6 +15,7 @@
 #include "metrale/formats.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/reference.hpp"
+#include "validate.hpp"
 
 namespace metrale::gen {
 
@@ -441,6 +442,9 @@ void random_partials(std::size_t rows, std::size_t dim, std::mt19937_64& rng, st
 
 KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32_t dim, std::uint32_t num_splits,
                         bool sinks, std::uint64_t seed) {
+  // (an empty tensor would reach the launcher as "o_partial is null")
+  detail::Validator{"combine_case"}.positive(
+      {{"num_seqs", num_seqs}, {"heads", heads}, {"dim", dim}, {"num_splits", num_splits}});
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const std::size_t slots = std::size_t{num_seqs} * heads * num_splits;
@@ -471,6 +475,7 @@ KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32
 
 KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,
                      std::uint32_t out_pad, std::uint64_t seed) {
+  detail::Validator{"gemv_case"}.positive({{"n_out", n_out}, {"k", k}, {"heads", heads}});
   std::mt19937_64 rng(seed);
   const std::uint32_t is = k + in_pad, os = n_out + out_pad;
   const auto x = random_bf16(std::size_t{heads} * is, rng), w = random_bf16(std::size_t{heads} * n_out * k, rng);

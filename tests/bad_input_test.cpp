@@ -256,6 +256,10 @@ TEST_CASE("bad input: the case generator refuses a spec it cannot build", "[bad_
                 {"pitch 8 is below row_width 16"});
   require_error([&] { (void)gen::cache_store_case(KvFormat::nvfp4, 2, 24, 4, 1, 0, 1); }, Errc::invalid_argument,
                 {"an nvfp4 row_width 24 that is not a multiple of 16"});
+  // (Before: "o_partial is null" / "input is null" from the launcher, the count unnamed.)
+  require_error([&] { (void)gen::combine_case(1, 2, 8, 0, false, 1); }, Errc::invalid_argument,
+                {"combine_case: num_splits is 0"});
+  require_error([&] { (void)gen::gemv_case(4, 0, 2, 0, 0, 1); }, Errc::invalid_argument, {"gemv_case: k is 0"});
 }
 
 // ---- model cases ----------------------------------------------------------------------

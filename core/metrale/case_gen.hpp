@@ -94,12 +94,14 @@ KernelCase fused_decode_case(const PagedSpec& spec, std::uint32_t tiles_per_spli
 
 /// The combine over random partials (a quarter of them empty chunks: m = −∞, l = 0), with
 /// or without sinks. Expected: ref::combine_partials. Tolerance: BF16 output (2^-8 relative)
-/// plus the FP32 sums' error of the largest Σ|weight·O| / denominator.
+/// plus the FP32 sums' error of the largest Σ|weight·O| / denominator. Errors: `invalid_argument`
+/// for a count of 0.
 KernelCase combine_case(std::uint32_t num_seqs, std::uint32_t heads, std::uint32_t dim, std::uint32_t num_splits,
                         bool sinks, std::uint64_t seed);
 
 /// `mla_batched_gemv` over [heads, n_out, k] with padded strides. Tolerance:
-/// BF16 output rounding plus k·2^-23·max Σ|w·x| for FP32 accumulation.
+/// BF16 output rounding plus k·2^-23·max Σ|w·x| for FP32 accumulation. Errors:
+/// `invalid_argument` for n_out, k or heads 0.
 KernelCase gemv_case(std::uint32_t n_out, std::uint32_t k, std::uint32_t heads, std::uint32_t in_pad,
                      std::uint32_t out_pad, std::uint64_t seed);
 /// The copy kernels: exact.
