@@ -447,10 +447,10 @@ void add_bench(CLI::App& app) {
         ->capture_default_str()
         ->needs(sweep_flag);
   };
-  axis("--cache", opts->axes.caches, "KV cache formats", CLI::IsMember({"fp8", "nvfp4"}));
+  axis("--cache", opts->axes.caches, "KV cache formats", one_of({"fp8", "nvfp4"}));
   axis("--layout", opts->axes.layouts,
        "cache layouts: separate (a K pool and a V pool, the seed ABI's) or latent (one pool as both: V = K)",
-       CLI::IsMember({"separate", "latent"}));
+       one_of({"separate", "latent"}));
   axis("--batch", opts->axes.batch, "batch sizes", integer_in(1, 1024));
   axis("--context", opts->axes.context, "context lengths in tokens", integer_in(1, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", integer_in(1, 1024));

@@ -1,6 +1,7 @@
 // CLI11 checks the metrale CLI and the fuzz drivers share.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -17,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backends.hpp"
+#include "metrale/error.hpp"
 
 namespace metrale::cli {
 
@@ -136,10 +138,22 @@ inline CLI::Validator size_in_bytes() {
           ""};
 }
 
+/// One of `names`, exactly: "'<value>' is not one of a, b" (CLI11's IsMember printed an empty value
+/// as nothing at all: "--kv-cache:  not in {fp8,nvfp4}").
+inline CLI::Validator one_of(std::vector<std::string> names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return {[names = std::move(names), list](std::string& s) {
+            if (std::find(names.begin(), names.end(), s) != names.end()) return std::string{};
+            return "'" + metrale::printable(s) + "' is not one of " + list;
+          },
+          "{" + list + "}"};
+}
+
 /// The check of a --backend option: emu, cuda or auto (`--backend ""` is refused, not read as the
 /// option left out).
 inline CLI::Validator backend_name() {
-  return CLI::IsMember(std::vector<std::string>(std::begin(kBackendNames), std::end(kBackendNames)));
+  return one_of(std::vector<std::string>(std::begin(kBackendNames), std::end(kBackendNames)));
 }
 
 }  // namespace metrale::cli

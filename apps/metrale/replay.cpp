@@ -81,12 +81,12 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   cmd->add_option("--model", opts->model,
                   "decode chain: deepseek (paged absorbed MLA) or kimi-k3 (per-head MLA; device KV unless "
                   "K3_CUDA_MLA=0)")
-      ->check(CLI::IsMember({"deepseek", "kimi-k3"}))
+      ->check(one_of({"deepseek", "kimi-k3"}))
       ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
       ->check(backend_name());
   auto* kv_opt = cmd->add_option("--kv-cache", opts->kv_cache, "paged cache format (deepseek)")
-                     ->check(CLI::IsMember({"fp8", "nvfp4"}))
+                     ->check(one_of({"fp8", "nvfp4"}))
                      ->capture_default_str();
   auto* bs_opt = cmd->add_option("--block-size", opts->block_size, "tokens per cache block (deepseek)")
                      ->transform(integer_in(1, 1u << 20))
@@ -94,7 +94,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
   auto* layout_opt = cmd->add_option("--kv-layout", opts->layout,
                                      "paged cache pools (deepseek): separate (a K and a V pool, the seed ABI's) or "
                                      "latent (one pool as both: V = K, half the memory)")
-                         ->check(CLI::IsMember({"separate", "latent"}))
+                         ->check(one_of({"separate", "latent"}))
                          ->capture_default_str();
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, set_exit, kv_opt, bs_opt, layout_opt] {
