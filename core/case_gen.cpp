@@ -104,24 +104,22 @@ namespace {
 // rules are the launcher's to check): `invalid_argument` naming the field. Negative or too long
 // seq_lens, garbage fills and the like stay allowed: they are the cases.
 void require_buildable(const PagedSpec& p) {
-  const auto need = [](bool ok, std::string_view what) {
-    if (!ok) fail(Errc::invalid_argument, "paged_decode_case: {}", what);
-  };
-  need(p.num_seqs != 0 && p.num_q_heads != 0 && p.q_head_dim != 0 && p.kv_cache_dim != 0,
-       fmt::format("num_seqs {}, num_q_heads {}, q_head_dim {} and kv_cache_dim {} must be positive", p.num_seqs,
-                   p.num_q_heads, p.q_head_dim, p.kv_cache_dim));
-  need(p.block_size != 0 && p.num_blocks != 0 && p.max_blocks_per_seq != 0,
-       fmt::format("block_size {}, num_blocks {} and max_blocks_per_seq {} must be positive", p.block_size,
-                   p.num_blocks, p.max_blocks_per_seq));
-  need(p.num_kv_heads != 0 && p.num_q_heads % p.num_kv_heads == 0,
-       fmt::format("num_kv_heads {} must be positive and divide num_q_heads {}", p.num_kv_heads, p.num_q_heads));
-  need(p.seq_lens.size() == p.num_seqs,
-       fmt::format("{} seq_lens for num_seqs {} (one a sequence)", p.seq_lens.size(), p.num_seqs));
+  const detail::Validator v{"paged_decode_case"};
+  v.check(p.num_seqs != 0 && p.num_q_heads != 0 && p.q_head_dim != 0 && p.kv_cache_dim != 0,
+          "num_seqs {}, num_q_heads {}, q_head_dim {} and kv_cache_dim {} must be positive", p.num_seqs, p.num_q_heads,
+          p.q_head_dim, p.kv_cache_dim);
+  v.check(p.block_size != 0 && p.num_blocks != 0 && p.max_blocks_per_seq != 0,
+          "block_size {}, num_blocks {} and max_blocks_per_seq {} must be positive", p.block_size, p.num_blocks,
+          p.max_blocks_per_seq);
+  v.check(p.num_kv_heads != 0 && p.num_q_heads % p.num_kv_heads == 0,
+          "num_kv_heads {} must be positive and divide num_q_heads {}", p.num_kv_heads, p.num_q_heads);
+  v.check(p.seq_lens.size() == p.num_seqs, "{} seq_lens for num_seqs {} (one a sequence)", p.seq_lens.size(),
+          p.num_seqs);
   const std::uint64_t width = std::uint64_t{p.num_kv_heads} * p.kv_cache_dim;
-  need(p.format != KvFormat::fp8 || p.cache_stride == 0 || p.cache_stride >= width,
-       fmt::format("cache_stride {} is below the row width {}", p.cache_stride, width));
-  need(p.format != KvFormat::nvfp4 || width % 16 == 0,
-       fmt::format("an nvfp4 row width {} (num_kv_heads x kv_cache_dim) that is not a multiple of 16", width));
+  v.check(p.format != KvFormat::fp8 || p.cache_stride == 0 || p.cache_stride >= width,
+          "cache_stride {} is below the row width {}", p.cache_stride, width);
+  v.check(p.format != KvFormat::nvfp4 || width % 16 == 0,
+          "an nvfp4 row width {} (num_kv_heads x kv_cache_dim) that is not a multiple of 16", width);
 }
 }  // namespace
 
@@ -599,16 +597,15 @@ KernelCase rope_case(std::uint32_t rows, std::uint32_t rope, std::uint32_t pos, 
 KernelCase cache_store_case(KvFormat format, std::uint32_t num_tokens, std::uint32_t row_width,
                             std::uint32_t block_size, std::uint32_t num_blocks, std::uint64_t pitch,
                             std::uint64_t seed) {
-  if (block_size == 0 || num_blocks == 0 || row_width == 0)
-    fail(Errc::invalid_argument, "cache_store_case: block_size {}, num_blocks {} and row_width {} must be positive",
-         block_size, num_blocks, row_width);
-  if (num_tokens > std::uint64_t{num_blocks} * block_size)
-    fail(Errc::invalid_argument, "cache_store_case: {} tokens for {} slots (num_blocks {} x block_size {})", num_tokens,
-         std::uint64_t{num_blocks} * block_size, num_blocks, block_size);
-  if (format == KvFormat::fp8 ? pitch < row_width : row_width % 16 != 0)
-    fail(Errc::invalid_argument, "cache_store_case: {}",
-         format == KvFormat::fp8 ? fmt::format("pitch {} is below row_width {}", pitch, row_width)
-                                 : fmt::format("an nvfp4 row_width {} that is not a multiple of 16", row_width));
+  const detail::Validator v{"cache_store_case"};
+  v.check(block_size != 0 && num_blocks != 0 && row_width != 0,
+          "block_size {}, num_blocks {} and row_width {} must be positive", block_size, num_blocks, row_width);
+  const std::uint64_t slot_count = std::uint64_t{num_blocks} * block_size;
+  v.check(num_tokens <= slot_count, "{} tokens for {} slots (num_blocks {} x block_size {})", num_tokens, slot_count,
+          num_blocks, block_size);
+  v.check(format != KvFormat::fp8 || pitch >= row_width, "pitch {} is below row_width {}", pitch, row_width);
+  v.check(format != KvFormat::nvfp4 || row_width % 16 == 0, "an nvfp4 row_width {} that is not a multiple of 16",
+          row_width);
   std::mt19937_64 rng(seed);
   auto k_src = random_bf16(std::size_t{num_tokens} * row_width, rng, -3, 3);
   const auto v_src = random_bf16(k_src.size(), rng, -3, 3);

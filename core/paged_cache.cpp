@@ -163,17 +163,15 @@ SlotReservation PagedKvCache::reserve(std::span<const SeqId> tokens) {
   r.slots_.reserve(tokens.size());
   for (SeqId seq : tokens) {
     Seq& s = seq_ref(seq);
-    if (std::none_of(r.undo_.begin(), r.undo_.end(), [&](const auto& u) { return u.seq == seq; }))
-      r.undo_.push_back({seq, s.len, s.table.size()});
+    auto undo = std::find_if(r.undo_.begin(), r.undo_.end(), [&](const auto& u) { return u.seq == seq; });
+    if (undo == r.undo_.end()) undo = r.undo_.insert(undo, {seq, s.len, s.table.size()});
     if (s.len % cfg_.block_size == 0) {  // the token starts a new block
-      if (s.table.size() == cfg_.max_blocks_per_seq) {
-        const auto held = std::find_if(r.undo_.begin(), r.undo_.end(), [&](const auto& u) { return u.seq == seq; });
+      if (s.table.size() == cfg_.max_blocks_per_seq)
         fail(Errc::capacity_exceeded,
              "paged cache: sequence {} holds {} tokens and cannot take the {} this reservation asks for: it is full at "
              "{} (max_blocks_per_seq {} x block_size {})",
-             seq, held->seq_len, std::count(tokens.begin(), tokens.end(), seq), s.len, cfg_.max_blocks_per_seq,
+             seq, undo->seq_len, std::count(tokens.begin(), tokens.end(), seq), s.len, cfg_.max_blocks_per_seq,
              cfg_.block_size);
-      }
       if (free_.empty())
         fail(Errc::capacity_exceeded,
              "paged cache: no free block for sequence {}: the reservation needs more blocks than the {} of {} that "

@@ -93,10 +93,6 @@ inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
           "INT in [" + std::to_string(lo) + " - " + std::to_string(hi) + "]"};
 }
 
-/// The check and conversion of a size option: a whole number with an optional unit ("4GB", "2 GiB",
-/// "1024"), converted by CLI::AsSizeValue (1000-based units, "Ki"-style 1024-based), rewritten as
-/// decimal bytes, positive and within 64 bits. The number must come first: AsSizeValue reads a
-/// bare unit ("MB") as one of it.
 /// A decimal number, all of the text ("2", "0.5", "1e-3"; not "abc", "0x10", "nan", "inf" or
 /// "1e-3x"): CLI11 alone reads hex and says only "not in range" of text that is no number.
 inline CLI::Validator decimal_number() {
@@ -110,6 +106,10 @@ inline CLI::Validator decimal_number() {
           ""};
 }
 
+/// The check and conversion of a size option: a whole number with an optional unit ("4GB", "2 GiB",
+/// "1024"), converted by CLI::AsSizeValue (1000-based units, "Ki"-style 1024-based), rewritten as
+/// decimal bytes, positive and within 64 bits. The number must come first: AsSizeValue reads a
+/// bare unit ("MB") as one of it.
 inline CLI::Validator size_in_bytes() {
   return {[](std::string& s) {
             const std::size_t at = s.find_first_not_of(" \t");
