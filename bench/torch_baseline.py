@@ -12,12 +12,9 @@ Two baselines per (batch B, context L, heads H), the faster is the baseline:
 Times are CUDA-event medians after warm-up; a row whose first run takes over 1 s is timed once;
 B=128 × L=64K is left out (about a minute of device time for one row).
 """
+import argparse
 import json
 import math
-import sys
-
-import torch
-import torch.nn.functional as F
 
 
 def median_ms(fn, target_s=0.3):
@@ -103,9 +100,13 @@ def main(out_path, rows_from=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[2] == "--rows-from":
-        main(sys.argv[1], sys.argv[3])
-    elif len(sys.argv) == 2:
-        main(sys.argv[1])
-    else:
-        sys.exit("usage: torch_baseline.py OUT.json [--rows-from EARLIER.json]")
+    parser = argparse.ArgumentParser(
+        description="The PyTorch baseline of an MLA decode step and the two roofline ceilings (copy GB/s, "
+        "BF16 matmul TFLOP/s), measured on the GPU and written as JSON for `metrale bench --sweep --torch`.")
+    parser.add_argument("out", metavar="OUT.json", help="where the ceilings and the baseline rows go")
+    parser.add_argument("--rows-from", metavar="EARLIER.json",
+                        help="measure the ceilings only and take the baseline rows from an earlier run's file")
+    args = parser.parse_args()
+    import torch  # after the arguments: --help and a usage error need neither torch nor a GPU
+    import torch.nn.functional as F
+    main(args.out, args.rows_from)

@@ -215,7 +215,7 @@ void DeepseekMlaDecoder::append_kv(std::span<const SeqId> seqs, std::span<const 
 }
 
 void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<const SeqId> seqs) {
-  const auto tables = cache_.upload_tables(seqs);
+  const auto tables = cache_.upload_tables(seqs, -1, PagedKvCache::TableWidth::fitted);
   const PagedCacheConfig& cc = cache_.config();
   const std::uint32_t cd = cfg_.dims.cache_dim();
   const PagedDecodeCommon common{q_absorbed,
@@ -224,7 +224,7 @@ void DeepseekMlaDecoder::attend(DevicePtr q_absorbed, DevicePtr o, std::span<con
                                  o,
                                  tables.block_tables.ptr(),
                                  tables.seq_lens.ptr(),
-                                 cache_.max_blocks_per_seq(),
+                                 tables.max_blocks_per_seq,
                                  cfg_.heads,
                                  1,
                                  cd,
@@ -249,6 +249,9 @@ DeepseekMlaDecoder::StepOutput DeepseekMlaDecoder::step(const StepInput& in) {
   const MlaDims& d = cfg_.dims;
   const std::uint32_t H = cfg_.heads, cd = d.cache_dim(), hd = d.hd();
   const std::size_t S = in.seqs.size();
+  if (S > detail::kMaxGridYZ)  // the decode's grid; named before any stage runs
+    fail(Errc::invalid_argument, "deepseek mla: {} sequences in one decode step exceed {} (the decode's grid)", S,
+         detail::kMaxGridYZ);
   if (std::set<SeqId>(in.seqs.begin(), in.seqs.end()).size() != S)
     fail(Errc::invalid_argument, "deepseek mla: a sequence is listed twice in one decode step");
   expect_size("q_nope", in.q_nope.size(), S * H * d.nope);

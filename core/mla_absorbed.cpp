@@ -96,7 +96,9 @@ KernelLaunch& paged_decode_args(KernelLaunch& l, const PagedDecodeCommon& a) {
       .arg_f32(a.inv_sqrt_d);
 }
 
-void validate_cache_store(const Validator& v, const CacheStoreCommon& a) {
+// `pool_row`: the bytes of a cache's first row (its extent follows slot_mapping, device data).
+void validate_cache_store(const Validator& v, const CacheStoreCommon& a, std::uint64_t pool_row) {
+  using detail::saturating_product;
   v.non_null({{"k_src", a.k_src},
               {"v_src", a.v_src},
               {"k_cache", a.k_cache},
@@ -109,6 +111,14 @@ void validate_cache_store(const Validator& v, const CacheStoreCommon& a) {
           "k_cache and v_cache are one pool {:#x} (latent), but k_src {:#x} and v_src {:#x} differ: V's rows would "
           "overwrite K's",
           a.k_cache.addr, a.k_src.addr, a.v_src.addr);
+  // Every token's block writes its rows while the others read the sources and slot_mapping.
+  const std::uint64_t src = saturating_product({a.num_tokens, a.row_width, 2});
+  const std::initializer_list<Validator::Extent> ins{{"k_src", a.k_src, src},
+                                                     {"v_src", a.v_src, src},
+                                                     {"slot_mapping", a.slot_mapping, std::uint64_t{a.num_tokens} * 4}};
+  v.disjoint({"k_cache", a.k_cache, pool_row}, ins);
+  v.disjoint({"v_cache", a.v_cache, pool_row}, ins);
+  if (a.k_cache != a.v_cache) v.disjoint({"v_cache", a.v_cache, pool_row}, {{"k_cache", a.k_cache, pool_row}});
 }
 
 }  // namespace
@@ -298,7 +308,7 @@ void mla_paged_decode_fp8(GpuBackend& gpu, KernelHandle kernel, const PagedDecod
 
 void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const CacheStoreFp8Args& a, Stream stream) {
   const Validator v{"mla_paged_cache_store_fp8"};
-  validate_cache_store(v, a);
+  validate_cache_store(v, a, a.row_width);
   v.check(a.cache_stride >= a.row_width, "cache_stride {} < row_width {}", a.cache_stride, a.row_width);
   validate_row_offsets(v, a.block_size, a.cache_stride, "cache_stride");
   v.positive_finite("k_scale", a.k_scale);
@@ -326,7 +336,7 @@ void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const Cache
 
 void mla_paged_cache_store_nvfp4(GpuBackend& gpu, KernelHandle kernel, const CacheStoreNvfp4Args& a, Stream stream) {
   const Validator v{"mla_paged_cache_store_nvfp4"};
-  validate_cache_store(v, a);
+  validate_cache_store(v, a, a.row_width / 2);
   validate_nvfp4_layout(v, a.row_width, a.block_size, a.block_stride_bytes, a.data_section_bytes);
   KernelLaunch(gpu, kernel)
       .grid({a.num_tokens, 1, 1})

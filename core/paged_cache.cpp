@@ -215,16 +215,22 @@ void SlotReservation::commit() noexcept {
   cache_ = nullptr;
 }
 
-PagedKvCache::DeviceTables PagedKvCache::upload_tables(std::span<const SeqId> seqs, std::int32_t fill) const {
-  std::vector<std::int32_t> tables(seqs.size() * cfg_.max_blocks_per_seq, fill);
+PagedKvCache::DeviceTables PagedKvCache::upload_tables(std::span<const SeqId> seqs, std::int32_t fill,
+                                                       TableWidth width) const {
+  std::size_t columns = cfg_.max_blocks_per_seq;
+  if (width == TableWidth::fitted) {
+    columns = 1;
+    for (const SeqId seq : seqs) columns = std::max(columns, seq_ref(seq).table.size());
+  }
+  std::vector<std::int32_t> tables(seqs.size() * columns, fill);
   std::vector<std::int32_t> lens(seqs.size());
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const Seq& s = seq_ref(seqs[i]);
-    std::copy(s.table.begin(), s.table.end(),
-              tables.begin() + static_cast<std::ptrdiff_t>(i * cfg_.max_blocks_per_seq));
+    std::copy(s.table.begin(), s.table.end(), tables.begin() + static_cast<std::ptrdiff_t>(i * columns));
     lens[i] = static_cast<std::int32_t>(s.len);
   }
   DeviceTables out;
+  out.max_blocks_per_seq = static_cast<std::uint32_t>(columns);
   out.block_tables = DeviceBuffer::from_host<std::int32_t>(gpu_, tables);
   out.seq_lens = DeviceBuffer::from_host<std::int32_t>(gpu_, lens);
   out.num_seqs = static_cast<std::uint32_t>(seqs.size());

@@ -9,6 +9,7 @@
 
 #include "metrale/error.hpp"
 #include "metrale/formats.hpp"
+#include "validate.hpp"
 
 namespace metrale::ref {
 
@@ -21,6 +22,29 @@ VectorXd to_vec(std::span<const float> x) {
   VectorXd v(static_cast<Eigen::Index>(x.size()));
   for (std::size_t i = 0; i < x.size(); ++i) v[static_cast<Eigen::Index>(i)] = x[i];
   return v;
+}
+
+using detail::saturating_product;
+
+// The oracle's own argument checks: shapes its spans cannot hold, or a zero it would divide by,
+// are named rather than read past or divided by.
+template <class... Args>
+void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
+  if (!ok) fail(Errc::invalid_argument, "reference: {}", fmt::format(format, std::forward<Args>(args)...));
+}
+void require_size(const char* name, std::size_t size, std::uint64_t needed) {
+  require(size >= needed, "{} holds {} values, short of the {} its shape needs", name, size, needed);
+}
+
+void check(const PagedAttentionProblem& p) {
+  require(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+          "num_q_heads {} is not a multiple of num_kv_heads {}", p.num_q_heads, p.num_kv_heads);
+  require(p.block_size > 0, "block_size is 0");
+  require(p.q_head_dim <= p.kv_cache_dim, "q_head_dim {} exceeds kv_cache_dim {}", p.q_head_dim, p.kv_cache_dim);
+  require_size("q", p.q.size(), saturating_product({p.num_seqs, p.num_q_heads, p.q_head_dim}));
+  require_size("seq_lens", p.seq_lens.size(), p.num_seqs);
+  require_size("block_tables", p.block_tables.size(), saturating_product({p.num_seqs, p.max_blocks_per_seq}));
+  if (!p.sinks.empty()) require_size("sinks", p.sinks.size(), p.num_q_heads);
 }
 
 // e^(x − m) for x ≤ m the maximum, and 1 where x = m: as a sink's term, a +inf sink (m = +inf)
@@ -42,6 +66,8 @@ VectorXd attend(const VectorXd& logits, const MatrixXd& v, bool has_sink, double
 
 std::vector<double> batched_gemv(std::span<const float> input, std::span<const float> weight, std::uint32_t n_out,
                                  std::uint32_t k, std::uint32_t num_heads, std::uint32_t input_stride) {
+  if (num_heads > 0) require_size("input", input.size(), std::uint64_t{num_heads - 1} * input_stride + k);
+  require_size("weight", weight.size(), saturating_product({num_heads, n_out, k}));
   std::vector<double> out(std::size_t{num_heads} * n_out);
   for (std::uint32_t h = 0; h < num_heads; ++h) {
     MatrixXd w(n_out, k);
@@ -54,6 +80,8 @@ std::vector<double> batched_gemv(std::span<const float> input, std::span<const f
 }
 
 void rope_pairs(std::span<double> x, std::uint32_t rope, std::uint32_t pos, double theta) {
+  if (x.empty()) return;
+  require(rope > 0 && x.size() % rope == 0, "{} values are not rows of rope {}", x.size(), rope);
   for (std::size_t r = 0; r < x.size() / rope; ++r) {
     for (std::uint32_t i = 0; i < rope / 2; ++i) {
       const double angle = pos * std::pow(theta, -2.0 * i / rope);
@@ -147,6 +175,7 @@ VectorXd query(const PagedAttentionProblem& p, std::uint32_t s, std::uint32_t h)
 }  // namespace
 
 std::vector<double> paged_attention(const PagedAttentionProblem& p) {
+  check(p);
   std::vector<double> o(std::size_t{p.num_seqs} * p.num_q_heads * p.kv_cache_dim);
   const std::uint32_t group = p.num_q_heads / p.num_kv_heads;
   for (std::uint32_t s = 0; s < p.num_seqs; ++s) {
@@ -165,6 +194,7 @@ std::vector<double> paged_attention(const PagedAttentionProblem& p) {
 
 SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale, std::uint32_t keys_per_split,
                              std::uint32_t num_splits) {
+  check(p);
   SplitPartials r;
   const std::size_t slots = std::size_t{p.num_seqs} * p.num_q_heads * num_splits;
   r.o.assign(slots * p.kv_cache_dim, 0.0);
@@ -205,6 +235,10 @@ SplitPartials split_partials(const PagedAttentionProblem& p, double logit_scale,
 CombineResult combine_partials(std::span<const float> o_partial, std::span<const float> ml_partial,
                                std::span<const float> sinks, std::uint32_t num_seqs, std::uint32_t num_q_heads,
                                std::uint32_t num_splits, std::uint32_t kv_cache_dim, double v_scale) {
+  const std::uint64_t chunks = saturating_product({num_seqs, num_q_heads, num_splits});
+  require_size("o_partial", o_partial.size(), saturating_product({chunks, kv_cache_dim}));
+  require_size("ml_partial", ml_partial.size(), saturating_product({chunks, 2}));
+  if (!sinks.empty()) require_size("sinks", sinks.size(), num_q_heads);
   CombineResult r;
   r.o.assign(std::size_t{num_seqs} * num_q_heads * kv_cache_dim, 0.0);
   for (std::uint32_t s = 0; s < num_seqs; ++s)
@@ -237,6 +271,13 @@ CombineResult combine_partials(std::span<const float> o_partial, std::span<const
 }
 
 DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
+  require(p.tokens > 0, "no tokens (the last one is the query)");
+  require_size("q_nope", p.q_nope.size(), std::uint64_t{p.heads} * p.nope);
+  require_size("q_rope", p.q_rope.size(), std::uint64_t{p.heads} * p.rope);
+  require_size("kv_latent", p.kv_latent.size(), std::uint64_t{p.tokens} * p.kv_lora);
+  require_size("k_rope", p.k_rope.size(), std::uint64_t{p.tokens} * p.rope);
+  require_size("w_uk", p.w_uk.size(), saturating_product({p.heads, p.nope, p.kv_lora}));
+  require_size("w_uv", p.w_uv.size(), saturating_product({p.heads, p.v_head, p.kv_lora}));
   const std::uint32_t dim = p.kv_lora + p.rope, last = p.tokens - 1;
   // Keys: [c_t ‖ rope(k_rope_t, t)], values: c_t.
   MatrixXd k(p.tokens, dim), v(p.tokens, p.kv_lora);
@@ -273,6 +314,7 @@ DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
 
 std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
                             std::uint32_t pos, double theta, bool use_nope) {
+  require_size("x", x.size(), std::uint64_t{heads} * (std::uint64_t{nope} + rope));
   std::vector<double> y(x.begin(), x.end());
   if (use_nope) return y;
   const std::size_t dq = std::size_t{nope} + rope;
@@ -287,7 +329,20 @@ std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, st
   return y;
 }
 
+namespace {
+
+void check(const K3SdpaProblem& p) {
+  require(p.dq > 0, "dq is 0");
+  require_size("q", p.q.size(), std::uint64_t{p.heads} * p.dq);
+  require_size("k", p.k.size(), saturating_product({p.seq_len, p.heads, p.dq}));
+  require_size("v", p.v.size(), saturating_product({p.seq_len, p.heads, p.dv}));
+  if (p.use_gate) require_size("g", p.g.size(), std::uint64_t{p.heads} * p.dv);
+}
+
+}  // namespace
+
 std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p) {
+  check(p);
   std::vector<double> out(std::size_t{p.heads} * p.dv, 0.0);
   if (p.seq_len == 0) return out;
   for (std::size_t h = 0; h < p.heads; ++h) {
@@ -310,6 +365,7 @@ std::vector<double> k3_sdpa_gate(const K3SdpaProblem& p) {
 }
 
 K3SplitPartials k3_split_partials(const K3SdpaProblem& p, std::uint32_t keys_per_chunk, std::uint32_t num_chunks) {
+  check(p);
   K3SplitPartials r;
   r.o.assign(std::size_t{num_chunks} * p.heads * p.dv, 0.0);
   r.ml.assign(std::size_t{num_chunks} * p.heads * 2, 0.0);

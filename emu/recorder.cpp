@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -30,18 +31,24 @@ std::uint64_t region_end(std::size_t i, std::span<const KernelArg> args, const R
   return end;
 }
 
-// The bytes of pointer argument `i`'s region (region_end), as elements of its dtype; empty when
-// the address is null or in no live allocation.
-std::optional<Tensor> snapshot(std::size_t i, std::span<const KernelArg> args, const Registry::Entry& e,
-                               const detail::AddressSpace& memory) {
+// Pointer argument `i`'s region (region_end) in whole elements of its dtype: where it starts in
+// its allocation and how many; none when the address is null or in no live allocation.
+struct Region {
+  const detail::Allocation* allocation;
+  std::uint64_t offset, elements;
+};
+std::optional<Region> region_of(std::size_t i, std::span<const KernelArg> args, const Registry::Entry& e,
+                                const detail::AddressSpace& memory) {
   const DevicePtr addr = args[i].as_ptr();
-  const Dtype dtype = e.params[i].dtype;
   const detail::Allocation* a = addr ? memory.resolve(addr) : nullptr;
   if (a == nullptr || !a->live) return std::nullopt;
-  const std::uint64_t off = addr.addr - a->base.addr;
-  const std::uint64_t n = (region_end(i, args, e, *a) - addr.addr) / dtype_size(dtype);
-  Tensor t{dtype, {static_cast<std::int64_t>(n)}, std::vector<std::byte>(n * dtype_size(dtype))};
-  std::memcpy(t.data.data(), a->data + off, t.data.size());
+  return Region{a, addr.addr - a->base.addr, (region_end(i, args, e, *a) - addr.addr) / dtype_size(e.params[i].dtype)};
+}
+
+// The bytes of a region, as a tensor of its dtype.
+Tensor snapshot(const Region& r, Dtype dtype) {
+  Tensor t{dtype, {static_cast<std::int64_t>(r.elements)}, std::vector<std::byte>(r.elements * dtype_size(dtype))};
+  std::memcpy(t.data.data(), r.allocation->data + r.offset, t.data.size());
   return t;
 }
 
@@ -102,6 +109,9 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   c.grid = grid;
   c.block = block;
   c.shape_recorded = true;
+  // Sized first, copied once the limit allows: a pool mapped lazily (the emulator's) costs no
+  // memory until it is read, and a refused launch must not read it.
+  std::vector<std::optional<Region>> regions(e.params.size());
   for (std::size_t i = 0; i < e.params.size(); ++i) {
     const ParamDecl& p = e.params[i];
     if (p.kind != ArgKind::ptr) {
@@ -113,20 +123,19 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
     const char* same = nullptr;
     for (std::size_t j = 0; j < i && same == nullptr; ++j)
       if (e.params[j].kind == ArgKind::ptr && e.params[j].dtype == p.dtype && args[j].as_ptr() == args[i].as_ptr() &&
-          c.inputs.count(e.params[j].name) != 0)
+          regions[j])
         same = e.params[j].name;
     if (same != nullptr) {
       c.aliases[p.name] = same;
-    } else if (auto t = snapshot(i, args, e, memory)) {
-      c.inputs[p.name] = std::move(*t);
+    } else {
+      regions[i] = region_of(i, args, e, memory);
     }
   }
   // The file holds the inputs and, for each writable one, as many bytes again (its expectation:
   // a read-only buffer becomes one only where a written one's region covers it).
   std::uint64_t bound = 16 << 10;  // the header: a few kB of names, shapes and scalars
   for (std::size_t i = 0; i < e.params.size(); ++i)
-    if (const auto t = c.inputs.find(e.params[i].name); t != c.inputs.end())
-      bound += t->second.data.size() * (e.params[i].writable ? 2 : 1);
+    if (regions[i]) bound += regions[i]->elements * dtype_size(e.params[i].dtype) * (e.params[i].writable ? 2 : 1);
   if (bytes_ + bound > limit_bytes_)
     fail(Errc::capacity_exceeded,
          "recorder: {} (up to {}) would take the recording in {} past its limit of {} ({} already written in {} "
@@ -134,6 +143,8 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
          "launches",
          c.entry, format_bytes(bound), printable(dir_.string()), format_bytes(limit_bytes_), format_bytes(bytes_),
          written_, written_ == 1 ? "" : "s");
+  for (std::size_t i = 0; i < e.params.size(); ++i)
+    if (regions[i]) c.inputs[e.params[i].name] = snapshot(*regions[i], e.params[i].dtype);
   return c;
 }
 
@@ -202,14 +213,16 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
     // An output is an expectation even where the launch left its bytes as they were (zeros
     // into zeros): the hardware must leave them so too. So is a read-only argument whose bytes
     // changed (one whose region an output's overlaps).
-    auto now = snapshot(i, args, e, memory);
-    if (!now || (!p.writable && now->data == in->second.data)) continue;
+    const auto region = region_of(i, args, e, memory);
+    if (!region) continue;
+    Tensor now = snapshot(*region, p.dtype);
+    if (!p.writable && now.data == in->second.data) continue;
     if (const auto floor = e.floor_of(p.name)) {  // the port may round differently: both comparisons
-      c.tolerance[p.name] = c.backend_tolerance[p.name] = same_arithmetic_tolerance(*now, *floor);
+      c.tolerance[p.name] = c.backend_tolerance[p.name] = same_arithmetic_tolerance(now, *floor);
     } else {
-      c.tolerance[p.name] = same_arithmetic_tolerance(*now);
+      c.tolerance[p.name] = same_arithmetic_tolerance(now);
     }
-    c.expected[p.name] = std::move(*now);
+    c.expected[p.name] = std::move(now);
   }
   // A number another run (recording into the same folder) took meanwhile is skipped: a case file
   // is only ever created, never replaced. Numbers stay below 10^19 (19 digits), which the next

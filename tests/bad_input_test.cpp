@@ -33,6 +33,7 @@
 #include "metrale/mla_decode.hpp"
 #include "metrale/model_case.hpp"
 #include "metrale/paged_cache.hpp"
+#include "metrale/reference.hpp"
 #include "metrale/safetensors.hpp"
 #include "support.hpp"
 
@@ -642,6 +643,55 @@ TEST_CASE("bad input: a block table wider than the pool is refused", "[bad_input
   CHECK(c.max_blocks_per_seq() == 4);
 }
 
+// ---- the float64 reference ------------------------------------------------------------
+
+TEST_CASE("bad input: the reference names shapes its spans cannot hold", "[bad_input][reference]") {
+  // Before: SIGFPE (num_kv_heads 0, rope 0) or reads past the spans (adversarial helper,
+  // thirty-sixth session). The oracle is public: a test that builds it wrong must be told so.
+  const std::vector<float> q(2 * 16, 0.5f);
+  const std::vector<std::uint8_t> pool(64, 0x38);
+  const std::vector<std::int32_t> table{0, 0}, lens{1, 1};
+  ref::PagedAttentionProblem p;
+  p.q = q, p.k_pool = pool, p.v_pool = pool, p.block_tables = table, p.seq_lens = lens;
+  p.num_seqs = 2, p.max_blocks_per_seq = 1, p.num_q_heads = 1, p.q_head_dim = 16, p.kv_cache_dim = 16;
+  p.block_size = 2, p.inv_sqrt_d = 0.25, p.cache_stride = 16;
+  REQUIRE(ref::paged_attention(p).size() == 32);
+  const auto refused = [&](std::initializer_list<std::string> needles) {
+    require_error([&] { (void)ref::paged_attention(p); }, Errc::invalid_argument, needles);
+    require_error([&] { (void)ref::split_partials(p, 1.0, 64, 1); }, Errc::invalid_argument, needles);
+  };
+  SECTION("num_kv_heads 0") {
+    p.num_kv_heads = 0;
+    refused({"reference: num_q_heads 1 is not a multiple of num_kv_heads 0"});
+  }
+  SECTION("block_size 0") {
+    p.block_size = 0;
+    refused({"reference: block_size is 0"});
+  }
+  SECTION("more sequences than q, seq_lens or the tables hold") {
+    p.num_seqs = 3;
+    refused({"reference: q holds 32 values, short of the 48 its shape needs"});
+    p.q_head_dim = 8;  // 3 x 8 fits in q
+    refused({"reference: seq_lens holds 2 values, short of the 3 its shape needs"});
+  }
+  SECTION("q_head_dim past kv_cache_dim") {
+    p.kv_cache_dim = 8;
+    refused({"reference: q_head_dim 16 exceeds kv_cache_dim 8"});
+  }
+  SECTION("rope 0, or rows it does not divide") {
+    std::vector<double> x(4, 1.0);
+    require_error([&] { ref::rope_pairs(x, 0, 1, 1e4); }, Errc::invalid_argument,
+                  {"reference: 4 values are not rows of rope 0"});
+    require_error([&] { ref::rope_pairs(x, 3, 1, 1e4); }, Errc::invalid_argument,
+                  {"reference: 4 values are not rows of rope 3"});
+  }
+  SECTION("short partials") {
+    const std::vector<float> o(10), ml(4);
+    require_error([&] { (void)ref::combine_partials(o, ml, {}, 1, 2, 1, 8, 1.0); }, Errc::invalid_argument,
+                  {"reference: o_partial holds 10 values, short of the 16 its shape needs"});
+  }
+}
+
 // ---- DeepSeek decoder -----------------------------------------------------------------
 
 TEST_CASE("bad input: a DeepSeek step checks every size before its first launch", "[bad_input][deepseek]") {
@@ -666,6 +716,15 @@ TEST_CASE("bad input: a DeepSeek step checks every size before its first launch"
           dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, {}});
         },
         Errc::invalid_argument, {"deepseek mla: positions has 0 values, expected 1"});
+  }
+  SECTION("more sequences than the decode's grid holds") {
+    // Before: named by the decode launcher, after a rope, assemble and store launch per token.
+    const std::vector<SeqId> many(65536, s);
+    require_error(
+        [&] {
+          dec.step({many, q_nope, q_rope, latent, k_rope, std::span(&p1, 1)});
+        },
+        Errc::invalid_argument, {"deepseek mla: 65536 sequences in one decode step exceed 65535 (the decode's grid)"});
   }
   SECTION("a short kv_latent") {
     require_error(
@@ -703,6 +762,49 @@ TEST_CASE("bad input: a DeepSeek step checks every size before its first launch"
   CHECK(std::vector<std::int32_t>(t.cache.block_table(s).begin(), t.cache.block_table(s).end()) == table);
   CHECK(t.cache.free_blocks() == free_blocks);
   CHECK(t.gpu.live_allocations().size() == live);
+}
+
+TEST_CASE("bad input: a DeepSeek step's block tables grow with its sequences, not the pool", "[bad_input][deepseek]") {
+  // Before: every step uploaded [num_seqs, max_blocks_per_seq] entries, max_blocks_per_seq
+  // defaulting to num_blocks: 8000 one-token sequences over a pool of 70000 one-token blocks
+  // took 6.6 GB (adversarial helper, thirty-sixth session).
+  constexpr std::uint32_t H = SmallDeepseek::kHeads;
+  const MlaDims d = SmallDeepseek::kDims;
+  SmallDeepseek t;
+  PagedCacheConfig pc = t.cache.config();
+  pc.num_blocks = 70000, pc.block_size = 1;
+  PagedKvCache cache(t.gpu, pc);
+  DeepseekMlaDecoder dec(t.gpu, t.config(), t.w_uk, t.w_uv, cache);
+  const std::vector<SeqId> seqs{cache.add_sequence(), cache.add_sequence()};
+  const std::vector<float> latent(d.kv_lora, 0.3f), k_rope(d.rope, 0.2f);
+  const std::vector<std::uint32_t> p0{0};
+  const std::vector<float> q_nope(2 * H * d.nope, 0.5f), q_rope(2 * H * d.rope, 0.5f), latents(2 * d.kv_lora, 0.3f),
+      k_ropes(2 * d.rope, 0.2f);
+  const std::vector<std::uint32_t> positions{1, 0};
+  const auto step = [&](PagedKvCache& c, DeepseekMlaDecoder& dd, const std::vector<SeqId>& ids) {
+    dd.append_kv(std::span(&ids[0], 1), latent, k_rope, p0);  // sequence 0: one token, then the step's
+    t.gpu.clear_launch_log();
+    const auto out = dd.step({ids, q_nope, q_rope, latents, k_ropes, positions});
+    std::uint32_t decodes = 0;
+    for (const emu::LaunchRecord& r : t.gpu.launch_log())
+      for (const auto& a : r.args)
+        if (a.name == "max_blocks_per_seq") {
+          ++decodes;
+          CHECK(a.value.as_u32() == 2);  // the longer table: sequence 0's two blocks
+        }
+    CHECK(decodes >= 1);
+    CHECK(c.used_blocks() == 3);
+    return out;
+  };
+  t.gpu.record_launches(true);
+  const auto wide = step(cache, dec, seqs);
+  // The same step over a pool of 4 blocks: the same tables, so the same bits.
+  pc.num_blocks = 4;
+  PagedKvCache small(t.gpu, pc);
+  DeepseekMlaDecoder small_dec(t.gpu, t.config(), t.w_uk, t.w_uv, small);
+  const auto narrow = step(small, small_dec, {small.add_sequence(), small.add_sequence()});
+  CHECK(wide.o_latent == narrow.o_latent);
+  CHECK(wide.attn_out == narrow.attn_out);
 }
 
 // Before: a value past the cache format's range was clipped without a word (FP8 stored 1000 as
@@ -1026,10 +1128,11 @@ TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder 
           "[bad_input][cli]") {
   std::string out;
   CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/nonexistent") == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("conform: no folder /nonexistent"));
+  // (the variable named: a fresh user's trial, thirty-sixth session, had only the path to go on)
+  CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR: conform: no folder /nonexistent"));
   out.clear();
   CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/dev/null") == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("conform: not a folder: /dev/null"));
+  CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR: conform: not a folder: /dev/null"));
   out.clear();
   const std::string dir = std::string(METRALE_SOURCE_DIR) + "/cases/kernels";
   CHECK(run_cli("conform --backend emu --no-golden --only 0599_mla_batched_gemv --cases " + dir + " " + dir + "/ " +

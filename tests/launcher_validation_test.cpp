@@ -839,11 +839,28 @@ void common_store_rules(Case& c, Args& a, const char* kn) {
     a.num_tokens = 0x8000'0000u;
     reject(bad, {kn, "num_tokens 2147483648", "2147483647"});
     a.num_tokens = 0x7FFF'FFFFu;
+    // (the sources then span 128 GiB: the caches go past them, at addresses the dry run never reads)
+    a.k_cache = DevicePtr{0x7100'0000'0000}, a.v_cache = DevicePtr{0x7200'0000'0000};
     c.require_accepted_dry([&] { c.launch(a); });
   }
   SECTION("one latent pool as both caches, two sources") {
     a.v_cache = a.k_cache;
     reject(bad, {kn, "k_cache and v_cache are one pool", "k_src", "v_src", "differ"});
+  }
+  // Before: accepted, and the store overwrote its own slot mapping or wrote V's row over K's.
+  SECTION("a cache's first row over a source or the slot mapping") {
+    a.k_cache = a.k_src + 8;
+    reject(bad, {kn, "k_cache spans", "overlaps k_src's"});
+    a = c.valid(), a.v_cache = a.slot_mapping;
+    reject(bad, {kn, "v_cache spans", "overlaps slot_mapping's"});
+    a = c.valid(), a.k_cache = a.v_src + (std::uint64_t{a.num_tokens} * a.row_width * 2 - 1);
+    reject(bad, {kn, "k_cache spans", "overlaps v_src's"});
+  }
+  SECTION("the two caches' first rows overlapping") {
+    a.v_cache = a.k_cache + 8;
+    reject(bad, {kn, "v_cache spans", "overlaps k_cache's"});
+    a.v_cache = a.k_cache + a.row_width;  // the rows after its first follow slot_mapping: not seen here
+    c.require_accepted_dry([&] { c.launch(a); });
   }
 }
 

@@ -325,6 +325,28 @@ TEST_CASE("the recorder stops at its size limit before the launch that would pas
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the recorder sizes a launch before it copies its buffers", "[kernel_case][recorded]") {
+  // Before: each pointer argument's bytes, up to the end of its allocation, were copied before the
+  // limit was checked, so refusing a GEMV over a 64 GiB allocation (mapped lazily, untouched) first
+  // asked the host for 64 GiB.
+  const auto dir = test::scratch_dir("metrale_recorder_sized_test");
+  std::filesystem::remove_all(dir);
+  {
+    emu::EmulatorOptions o;
+    o.record_dir = dir;
+    o.record_limit_bytes = 1'000'000;
+    emu::EmulatorBackend gpu(o);
+    const auto k = MlaAbsorbedKernels::resolve(gpu);
+    const DeviceBuffer input(gpu, 64), output(gpu, 64), weights(gpu, std::size_t{64} << 30);
+    test::require_error(
+        [&] {
+          mla_batched_gemv(gpu, k.batched_gemv, {input.ptr(), weights.ptr(), output.ptr(), 8, 4, 1, 4, 8});
+        },
+        Errc::capacity_exceeded, {"recorder: mla_batched_gemv (up to 68.7 GB)", "past its limit of 1.0 MB"});
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // An output the launch left as it was is still an expectation: a GEMV over zero weights writes
 // zeros into a zeroed output, which a replay on hardware must reproduce (before: no expectation,
 // so any bytes there passed).

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -426,15 +427,17 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     bool from_source_tree = false;
     const auto case_dirs =
         named_cases ? opts->case_dirs : std::vector<std::string>{default_folder("cases/kernels", from_source_tree)};
-    std::vector<std::pair<std::string, bool>> golden_dirs;  // folder, named; a file name's first folder runs
+    // folder, named, and the variable that named it (its errors say so); a file name's first folder runs
+    std::vector<std::tuple<std::string, bool, const char*>> golden_dirs;
     if (named_golden) {
-      for (const auto& d : opts->golden_dirs) golden_dirs.emplace_back(d, true);
+      for (const auto& d : opts->golden_dirs) golden_dirs.emplace_back(d, true, nullptr);
     } else if (!opts->no_golden) {
-      golden_dirs.emplace_back(default_folder("cases/golden", from_source_tree), false);
+      golden_dirs.emplace_back(default_folder("cases/golden", from_source_tree), false, nullptr);
       // METRALE_GOLDEN_DIR after the working folder's cases/golden, but before the source tree's:
       // a folder the user set wins over one they did not name
       if (const char* env = std::getenv("METRALE_GOLDEN_DIR"); env != nullptr && *env != '\0')
-        golden_dirs.emplace(from_source_tree ? golden_dirs.begin() : golden_dirs.end(), env, true);
+        golden_dirs.emplace(from_source_tree ? golden_dirs.begin() : golden_dirs.end(), env, true,
+                            "METRALE_GOLDEN_DIR");
     }
     std::vector<fs::path> case_files, golden_files;
     std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
@@ -442,8 +445,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       for (auto& f : safetensors_in(dir, named_cases, missing))
         if (case_seen.insert(file_key(f)).second) case_files.push_back(std::move(f));
     std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
-    for (const auto& [dir, named] : golden_dirs)
-      for (auto& f : safetensors_in(dir, named, missing)) {
+    for (const auto& [dir, named, variable] : golden_dirs)
+      for (auto& f : variable == nullptr ? safetensors_in(dir, named, missing) : with_context(variable, [&] {
+             return safetensors_in(dir, named, missing);
+           })) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
           // said where --only would have picked the file (its name), as below
           if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
@@ -514,7 +519,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         return std::find(missing.begin(), missing.end(), fs::path(dir).string()) == missing.end();
       };
       std::copy_if(case_dirs.begin(), case_dirs.end(), std::back_inserter(run.case_folders), read);
-      for (const auto& [dir, named] : golden_dirs)
+      for (const auto& [dir, named, variable] : golden_dirs)
         if (read(dir)) run.golden_folders.push_back(dir);
       write_reports(made.leaf, device, run, results, seconds);
       made.keep = true;

@@ -110,7 +110,7 @@ void add_info(CLI::App& app) {
         formats("mla_paged_decode_wgmma_latent"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
     fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",
-               staged16.empty() ? std::string("none") : fmt::format("{}", fmt::join(staged16, ", ")));
+               staged16.empty() ? none : fmt::format("{}", fmt::join(staged16, ", ")));
     fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())

@@ -161,7 +161,8 @@ struct CacheStoreFp8Args : CacheStoreCommon {
 };
 /// Grid [num_tokens], block 256. Errors (`invalid_argument`): null pointer;
 /// num_tokens, row_width or block_size 0; cache_stride < row_width; a scale not
-/// finite or ≤ 0.
+/// finite or ≤ 0; a cache's first row (row_width bytes) over k_src, v_src or slot_mapping, or
+/// over the other cache's (a cache's other rows follow slot_mapping, device data: unchecked).
 void mla_paged_cache_store_fp8(GpuBackend& gpu, KernelHandle kernel, const CacheStoreFp8Args& a, Stream stream = 0);
 
 struct CacheStoreNvfp4Args : CacheStoreCommon {
@@ -169,7 +170,9 @@ struct CacheStoreNvfp4Args : CacheStoreCommon {
 };
 /// Grid [num_tokens], block 256. Errors (`invalid_argument`): null pointer;
 /// num_tokens, row_width or block_size 0; row_width not a multiple of 16; the
-/// NVFP4 section sizes as for the decode.
+/// NVFP4 section sizes as for the decode; a cache's first data row (row_width / 2 bytes) over
+/// k_src, v_src or slot_mapping, or over the other cache's (its other rows and the scales follow
+/// slot_mapping: unchecked).
 void mla_paged_cache_store_nvfp4(GpuBackend& gpu, KernelHandle kernel, const CacheStoreNvfp4Args& a,
                                  Stream stream = 0);
 

@@ -134,10 +134,17 @@ class PagedKvCache {
     DeviceBuffer block_tables;  // [num_seqs, max_blocks_per_seq] int32
     DeviceBuffer seq_lens;      // [num_seqs] int32
     std::uint32_t num_seqs = 0;
+    std::uint32_t max_blocks_per_seq = 0;  // the tables' width (their row pitch, in entries)
   };
+  /// How wide upload_tables makes each row: the cache's max_blocks_per_seq, or `fitted`, as
+  /// wide as the longest of the uploaded tables (at least 1), so that the upload grows with the
+  /// blocks those sequences hold rather than with the pool, and a split plan sized by the
+  /// table's capacity has no chunks past the longest sequence.
+  enum class TableWidth { full, fitted };
   /// Upload the tables of `seqs`, in order; unused columns hold `fill`
   /// (the kernels never read them). Errors: `not_found`, and the backend's.
-  DeviceTables upload_tables(std::span<const SeqId> seqs, std::int32_t fill = -1) const;
+  DeviceTables upload_tables(std::span<const SeqId> seqs, std::int32_t fill = -1,
+                             TableWidth width = TableWidth::full) const;
 
  private:
   friend class SlotReservation;

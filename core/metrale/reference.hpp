@@ -2,6 +2,10 @@
 // independent of the ports and the kernels: they share only the number-format
 // decoders, which are checked against ml_dtypes' tables. Inputs are the values
 // the kernels see (BF16 or cache codes); all arithmetic is float64 (Eigen).
+// Errors, every function: `invalid_argument` ("reference: …") for a span shorter than its
+// shape needs, naming it and both counts, and for a zero it would divide by (num_kv_heads,
+// block_size, a rope width, dq), num_q_heads not a multiple of num_kv_heads, and q_head_dim
+// past kv_cache_dim.
 #pragma once
 
 #include <cstddef>
