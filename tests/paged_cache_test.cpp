@@ -600,7 +600,22 @@ TEST_CASE("paged cache: upload_tables", "[paged_cache]") {
             std::vector<std::int32_t>{4, f, f, f, 7, 6, 5, f, f, f, f, f});
       CHECK(download<std::int32_t>(gpu, t.seq_lens.ptr(), 3) == lens);
     };
-    SECTION("unused columns hold -1 by default") { check(-1, c.upload_tables(order)); }
+    SECTION("unused columns hold -1 by default") {
+      const auto t = c.upload_tables(order);
+      check(-1, t);
+      CHECK(t.max_blocks_per_seq == 4);
+    }
+    SECTION("fitted: as wide as the longest of the tables") {
+      const auto t = c.upload_tables(order, -1, PagedKvCache::TableWidth::fitted);
+      CHECK(t.max_blocks_per_seq == 3);  // a's three blocks
+      CHECK(t.block_tables.bytes() == 3 * 3 * sizeof(std::int32_t));
+      CHECK(download<std::int32_t>(gpu, t.block_tables.ptr(), 9) ==
+            std::vector<std::int32_t>{4, -1, -1, 7, 6, 5, -1, -1, -1});
+      CHECK(download<std::int32_t>(gpu, t.seq_lens.ptr(), 3) == lens);
+      const auto empty = c.upload_tables(std::vector<SeqId>{b}, -1, PagedKvCache::TableWidth::fitted);
+      CHECK(empty.max_blocks_per_seq == 1);  // at least one column: a kernel's capacity is then one block
+      CHECK(download<std::int32_t>(gpu, empty.block_tables.ptr(), 1) == std::vector<std::int32_t>{-1});
+    }
     SECTION("or INT32_MAX when asked") {
       const std::int32_t big = std::numeric_limits<std::int32_t>::max();
       check(big, c.upload_tables(order, big));
