@@ -9,7 +9,7 @@ mkdir -p "$OUT" build/bin build/kernels /work
 tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 export METRALE_GOLDEN_DIR=$PWD/.carry/golden
-cp .carry/bin/* build/bin/ && cp .carry/kernels/* build/kernels/
+cp .carry/bin/* build/bin/ && cp -r .carry/kernels/. build/kernels/  # variants/ too, where packed
 [ -e /work/main ] || ln -s "$PWD" /work/main  # the test binary's baked source path
 cd /work/main || exit 1
 M=build/bin/metrale
