@@ -133,6 +133,10 @@ void DeepseekMlaDecoder::check_new_tokens(std::size_t n, std::span<const float> 
   expect_size("kv_latent", kv_latent.size(), n * d.kv_lora);
   expect_size("k_rope", k_rope.size(), n * d.rope);
   expect_size("positions", positions.size(), n);
+  if (cfg_.rotate)  // the rope launches would refuse one part-way through the step
+    for (std::size_t i = 0; i < n; ++i)
+      if (const auto why = detail::rope_theta_problem(cfg_.rope_theta, d.rope, positions[i]))
+        fail(Errc::invalid_argument, "deepseek mla: positions[{}]: {}", i, *why);
   // The rows enter the cache, where a NaN would poison every later step of the sequence and a
   // value past the format's range would be clipped without a word: refused before anything is
   // reserved. kv_latent goes into the K row and (unless latent) the V row, k_rope into K alone.

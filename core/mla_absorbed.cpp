@@ -145,6 +145,7 @@ void detail::validate_gemv_buffers(const Validator& v, const BatchedGemvArgs& a)
 
 void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream) {
   const Validator v{"mla_batched_gemv"};
+  detail::validate_entry(v, gpu, kernel, {"mla_batched_gemv"});  // the wide GEMV has the same parameters
   detail::validate_gemv(v, a);
   detail::validate_gemv_buffers(v, a);
   KernelLaunch(gpu, kernel)

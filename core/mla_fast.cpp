@@ -734,9 +734,13 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
 void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream,
                            GemvStart start) {
   const Validator v{"mla_batched_gemv_wide"};
+  // The seed GEMV has the same parameters, so the backend's check cannot tell them apart.
+  validate_entry(v, gpu, kernel, {"mla_batched_gemv_wide"});
   detail::validate_gemv(v, a);
   v.check(a.k % 8 == 0 && a.input_stride % 8 == 0, "k {} and input_stride {} must be multiples of 8 (16-byte loads)",
           a.k, a.input_stride);
+  // the kernel loads 16 bytes at a time (its port reads elements: only this check catches a misaligned one)
+  v.aligned(16, {{"input", a.input}, {"weight", a.weight}});
   detail::validate_gemv_buffers(v, a);
   KernelLaunch(gpu, kernel)
       .grid({div_ceil(a.n_out, gemv_wide_rows_per_block(a.k)), a.num_heads, 1})

@@ -35,9 +35,13 @@ inline void require_finite(std::string_view what, std::span<const float> values,
          std::isnan(*bad) ? std::abs(*bad) : *bad, why);  // a NaN's sign bit means nothing: "nan", never "-nan"
 }
 
+/// The largest position a rope rotates: FP32 holds every integer up to 2^24.
+inline constexpr std::uint32_t kMaxRopePosition = 1u << 24;
+
 /// Why rope over `rope` dims at position `pos` with base `theta` cannot be computed in FP32, or
 /// nothing: theta must be positive and finite, and every angle pos·theta^(−2i/rope) finite — a
-/// theta far below 1 (a denormal, say) makes theta^(−2i/rope) overflow, and 0·inf is NaN.
+/// theta far below 1 (a denormal, say) makes theta^(−2i/rope) overflow, and 0·inf is NaN — and
+/// pos at most kMaxRopePosition.
 inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t rope, std::uint32_t pos) {
   if (!std::isfinite(theta) || theta <= 0.0f) return fmt::format("theta {} is not a finite positive number", theta);
   // The largest frequency: 1 (i = 0) when theta ≥ 1, else theta^(−(rope − 2)/rope) (the last pair).
@@ -46,6 +50,10 @@ inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t 
   if (!(largest * std::max(1.0, static_cast<double>(pos)) <= 0x1p126))  // FP32's largest is below 2^128
     return fmt::format("theta {} overflows FP32's rotation angles at position {} (frequency up to {:.3g})", theta, pos,
                        largest);
+  // Past 2^24 FP32 no longer holds the position itself, and an angle's rounding reaches radians.
+  if (pos > kMaxRopePosition)
+    return fmt::format("position {} is past 2^24 = {}, beyond what the rope's FP32 angles (SPEC §3) hold exactly", pos,
+                       kMaxRopePosition);
   return std::nullopt;
 }
 

@@ -27,6 +27,7 @@
 
 #include "metrale/case_gen.hpp"
 #include "metrale/deepseek_mla.hpp"
+#include "metrale/dispatch.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/formats.hpp"
 #include "metrale/kernel_case.hpp"
@@ -643,6 +644,26 @@ TEST_CASE("bad input: a block table wider than the pool is refused", "[bad_input
   CHECK(c.max_blocks_per_seq() == 4);
 }
 
+// ---- the dispatchers' workspace ---------------------------------------------------------
+
+TEST_CASE("bad input: a decode workspace serves one backend", "[bad_input][dispatch]") {
+  // Before: a workspace grown on one emulator handed its address to a dispatcher on another, whose
+  // split kernel then wrote its partials into a live buffer there (adversarial helper, thirty-sixth
+  // session: every emulator's addresses start at the same place).
+  emu::EmulatorBackend a, b;
+  DecodeWorkspace ws;
+  const DevicePtr on_a = ws.get(a, 1024);
+  const DeviceBuffer live_on_b(b, 4096);
+  CHECK(live_on_b.ptr() == on_a);  // the address the workspace holds is b's buffer
+  require_error([&] { (void)ws.get(b, 64); }, Errc::invalid_argument,
+                {"decode workspace: its 1024 bytes live on another backend (emu) than the one asked (emu); use one "
+                 "workspace per backend"});
+  CHECK(b.calls(emu::Op::alloc) == 1);
+  CHECK(ws.get(a, 512) == on_a);  // a's still
+  DecodeWorkspace fresh;
+  CHECK(fresh.get(b, 64) != DevicePtr{});
+}
+
 // ---- the float64 reference ------------------------------------------------------------
 
 TEST_CASE("bad input: the reference names shapes its spans cannot hold", "[bad_input][reference]") {
@@ -716,6 +737,15 @@ TEST_CASE("bad input: a DeepSeek step checks every size before its first launch"
           dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, {}});
         },
         Errc::invalid_argument, {"deepseek mla: positions has 0 values, expected 1"});
+  }
+  SECTION("a position past 2^24") {
+    // Before: accepted, and rotated with FP32 angles off by radians; named now before any launch.
+    const std::uint32_t far = (1u << 24) + 1;
+    require_error(
+        [&] {
+          dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, std::span(&far, 1)});
+        },
+        Errc::invalid_argument, {"deepseek mla: positions[0]: position 16777217 is past 2^24 = 16777216"});
   }
   SECTION("more sequences than the decode's grid holds") {
     // Before: named by the decode launcher, after a rope, assemble and store launch per token.

@@ -19,6 +19,7 @@
 #include "metrale/buffer.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/mla_absorbed.hpp"
+#include "metrale/mla_fast.hpp"
 #include "support.hpp"
 
 namespace Catch {
@@ -189,6 +190,32 @@ TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
     a.n_out = 512;
     reject(bad, {"mla_batched_gemv", "output_stride", "100", "512"});
   }
+}
+
+TEST_CASE("the two GEMV launchers refuse each other's kernel; the wide one a misaligned input or weight",
+          "[validation]") {
+  // Before (adversarial helper, thirty-sixth session): the wide launcher ran the seed kernel (the
+  // same parameters) over a grid sized for its own rows per block, leaving half of the output
+  // unwritten without an error; and it took input and weight 2 or 4 bytes past a 16-byte boundary,
+  // where the CUDA kernel's 16-byte loads fault (the port reads elements, so the emulator ran them).
+  Emu c;
+  const auto fast = MlaFastKernels::resolve(c.gpu);
+  const DeviceBuffer input = zeros(c.gpu, 80 * kBf16), weight = zeros(c.gpu, (64 * 64 + 8) * kBf16);
+  const DeviceBuffer output(c.gpu, 64 * kBf16);
+  BatchedGemvArgs a{input.ptr(), weight.ptr(), output.ptr(), 64, 64, 1, 64, 64};
+  c.require_rejected([&] { mla_batched_gemv_wide(c.gpu, c.kernels.batched_gemv, a); }, Errc::invalid_argument,
+                     {"mla_batched_gemv_wide: kernel mla_absorbed.mla_batched_gemv is not mla_batched_gemv_wide"});
+  c.require_rejected([&] { mla_batched_gemv(c.gpu, fast.gemv_wide, a); }, Errc::invalid_argument,
+                     {"mla_batched_gemv: kernel mla_fast.mla_batched_gemv_wide is not mla_batched_gemv"});
+  a.input = input.ptr() + 2;
+  c.require_rejected([&] { mla_batched_gemv_wide(c.gpu, fast.gemv_wide, a); }, Errc::invalid_argument,
+                     {fmt::format("mla_batched_gemv_wide: input {:#x} is not 16-byte aligned", a.input.addr)});
+  REQUIRE_NOTHROW(mla_batched_gemv(c.gpu, c.kernels.batched_gemv, a));  // the seed kernel reads elements
+  a.input = input.ptr(), a.weight = weight.ptr() + 4;
+  c.require_rejected([&] { mla_batched_gemv_wide(c.gpu, fast.gemv_wide, a); }, Errc::invalid_argument,
+                     {fmt::format("mla_batched_gemv_wide: weight {:#x} is not 16-byte aligned", a.weight.addr)});
+  a.weight = weight.ptr() + 16;
+  REQUIRE_NOTHROW(mla_batched_gemv_wide(c.gpu, fast.gemv_wide, a));
 }
 
 // ---- mla_q_rope_scatter -------------------------------------------------------
@@ -447,6 +474,14 @@ TEST_CASE("rope_pairs_bf16: every validation rule", "[validation]") {
       a.theta = theta;
       reject(bad, {kn, text});
     }
+  }
+  SECTION("a position past 2^24") {
+    // Before: accepted; from about 2^24 the FP32 angles are off by radians (adversarial helper,
+    // thirty-sixth session: 1.99 off the float64 rotation at position 10^8).
+    a.pos = 1u << 24;
+    REQUIRE_NOTHROW(c.launch(a));
+    a.pos = (1u << 24) + 1;
+    reject(bad, {kn, "position 16777217 is past 2^24 = 16777216"});
   }
   SECTION("theta so small that the rotation angles overflow FP32") {
     // The last pair's frequency theta^(−6/8) is 4e33 for the smallest denormal: finite at

@@ -199,6 +199,23 @@ TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sd
   });
 }
 
+TEST_CASE("k3_mla_maybe_rope_f32 refuses a position past 2^24 when it rotates", "[mla_decode][rope][bad_input]") {
+  // Before: accepted; 1.89 off the float64 rotation at 2^32 − 1 (adversarial helper, thirty-sixth
+  // session). Under NoPE nothing rotates, and any position goes.
+  emu::EmulatorBackend gpu;
+  gpu.set_dry_run(true);
+  const auto kernels = K3MlaDecodeKernels::resolve(gpu);
+  const DevicePtr a{1ull << 32}, b{2ull << 32};
+  K3RopeArgs args{a, b, 4, 8, 8, (1u << 24) + 1, 10000.0f, false};
+  test::require_error([&] { k3_mla_maybe_rope_f32(gpu, kernels.rope, args); }, Errc::invalid_argument,
+                      {"k3_mla_maybe_rope_f32: position 16777217 is past 2^24 = 16777216"});
+  args.pos = 1u << 24;
+  REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
+  args.pos = 0xFFFF'FFFFu, args.use_nope = true;
+  REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
+  CHECK(gpu.launch_log().size() == 2);
+}
+
 TEST_CASE("each launcher passes its arguments under the port's parameter names", "[mla_decode][launch]") {
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);

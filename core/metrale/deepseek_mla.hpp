@@ -62,7 +62,8 @@ class DeepseekMlaDecoder {
   /// for sizes, a NaN or infinite value in kv_latent or k_rope, or one past
   /// what the cache format holds (SPEC §3: E4M3's 448 × the row's scale, NVFP4's
   /// 448 × 6, up to where rounding reaches them; rotated, a k_rope pair's
-  /// length), each named by index; `capacity_exceeded`, `not_found`, the backend's.
+  /// length), each named by index, or, rotating, a position past 2^24 (FP32
+  /// holds no larger one exactly); `capacity_exceeded`, `not_found`, the backend's.
   void append_kv(std::span<const SeqId> seqs, std::span<const float> kv_latent, std::span<const float> k_rope,
                  std::span<const std::uint32_t> positions);
 

@@ -6,23 +6,34 @@
 
 #include "metrale/backend.hpp"
 #include "metrale/buffer.hpp"
+#include "metrale/error.hpp"
 
 namespace metrale {
 
-/// A device buffer reused across decode steps, grown when a step needs more.
+/// A device buffer reused across decode steps, grown when a step needs more. It belongs to the
+/// backend it first allocated on (one workspace per backend: another's addresses may be live
+/// buffers there).
 class DecodeWorkspace {
  public:
-  /// At least `bytes` of device memory. Errors: the backend's alloc.
+  /// At least `bytes` of device memory on `gpu`. Errors: `invalid_argument` when the workspace
+  /// holds a buffer of another backend (nothing is freed or allocated); the backend's alloc.
   DevicePtr get(GpuBackend& gpu, std::uint64_t bytes) {
+    if (!buffer_.empty() && gpu_ != &gpu)
+      fail(Errc::invalid_argument,
+           "decode workspace: its {} bytes live on another backend ({}) than the one asked ({}); use one workspace "
+           "per backend",
+           buffer_.bytes(), gpu_->name(), gpu.name());
     if (buffer_.bytes() < bytes) {
       buffer_.reset();
       buffer_ = DeviceBuffer(gpu, bytes);
+      gpu_ = &gpu;
     }
     return buffer_.ptr();
   }
 
  private:
   DeviceBuffer buffer_;
+  GpuBackend* gpu_ = nullptr;  // buffer_'s backend, while it holds one
 };
 
 /// Which kernels a dispatcher ran: the seed kernel, or the split kernel and its combine.

@@ -30,7 +30,7 @@ struct BatchedGemvArgs {
   std::uint32_t n_out = 0, k = 0, num_heads = 0, input_stride = 0, output_stride = 0;
 };
 /// Grid [⌈n_out/8⌉, num_heads], block 256 (SPEC §3). Errors (`invalid_argument`):
-/// null pointer; n_out, k or num_heads 0; num_heads > 65535; output_stride <
+/// `kernel` not mla_batched_gemv; null pointer; n_out, k or num_heads 0; num_heads > 65535; output_stride <
 /// n_out (heads would overlap); output's bytes overlapping input's or weight's (blocks would
 /// read what others write), the message giving both byte ranges.
 void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
@@ -79,7 +79,8 @@ struct RopePairsArgs {
   float theta = 10000.0f;
 };
 /// Grid [⌈rows·rope/2 / 256⌉], block 256. Errors (`invalid_argument`): null x;
-/// rows or rope 0; odd rope; theta not finite or ≤ 0.
+/// rows or rope 0; odd rope; theta not finite or ≤ 0, or so small that an angle overflows FP32;
+/// pos past 2^24 (FP32 holds no larger position exactly).
 void rope_pairs_bf16(GpuBackend& gpu, KernelHandle kernel, const RopePairsArgs& a, Stream stream = 0);
 
 /// Paged attention (SPEC §3 "Paged attention") shared fields.

@@ -108,7 +108,8 @@ struct K3RopeArgs {
 };
 /// Grid ⌈heads/128⌉, block 128 (one thread per head). Errors
 /// (`invalid_argument`): null q or k_new; heads 0; nope + rope past 2^32 − 1;
-/// theta not finite or ≤ 0 when rotating, or q and k_new sharing a byte.
+/// when rotating: theta not finite or ≤ 0 (or so small that an angle overflows FP32), pos past
+/// 2^24 (FP32 holds no larger position exactly), or q and k_new sharing a byte.
 void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArgs& a, Stream stream = 0);
 
 /// out[h, :] = Σ_j softmax_j(q[h]·k[j, h] / √dq) · v[j, h, :], times sigmoid(g[h, :])

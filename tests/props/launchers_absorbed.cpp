@@ -181,7 +181,7 @@ Def<RopePairsArgs> rope() {
     RopePairsArgs a{s.next()};
     a.rows = u(1, 1u << 24);
     a.rope = 2 * u(1, 1u << 10);
-    a.pos = u(0, kU32Max);
+    a.pos = u(0, 1u << 24);  // FP32 holds positions exactly up to 2^24
     a.theta = positive_float();
     return a;
   };
@@ -214,6 +214,12 @@ Def<RopePairsArgs> rope() {
                a.rows = u(1u << 31, kU32Max);
                a.rope = 2 * u(257, 1u << 20);
                return BrokenRule{"too many pairs", Errc::invalid_argument, {kn, "rows x rope / 2"}};
+             },
+             [kn](A& a) {
+               a.pos = u((1u << 24) + 1, kU32Max);
+               return BrokenRule{"a position past 2^24",
+                                 Errc::invalid_argument,
+                                 {kn, fmt::format("position {} is past 2^24", a.pos)}};
              }};
   return d;
 }

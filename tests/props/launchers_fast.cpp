@@ -456,8 +456,8 @@ Def<K3RopeArgs> k3_rope() {
     a.nope = u(0, 1u << 30);
     a.rope = u(0, 1u << 30);
     a.heads = u_fit(1, kU32Max, 4 * (std::uint64_t{a.nope} + a.rope));  // q and k_new within their slots
-    a.pos = u(0, kU32Max);
     a.use_nope = coin();
+    a.pos = a.use_nope ? u(0, kU32Max) : u(0, 1u << 24);  // a position rotates only up to 2^24
     // Under NoPE theta is never used, so any value is accepted.
     a.theta = a.use_nope && coin() ? *rc::gen::element(0.0f, -1.0f, non_finite_float()) : positive_float();
     return a;
@@ -470,7 +470,9 @@ Def<K3RopeArgs> k3_rope() {
     return e;
   };
   using A = K3RopeArgs;
-  d.rules = {null_rule<A>(kn, "q", &A::q), null_rule<A>(kn, "k_new", &A::k_new), zero_rule<A>(kn, "heads", &A::heads),
+  d.rules = {null_rule<A>(kn, "q", &A::q),
+             null_rule<A>(kn, "k_new", &A::k_new),
+             zero_rule<A>(kn, "heads", &A::heads),
              [kn](A& a) {
                a.nope = u(1u << 31, kU32Max);
                a.rope = u(kU32Max - a.nope + 1, kU32Max);
@@ -484,6 +486,14 @@ Def<K3RopeArgs> k3_rope() {
                return BrokenRule{"theta not finite or not positive",
                                  Errc::invalid_argument,
                                  {kn, fmt::format("theta {} is not a finite positive number", a.theta)}};
+             },
+             [kn](A& a) {
+               a.use_nope = false;
+               a.theta = positive_float();
+               a.pos = u((1u << 24) + 1, kU32Max);
+               return BrokenRule{"a rotated position past 2^24",
+                                 Errc::invalid_argument,
+                                 {kn, fmt::format("position {} is past 2^24", a.pos)}};
              }};
   return d;
 }
