@@ -30,9 +30,9 @@ struct BatchedGemvArgs {
   std::uint32_t n_out = 0, k = 0, num_heads = 0, input_stride = 0, output_stride = 0;
 };
 /// Grid [⌈n_out/8⌉, num_heads], block 256 (SPEC §3). Errors (`invalid_argument`):
-/// `kernel` not mla_batched_gemv; null pointer; n_out, k or num_heads 0; num_heads > 65535; output_stride <
-/// n_out (heads would overlap); output's bytes overlapping input's or weight's (blocks would
-/// read what others write), the message giving both byte ranges.
+/// `kernel` not mla_batched_gemv; null pointer; n_out, k or num_heads 0; num_heads > 65535;
+/// output_stride < n_out (heads would overlap); output's bytes overlapping input's or weight's
+/// (blocks would read what others write), the message giving both byte ranges.
 void mla_batched_gemv(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0);
 
 /// Copy `q_full[h*hd + nope + i]` (i < rope) to `q_absorbed_buf[h*mla_cache_dim + kv_lora + i]`
