@@ -34,7 +34,7 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
   if (cfg.kv_cache_dim == 0) fail(Errc::invalid_argument, "paged cache: kv_cache_dim is 0");
   if (cfg.max_blocks_per_seq == 0) cfg.max_blocks_per_seq = cfg.num_blocks;
   // A sequence never holds more blocks than the pool has; a wider table only costs
-  // num_seqs x max_blocks_per_seq int32 on the host and the device at every decode.
+  // num_seqs x max_blocks_per_seq int32 on the host and the device at every full-width upload.
   if (cfg.max_blocks_per_seq > cfg.num_blocks)
     fail(Errc::invalid_argument, "paged cache: max_blocks_per_seq {} exceeds num_blocks {}", cfg.max_blocks_per_seq,
          cfg.num_blocks);

@@ -314,7 +314,7 @@ DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
 
 std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
                             std::uint32_t pos, double theta, bool use_nope) {
-  require_size("x", x.size(), std::uint64_t{heads} * (std::uint64_t{nope} + rope));
+  require_size("x", x.size(), saturating_product({heads, std::uint64_t{nope} + rope}));
   std::vector<double> y(x.begin(), x.end());
   if (use_nope) return y;
   const std::size_t dq = std::size_t{nope} + rope;

@@ -41,7 +41,7 @@ inline constexpr std::uint32_t kMaxRopePosition = 1u << 24;
 /// Why rope over `rope` dims at position `pos` with base `theta` cannot be computed in FP32, or
 /// nothing: theta must be positive and finite, and every angle pos·theta^(−2i/rope) finite — a
 /// theta far below 1 (a denormal, say) makes theta^(−2i/rope) overflow, and 0·inf is NaN — and
-/// pos at most kMaxRopePosition.
+/// pos at most kMaxRopePosition where a pair rotates (rope ≥ 2).
 inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t rope, std::uint32_t pos) {
   if (!std::isfinite(theta) || theta <= 0.0f) return fmt::format("theta {} is not a finite positive number", theta);
   // The largest frequency: 1 (i = 0) when theta ≥ 1, else theta^(−(rope − 2)/rope) (the last pair).
@@ -50,8 +50,10 @@ inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t 
   if (!(largest * std::max(1.0, static_cast<double>(pos)) <= 0x1p126))  // FP32's largest is below 2^128
     return fmt::format("theta {} overflows FP32's rotation angles at position {} (frequency up to {:.3g})", theta, pos,
                        largest);
-  // Past 2^24 FP32 no longer holds the position itself, and an angle's rounding reaches radians.
-  if (pos > kMaxRopePosition)
+  // Past 2^24 FP32 no longer holds the position itself. (Its angles' rounding grows with the
+  // position below that too: 0.011 rad at 2^20, 0.38 at 2^24 for rope 64, theta 10^4; SPEC §3's
+  // FP32 math, as the models' own rotary embeddings have it.) A rope of 0 or 1 rotates nothing.
+  if (rope >= 2 && pos > kMaxRopePosition)
     return fmt::format("position {} is past 2^24 = {}, beyond what the rope's FP32 angles (SPEC §3) hold exactly", pos,
                        kMaxRopePosition);
   return std::nullopt;

@@ -656,8 +656,9 @@ TEST_CASE("bad input: a decode workspace serves one backend", "[bad_input][dispa
   const DeviceBuffer live_on_b(b, 4096);
   CHECK(live_on_b.ptr() == on_a);  // the address the workspace holds is b's buffer
   require_error([&] { (void)ws.get(b, 64); }, Errc::invalid_argument,
-                {"decode workspace: its 1024 bytes live on another backend (emu) than the one asked (emu); use one "
-                 "workspace per backend"});
+                {fmt::format("decode workspace: its 1024 bytes at {:#x} live on another backend object (emu) than "
+                             "the one asked (emu); use one workspace per backend",
+                             on_a.addr)});
   CHECK(b.calls(emu::Op::alloc) == 1);
   CHECK(ws.get(a, 512) == on_a);  // a's still
   DecodeWorkspace fresh;
@@ -711,6 +712,33 @@ TEST_CASE("bad input: the reference names shapes its spans cannot hold", "[bad_i
     require_error([&] { (void)ref::combine_partials(o, ml, {}, 1, 2, 1, 8, 1.0); }, Errc::invalid_argument,
                   {"reference: o_partial holds 10 values, short of the 16 its shape needs"});
   }
+  SECTION("the GEMV, the DeepSeek step and K3's functions") {
+    const std::vector<float> v(12, 0.5f);
+    require_error([&] { (void)ref::batched_gemv(v, v, 2, 4, 2, 8); }, Errc::invalid_argument,
+                  {"reference: weight holds 12 values, short of the 16 its shape needs"});
+    require_error([&] { (void)ref::batched_gemv(v, std::vector<float>(16), 2, 4, 2, 10); }, Errc::invalid_argument,
+                  {"reference: input holds 12 values, short of the 14 its shape needs"});
+    ref::DeepseekStepProblem d;
+    d.heads = 1, d.tokens = 1, d.kv_lora = 4, d.rope = 2, d.nope = 2, d.v_head = 2, d.softmax_scale = 0.5;
+    d.q_nope = d.q_rope = d.kv_latent = d.k_rope = d.w_uk = d.w_uv = v;
+    REQUIRE(ref::deepseek_step(d).attn_out.size() == 2);
+    d.tokens = 0;
+    require_error([&] { (void)ref::deepseek_step(d); }, Errc::invalid_argument,
+                  {"reference: no tokens (the last one is the query)"});
+    d.tokens = 4;
+    require_error([&] { (void)ref::deepseek_step(d); }, Errc::invalid_argument,
+                  {"reference: kv_latent holds 12 values, short of the 16 its shape needs"});
+    // heads x (nope + rope) past 2^64 saturates rather than wrapping to a size that fits
+    require_error([&] { (void)ref::k3_rope({1.0f}, 0xFFFF'FFFFu, 0xFFFF'FFFFu, 0xFFFF'FFFFu, 1, 1e4, false); },
+                  Errc::invalid_argument, {"reference: x holds 1 values, short of the 18446744073709551615"});
+    ref::K3SdpaProblem k;
+    k.heads = 2, k.dq = 4, k.dv = 4, k.seq_len = 3;
+    k.q = k.g = std::vector<float>(8, 0.5f), k.k = k.v = std::vector<float>(23, 0.5f);
+    require_error([&] { (void)ref::k3_sdpa_gate(k); }, Errc::invalid_argument,
+                  {"reference: k holds 23 values, short of the 24 its shape needs"});
+    k.k = k.v = std::vector<float>(24, 0.5f), k.dq = 0;
+    require_error([&] { (void)ref::k3_split_partials(k, 4, 1); }, Errc::invalid_argument, {"reference: dq is 0"});
+  }
 }
 
 // ---- DeepSeek decoder -----------------------------------------------------------------
@@ -746,10 +774,13 @@ TEST_CASE("bad input: a DeepSeek step checks every size before its first launch"
           dec.step({std::span(&s, 1), q_nope, q_rope, latent, k_rope, std::span(&far, 1)});
         },
         Errc::invalid_argument, {"deepseek mla: positions[0]: position 16777217 is past 2^24 = 16777216"});
+    require_error([&] { dec.append_kv(std::span(&s, 1), latent, k_rope, std::span(&far, 1)); }, Errc::invalid_argument,
+                  {"deepseek mla: positions[0]: position 16777217 is past 2^24 = 16777216"});
   }
   SECTION("more sequences than the decode's grid holds") {
     // Before: named by the decode launcher, after a rope, assemble and store launch per token.
-    const std::vector<SeqId> many(65536, s);
+    std::vector<SeqId> many;
+    for (std::uint32_t i = 0; i < 65536; ++i) many.push_back(t.cache.add_sequence());
     require_error(
         [&] {
           dec.step({many, q_nope, q_rope, latent, k_rope, std::span(&p1, 1)});

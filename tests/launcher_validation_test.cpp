@@ -916,6 +916,10 @@ TEST_CASE("mla_paged_cache_store_fp8: every validation rule", "[validation]") {
     a.cache_stride = 31;
     reject(bad, {kn, "cache_stride 31", "row_width 32"});
   }
+  SECTION("a cache's first row is row_width bytes") {
+    a.v_cache = a.k_cache + (a.row_width - 1);
+    reject(bad, {kn, "v_cache spans", "overlaps k_cache's"});
+  }
   SECTION("k_scale not finite or not positive") {
     for (const auto& [x, text] : bad_scales) {
       a.k_scale = x;
@@ -950,6 +954,12 @@ TEST_CASE("mla_paged_cache_store_nvfp4: every validation rule", "[validation]") 
   SECTION("row_width not a multiple of 16") {
     a.row_width = 24;
     reject(bad, {kn, "row width 24", "16"});
+  }
+  SECTION("a cache's first row is its first data row, row_width / 2 bytes") {
+    a.v_cache = a.k_cache + (a.row_width / 2 - 1);
+    reject(bad, {kn, "v_cache spans", "overlaps k_cache's"});
+    a.v_cache = a.k_cache + a.row_width / 2;
+    c.require_accepted_dry([&] { c.launch(a); });
   }
   SECTION("data_section_bytes < block_size x row_width / 2") {
     a.data_section_bytes = 63;

@@ -201,7 +201,7 @@ TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sd
 
 TEST_CASE("k3_mla_maybe_rope_f32 refuses a position past 2^24 when it rotates", "[mla_decode][rope][bad_input]") {
   // Before: accepted; 1.89 off the float64 rotation at 2^32 − 1 (adversarial helper, thirty-sixth
-  // session). Under NoPE nothing rotates, and any position goes.
+  // session). Under NoPE, or with a rope of 0 or 1 dims, nothing rotates, and any position goes.
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
@@ -213,7 +213,12 @@ TEST_CASE("k3_mla_maybe_rope_f32 refuses a position past 2^24 when it rotates", 
   REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
   args.pos = 0xFFFF'FFFFu, args.use_nope = true;
   REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
-  CHECK(gpu.launch_log().size() == 2);
+  args.use_nope = false;
+  for (const std::uint32_t rope : {0u, 1u}) {  // no pair to rotate
+    args.rope = rope;
+    REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
+  }
+  CHECK(gpu.launch_log().size() == 4);
 }
 
 TEST_CASE("each launcher passes its arguments under the port's parameter names", "[mla_decode][launch]") {

@@ -82,7 +82,8 @@ class DeepseekMlaDecoder {
   };
   /// One decode step: each sequence's new token enters the cache and attends
   /// over it. On any error the cache is unchanged. Errors: as append_kv, plus
-  /// `invalid_argument` for a sequence listed twice or a NaN or infinity in q
+  /// `invalid_argument` for more than 65535 sequences (the decode's grid), a
+  /// sequence listed twice or a NaN or infinity in q
   /// (every size and value checked before the first launch), and, after the
   /// kernels ran and before the token is kept, for a row whose scores could
   /// overflow FP32 (softmax_scale × ‖q_absorbed‖₁ × the cache's largest value

@@ -20,9 +20,9 @@ class DecodeWorkspace {
   DevicePtr get(GpuBackend& gpu, std::uint64_t bytes) {
     if (!buffer_.empty() && gpu_ != &gpu)
       fail(Errc::invalid_argument,
-           "decode workspace: its {} bytes live on another backend ({}) than the one asked ({}); use one workspace "
-           "per backend",
-           buffer_.bytes(), gpu_->name(), gpu.name());
+           "decode workspace: its {} bytes at {:#x} live on another backend object ({}) than the one asked ({}); "
+           "use one workspace per backend",
+           buffer_.bytes(), buffer_.ptr().addr, gpu_->name(), gpu.name());
     if (buffer_.bytes() < bytes) {
       buffer_.reset();
       buffer_ = DeviceBuffer(gpu, bytes);

@@ -79,8 +79,8 @@ struct MlaKv {
 /// times V, times sigmoid(g) when cfg.mla_use_output_gate. Float64 arithmetic,
 /// FP32 storage. q, k [heads, qk_head_dim]; v, g [heads, v_head_dim] (g may be
 /// empty without the gate). Errors: as `launch_k3_mla_decode_token`'s checks
-/// of its inputs (theta not finite or ≤ 0 when rotating included), all made before q and k
-/// are rotated, so on error q, k and `kv` are unchanged.
+/// of its inputs (when rotating: theta not finite or ≤ 0, a position past 2^24), all made
+/// before q and k are rotated, so on error q, k and `kv` are unchanged.
 std::vector<float> mla_decode_token(std::span<float> q, std::span<float> k, std::span<const float> v,
                                     std::span<const float> g, MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos,
                                     float theta);
@@ -220,9 +220,9 @@ class MlaDeviceKv {
 /// NaN or infinity in q, k, v or g (named by index), a
 /// history whose K/V sizes are not seq_len rows of the config's widths, more
 /// than 2^32 − 1 tokens, an output that is not finite (scores past FP32's
-/// range; checked before the row is kept); the backend's, with context "k3 mla decode (host KV) at
-/// position P: <stage>". On any error `kv` is unchanged and no temporary stays
-/// allocated.
+/// range; checked before the row is kept); the rope launcher's (theta, a rotated position past
+/// 2^24) and the backend's, with context "k3 mla decode (host KV) at position P: <stage>". On any error `kv` is
+/// unchanged and no temporary stays allocated.
 std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecodeKernels& kernels, std::span<float> q,
                                               std::span<float> k, std::span<const float> v, std::span<const float> g,
                                               MlaKv& kv, const MlaConfig& cfg, std::uint32_t pos, float theta,
@@ -236,9 +236,9 @@ std::vector<float> launch_k3_mla_decode_token(GpuBackend& gpu, const K3MlaDecode
 /// call); `invalid_argument` for the config, a q/k/v/g length, a NaN or
 /// infinity in q, k, v or g, an output that is not finite, a resident KV
 /// whose rows do not fit the config (`validate_cfg`), a KV of another backend;
-/// the backend's, with context "k3 mla decode (device KV) at position P:
-/// <stage>". On any error kv.seq_len() and its rows are unchanged and no
-/// temporary stays allocated.
+/// the rope launcher's (theta, a rotated position past 2^24) and the backend's,
+/// with context "k3 mla decode (device KV) at position P: <stage>". On any error kv.seq_len() and its rows are
+/// unchanged and no temporary stays allocated.
 std::vector<float> launch_k3_mla_decode_token_on_device(GpuBackend& gpu, const K3MlaDecodeKernels& kernels,
                                                         std::span<const float> q, std::span<const float> k,
                                                         std::span<const float> v, std::span<const float> g,

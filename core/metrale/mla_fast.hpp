@@ -302,8 +302,9 @@ std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiproces
 enum class GemvStart { after, early };
 
 /// Grid [⌈n_out/gemv_wide_rows_per_block(k)⌉, num_heads], block 256. Errors
-/// (`invalid_argument`): those of mla_batched_gemv, plus `kernel` not mla_batched_gemv_wide, k or
-/// input_stride not a multiple of 8, and input or weight not 16-byte aligned (16-byte loads).
+/// (`invalid_argument`): those of mla_batched_gemv but its kernel rule; `kernel` not
+/// mla_batched_gemv_wide; k or input_stride not a multiple of 8, and input or weight not 16-byte
+/// aligned (16-byte loads).
 void mla_batched_gemv_wide(GpuBackend& gpu, KernelHandle kernel, const BatchedGemvArgs& a, Stream stream = 0,
                            GemvStart start = GemvStart::after);
 /// Output rows per block of the wide GEMV: 16·(32/S), a row summed by S lanes, S the largest

@@ -27,7 +27,7 @@ struct PagedCacheConfig {
   std::uint32_t block_size = 16;         // tokens per block
   std::uint32_t num_kv_heads = 1;
   std::uint32_t kv_cache_dim = 576;      // values per KV head per token
-  std::uint32_t max_blocks_per_seq = 0;  // block-table width, at most num_blocks; 0 = num_blocks
+  std::uint32_t max_blocks_per_seq = 0;  // blocks a sequence may hold (a full table's width); 0 = num_blocks
   std::uint64_t cache_stride = 0;        // FP8 row pitch in bytes; 0 = row width rounded up to 16
   float k_scale = 1.0f, v_scale = 1.0f;  // FP8 dequantisation scales
   std::uint64_t free_list_seed = 0;      // 0: blocks handed out in descending order; else shuffled

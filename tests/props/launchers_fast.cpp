@@ -490,6 +490,7 @@ Def<K3RopeArgs> k3_rope() {
              [kn](A& a) {
                a.use_nope = false;
                a.theta = positive_float();
+               a.rope = std::max(a.rope, 2u), a.heads = 1;  // a pair rotates (rope 0 or 1 takes any position)
                a.pos = u((1u << 24) + 1, kU32Max);
                return BrokenRule{"a rotated position past 2^24",
                                  Errc::invalid_argument,
