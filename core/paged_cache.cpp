@@ -217,17 +217,19 @@ void SlotReservation::commit() noexcept {
 
 PagedKvCache::DeviceTables PagedKvCache::upload_tables(std::span<const SeqId> seqs, std::int32_t fill,
                                                        TableWidth width) const {
+  std::vector<const Seq*> held;  // each looked up once (`not_found` before anything is allocated)
+  held.reserve(seqs.size());
+  for (const SeqId seq : seqs) held.push_back(&seq_ref(seq));
   std::size_t columns = cfg_.max_blocks_per_seq;
   if (width == TableWidth::fitted) {
     columns = 1;
-    for (const SeqId seq : seqs) columns = std::max(columns, seq_ref(seq).table.size());
+    for (const Seq* s : held) columns = std::max(columns, s->table.size());
   }
   std::vector<std::int32_t> tables(seqs.size() * columns, fill);
   std::vector<std::int32_t> lens(seqs.size());
-  for (std::size_t i = 0; i < seqs.size(); ++i) {
-    const Seq& s = seq_ref(seqs[i]);
-    std::copy(s.table.begin(), s.table.end(), tables.begin() + static_cast<std::ptrdiff_t>(i * columns));
-    lens[i] = static_cast<std::int32_t>(s.len);
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    std::copy(held[i]->table.begin(), held[i]->table.end(), tables.begin() + static_cast<std::ptrdiff_t>(i * columns));
+    lens[i] = static_cast<std::int32_t>(held[i]->len);
   }
   DeviceTables out;
   out.max_blocks_per_seq = static_cast<std::uint32_t>(columns);

@@ -26,21 +26,18 @@ VectorXd to_vec(std::span<const float> x) {
 
 using detail::saturating_product;
 
-// The oracle's own argument checks: shapes its spans cannot hold, or a zero it would divide by,
-// are named rather than read past or divided by.
-template <class... Args>
-void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
-  if (!ok) fail(Errc::invalid_argument, "reference: {}", fmt::format(format, std::forward<Args>(args)...));
-}
+// The oracle's own argument checks ("reference: …"): shapes its spans cannot hold, or a zero it
+// would divide by, are named rather than read past or divided by.
+constexpr detail::Validator kArgs{"reference"};
 void require_size(const char* name, std::size_t size, std::uint64_t needed) {
-  require(size >= needed, "{} holds {} values, short of the {} its shape needs", name, size, needed);
+  kArgs.check(size >= needed, "{} holds {} values, short of the {} its shape needs", name, size, needed);
 }
 
 void check(const PagedAttentionProblem& p) {
-  require(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
-          "num_q_heads {} is not a multiple of num_kv_heads {}", p.num_q_heads, p.num_kv_heads);
-  require(p.block_size > 0, "block_size is 0");
-  require(p.q_head_dim <= p.kv_cache_dim, "q_head_dim {} exceeds kv_cache_dim {}", p.q_head_dim, p.kv_cache_dim);
+  kArgs.check(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+              "num_q_heads {} is not a multiple of num_kv_heads {}", p.num_q_heads, p.num_kv_heads);
+  kArgs.check(p.block_size > 0, "block_size is 0");
+  kArgs.check(p.q_head_dim <= p.kv_cache_dim, "q_head_dim {} exceeds kv_cache_dim {}", p.q_head_dim, p.kv_cache_dim);
   require_size("q", p.q.size(), saturating_product({p.num_seqs, p.num_q_heads, p.q_head_dim}));
   require_size("seq_lens", p.seq_lens.size(), p.num_seqs);
   require_size("block_tables", p.block_tables.size(), saturating_product({p.num_seqs, p.max_blocks_per_seq}));
@@ -81,7 +78,7 @@ std::vector<double> batched_gemv(std::span<const float> input, std::span<const f
 
 void rope_pairs(std::span<double> x, std::uint32_t rope, std::uint32_t pos, double theta) {
   if (x.empty()) return;
-  require(rope > 0 && x.size() % rope == 0, "{} values are not rows of rope {}", x.size(), rope);
+  kArgs.check(rope > 0 && x.size() % rope == 0, "{} values are not rows of rope {}", x.size(), rope);
   for (std::size_t r = 0; r < x.size() / rope; ++r) {
     for (std::uint32_t i = 0; i < rope / 2; ++i) {
       const double angle = pos * std::pow(theta, -2.0 * i / rope);
@@ -271,7 +268,7 @@ CombineResult combine_partials(std::span<const float> o_partial, std::span<const
 }
 
 DeepseekStepResult deepseek_step(const DeepseekStepProblem& p) {
-  require(p.tokens > 0, "no tokens (the last one is the query)");
+  kArgs.check(p.tokens > 0, "no tokens (the last one is the query)");
   require_size("q_nope", p.q_nope.size(), std::uint64_t{p.heads} * p.nope);
   require_size("q_rope", p.q_rope.size(), std::uint64_t{p.heads} * p.rope);
   require_size("kv_latent", p.kv_latent.size(), std::uint64_t{p.tokens} * p.kv_lora);
@@ -332,7 +329,7 @@ std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, st
 namespace {
 
 void check(const K3SdpaProblem& p) {
-  require(p.dq > 0, "dq is 0");
+  kArgs.check(p.dq > 0, "dq is 0");
   require_size("q", p.q.size(), std::uint64_t{p.heads} * p.dq);
   require_size("k", p.k.size(), saturating_product({p.seq_len, p.heads, p.dq}));
   require_size("v", p.v.size(), saturating_product({p.seq_len, p.heads, p.dv}));

@@ -445,10 +445,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       for (auto& f : safetensors_in(dir, named_cases, missing))
         if (case_seen.insert(file_key(f)).second) case_files.push_back(std::move(f));
     std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
-    for (const auto& [dir, named, variable] : golden_dirs)
-      for (auto& f : variable == nullptr ? safetensors_in(dir, named, missing) : with_context(variable, [&] {
-             return safetensors_in(dir, named, missing);
-           })) {
+    for (const auto& [dir, named, variable] : golden_dirs) {
+      const auto list = [&] { return safetensors_in(dir, named, missing); };
+      for (auto& f : variable == nullptr ? list() : with_context(variable, list)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
           // said where --only would have picked the file (its name), as below
           if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
@@ -459,6 +458,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         seen.emplace(f.filename().string(), f);
         golden_files.push_back(std::move(f));
       }
+    }
     const auto wanted = [&only = opts->only](std::string_view kernel, std::string_view name) {
       return only.empty() || kernel.find(only) != std::string_view::npos || name.find(only) != std::string_view::npos;
     };

@@ -70,6 +70,8 @@ class DeviceBuffer {
 
   DevicePtr ptr() const { return ptr_; }
   std::size_t bytes() const { return bytes_; }
+  /// The backend it was allocated on (null for a default-constructed or moved-from buffer).
+  GpuBackend* backend() const { return gpu_; }
   bool empty() const { return bytes_ == 0; }
 
   /// Free now; a failed free is ignored.

@@ -18,22 +18,20 @@ class DecodeWorkspace {
   /// At least `bytes` of device memory on `gpu`. Errors: `invalid_argument` when the workspace
   /// holds a buffer of another backend (nothing is freed or allocated); the backend's alloc.
   DevicePtr get(GpuBackend& gpu, std::uint64_t bytes) {
-    if (!buffer_.empty() && gpu_ != &gpu)
+    if (!buffer_.empty() && buffer_.backend() != &gpu)
       fail(Errc::invalid_argument,
            "decode workspace: its {} bytes at {:#x} live on another backend object ({}) than the one asked ({}); "
            "use one workspace per backend",
-           buffer_.bytes(), buffer_.ptr().addr, gpu_->name(), gpu.name());
+           buffer_.bytes(), buffer_.ptr().addr, buffer_.backend()->name(), gpu.name());
     if (buffer_.bytes() < bytes) {
       buffer_.reset();
       buffer_ = DeviceBuffer(gpu, bytes);
-      gpu_ = &gpu;
     }
     return buffer_.ptr();
   }
 
  private:
   DeviceBuffer buffer_;
-  GpuBackend* gpu_ = nullptr;  // buffer_'s backend, while it holds one
 };
 
 /// Which kernels a dispatcher ran: the seed kernel, or the split kernel and its combine.
