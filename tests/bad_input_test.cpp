@@ -1793,6 +1793,23 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: an error: " + (dir.path / "mla_fast.fatbin").string() +
                                             " is not a regular file"));
   std::filesystem::remove_all(dir.path);
+#ifdef METRALE_WITH_CUDA
+  // METRALE_CUDA_CLUSTER_POLICY: unset (balance), each name, and one it does not know.
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda cluster placement: balance (METRALE_CUDA_CLUSTER_POLICY unset)"));
+  for (const char* name : {"balance", "spread", "default"}) {
+    out.clear();
+    CHECK(run_cli("info", out, std::string("METRALE_CUDA_CLUSTER_POLICY=") + name) == 0);
+    CHECK_THAT(
+        out, Catch::Matchers::Contains(fmt::format("cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY)", name)));
+  }
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 2);  // as a bad METRALE_EMU_* setting
+  CHECK_THAT(out, Catch::Matchers::Contains("backend cuda: METRALE_CUDA_CLUSTER_POLICY 'Spread' is not balance, "
+                                            "spread or default"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("backends"));  // before anything is printed
+#endif
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("info launches no kernels, so nothing was recorded"));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -59,6 +60,13 @@ class Bench {
 #endif
   }
   bool on_device() const { return cuda_ != nullptr; }
+  /// How the CUDA backend places a cluster's blocks (CudaBackend::cluster_policy); "" elsewhere.
+  std::string cluster_policy() const {
+#ifdef METRALE_WITH_CUDA
+    if (cuda_ != nullptr) return cuda_->cluster_policy();
+#endif
+    return "";
+  }
   /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
   void set_group(int n) { group_ = n; }
 
@@ -555,6 +563,18 @@ void add_bench(CLI::App& app) {
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
+      // The clusters the plans count on (plan_split_decode): of the fused 16-head and heads-in-M
+      // entries' blocks, 1 to 8 a cluster, as many as the device runs at once.
+      const MlaFastKernels fast = MlaFastKernels::resolve(*gpu);
+      const auto at_once = [](const auto& counts) {
+        return std::vector<std::uint32_t>(counts.begin() + 1, counts.end());
+      };
+      fmt::print("clusters of 1..8 blocks at once: 16-head entry {}, heads-in-M entry {}{}\n\n",
+                 fmt::join(at_once(fast.fused_clusters), " "), fmt::join(at_once(fast.fused_clusters_latent), " "),
+                 bench.cluster_policy().empty() ? "" : " (cluster placement: " + bench.cluster_policy() + ")");
+      j["clusters_at_once"] = {{"wgmma16_rs_combine_fp8", at_once(fast.fused_clusters)},
+                               {"wgmma_latent_combine_fp8", at_once(fast.fused_clusters_latent)}};
+      if (!bench.cluster_policy().empty()) j["cluster_policy"] = bench.cluster_policy();
       sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
     } else {
       std::vector<Row> rows;

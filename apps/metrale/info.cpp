@@ -15,6 +15,9 @@
 #include "commands.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/mla_fast.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
 
 namespace metrale::cli {
 
@@ -25,6 +28,9 @@ void add_info(CLI::App& app) {
     emu::EmulatorOptions options;  // as a recording run's: --record-limit, else METRALE_RECORD_LIMIT
     options.record_limit_bytes = recording_limit();
     const emu::EmulatorBackend emu(options);  // first: a bad METRALE_* setting fails before anything is printed
+#ifdef METRALE_WITH_CUDA
+    const std::string cluster_policy = CudaBackend::cluster_policy_setting();  // the same
+#endif
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
@@ -67,6 +73,12 @@ void add_info(CLI::App& app) {
         fmt::print("  cuda kernel images: {} from METRALE_CUDA_FATBIN_DIR '{}', {} built in\n", fmt::join(found, ", "),
                    printable(fatbin_dir), modules.size() - found.size());
     }
+#ifdef METRALE_WITH_CUDA
+    // How the CUDA backend places a cluster's blocks.
+    const char* policy_env = std::getenv("METRALE_CUDA_CLUSTER_POLICY");
+    fmt::print("  cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY{})\n", cluster_policy,
+               policy_env == nullptr || *policy_env == '\0' ? " unset" : "");
+#endif
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
                emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");

@@ -160,12 +160,30 @@ std::vector<unsigned char> fatbin_override(std::string_view name) {
   return file;
 }
 
+// The placement policy of clustered launches and of the occupancy query that sizes their plans:
+// METRALE_CUDA_CLUSTER_POLICY balance (the default: the hardware may put several of a cluster's
+// blocks on one SM), spread or default (the driver's). Measured on an H100 (docs/performance.md,
+// thirty-seventh session): balance took 0.90–1.01× the driver default's time on 36 FP8 sweep rows
+// (median 0.99, inside the runs' own spread but at B = 32 × 1K × 64 heads, 0.90×), and runs more
+// clusters of 3 and 4 of the 16-head entry's blocks at once (83 and 66, not 79 and 62).
+// Errors: `invalid_argument` naming any other value.
+std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy_from_env() {
+  const char* env = std::getenv("METRALE_CUDA_CLUSTER_POLICY");
+  const std::string name = env != nullptr && *env != '\0' ? env : "balance";
+  if (name == "balance") return {CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, name};
+  if (name == "spread") return {CU_CLUSTER_SCHEDULING_POLICY_SPREAD, name};
+  if (name == "default") return {CU_CLUSTER_SCHEDULING_POLICY_DEFAULT, name};
+  fail(Errc::invalid_argument, "backend cuda: METRALE_CUDA_CLUSTER_POLICY '{}' is not balance, spread or default",
+       printable(name));
+}
+
 }  // namespace
 
 struct CudaBackend::Impl {
   CUdevice device{};
   CUcontext context{};
   std::uint32_t compute_capability = 0;  // major·10 + minor
+  std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy = cluster_policy_from_env();
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
   std::vector<Kernel> kernels;  // handle id = index + 1
@@ -296,7 +314,7 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
                               reinterpret_cast<CUstream>(stream), params.data(), nullptr));
     return;
   }
-  CUlaunchAttribute attrs[2]{};
+  CUlaunchAttribute attrs[3]{};
   unsigned count = 0;
   if (early) {
     attrs[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -306,6 +324,8 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
     attrs[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     attrs[count].value.clusterDim.x = cluster.x, attrs[count].value.clusterDim.y = cluster.y;
     attrs[count++].value.clusterDim.z = cluster.z;
+    attrs[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[count++].value.clusterSchedulingPolicyPreference = impl_->cluster_policy.first;
   }
   CUlaunchConfig config{};
   config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
@@ -326,19 +346,25 @@ std::uint32_t CudaBackend::max_active_clusters(KernelHandle kernel, Dim3 block, 
                                   static_cast<int>(shared_bytes)));
     k.shared_limit = shared_bytes;
   }
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cluster_size, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+  CUlaunchAttribute attrs[2]{};
+  attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attrs[0].value.clusterDim.x = cluster_size, attrs[0].value.clusterDim.y = 1, attrs[0].value.clusterDim.z = 1;
+  attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+  attrs[1].value.clusterSchedulingPolicyPreference = impl_->cluster_policy.first;
   CUlaunchConfig config{};
   config.gridDimX = cluster_size, config.gridDimY = 1, config.gridDimZ = 1;
   config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
-  config.sharedMemBytes = shared_bytes, config.attrs = &attr, config.numAttrs = 1;
+  config.sharedMemBytes = shared_bytes, config.attrs = attrs, config.numAttrs = 2;
   int clusters = 0;
   METRALE_CU(cuOccupancyMaxActiveClusters(&clusters, k.function, &config));
   return static_cast<std::uint32_t>(std::max(clusters, 0));
 }
 
 void CudaBackend::synchronize(Stream stream) { METRALE_CU(cuStreamSynchronize(reinterpret_cast<CUstream>(stream))); }
+
+const std::string& CudaBackend::cluster_policy() const { return impl_->cluster_policy.second; }
+
+std::string CudaBackend::cluster_policy_setting() { return cluster_policy_from_env().second; }
 
 std::string CudaBackend::device_name() const {
   char name[256] = {};

@@ -15,9 +15,10 @@ namespace metrale {
 
 class CudaBackend final : public GpuBackend {
  public:
-  /// Load the driver, take device `ordinal`'s primary context. Errors:
-  /// `unsupported` when the driver cannot be loaded or the device does not
-  /// exist, naming why; other driver errors per `check`.
+  /// Load the driver, take device `ordinal`'s primary context, read METRALE_CUDA_CLUSTER_POLICY
+  /// (cluster_policy). Errors: `unsupported` when the driver cannot be loaded or the device does
+  /// not exist, naming why; `invalid_argument` naming a METRALE_CUDA_CLUSTER_POLICY other than
+  /// balance, spread or default; other driver errors per `check`.
   explicit CudaBackend(int ordinal = 0);
   ~CudaBackend() override;
 
@@ -48,6 +49,13 @@ class CudaBackend final : public GpuBackend {
   /// `shared_bytes` first, as a launch would).
   std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
                                     std::uint32_t cluster_size) const override;
+  /// How clustered launches, and the occupancy query above, place a cluster's blocks:
+  /// "balance" (CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, unless METRALE_CUDA_CLUSTER_POLICY
+  /// says otherwise), "spread" or "default" (the driver's). docs/performance.md, thirty-seventh session.
+  const std::string& cluster_policy() const;
+  /// The policy a backend made now would take, by METRALE_CUDA_CLUSTER_POLICY, with no device.
+  /// Errors: `invalid_argument` as the constructor's.
+  static std::string cluster_policy_setting();
   int driver_version() const;      // e.g. 13000
   static int toolkit_version();    // CUDA_VERSION at build time
   /// Milliseconds between two events recorded around `work` on `stream` (cuEventElapsedTime).
