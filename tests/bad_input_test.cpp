@@ -37,6 +37,9 @@
 #include "metrale/reference.hpp"
 #include "metrale/safetensors.hpp"
 #include "support.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
 
 using namespace metrale;
 using metrale::test::require_error;
@@ -1794,9 +1797,13 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
                                             " is not a regular file"));
   std::filesystem::remove_all(dir.path);
 #ifdef METRALE_WITH_CUDA
-  // METRALE_CUDA_CLUSTER_POLICY: unset (balance), each name, and one it does not know.
+  // METRALE_CUDA_CLUSTER_POLICY: unset and empty (balance), each name, and one it does not know,
+  // which info reports as it does a bad METRALE_CUDA_FATBIN_DIR (the CUDA backend refuses it).
   out.clear();
   CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda cluster placement: balance (METRALE_CUDA_CLUSTER_POLICY empty)"));
+  out.clear();
+  CHECK(run_cli("info", out, "env -u METRALE_CUDA_CLUSTER_POLICY") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("cuda cluster placement: balance (METRALE_CUDA_CLUSTER_POLICY unset)"));
   for (const char* name : {"balance", "spread", "default"}) {
     out.clear();
@@ -1805,10 +1812,17 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
         out, Catch::Matchers::Contains(fmt::format("cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY)", name)));
   }
   out.clear();
-  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 2);  // as a bad METRALE_EMU_* setting
-  CHECK_THAT(out, Catch::Matchers::Contains("backend cuda: METRALE_CUDA_CLUSTER_POLICY 'Spread' is not balance, "
-                                            "spread or default"));
-  CHECK_THAT(out, !Catch::Matchers::Contains("backends"));  // before anything is printed
+  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 0);
+  const std::string refused =
+      "backend cuda: METRALE_CUDA_CLUSTER_POLICY 'Spread' is not balance, spread or default "
+      "(unset or empty: balance)";
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda cluster placement: an error: " + refused));
+  // and a command that makes a CUDA backend fails on it, naming it, where a driver answers (else
+  // on the driver, as before).
+  out.clear();
+  CHECK(run_cli("bench --backend cuda --only gemv", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      CudaBackend::available() ? refused : "backend cuda: " + CudaBackend::unavailable_reason()));
 #endif
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);

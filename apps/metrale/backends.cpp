@@ -73,10 +73,14 @@ std::vector<BackendStatus> backend_status() {
   std::vector<BackendStatus> out{{"emu", true, true, "CPU device emulator with checked memory"}};
 #ifdef METRALE_WITH_CUDA
   if (CudaBackend::available()) {
-    CudaBackend gpu;
-    out.push_back({"cuda", true, true,
-                   fmt::format("{} (sm_{}), driver {}, built with CUDA {}", gpu.device_name(), gpu.compute_capability(),
-                               gpu.driver_version(), CudaBackend::toolkit_version())});
+    try {  // a bad METRALE_CUDA_CLUSTER_POLICY: no backend can be made here, and this says why
+      CudaBackend gpu;
+      out.push_back({"cuda", true, true,
+                     fmt::format("{} (sm_{}), driver {}, built with CUDA {}", gpu.device_name(),
+                                 gpu.compute_capability(), gpu.driver_version(), CudaBackend::toolkit_version())});
+    } catch (const Error& e) {
+      out.push_back({"cuda", true, false, e.what()});
+    }
   } else {
     out.push_back({"cuda", true, false, CudaBackend::unavailable_reason()});
   }

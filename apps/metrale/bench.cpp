@@ -564,16 +564,18 @@ void add_bench(CLI::App& app) {
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
       // The clusters the plans count on (plan_split_decode): of the fused 16-head and heads-in-M
-      // entries' blocks, 1 to 8 a cluster, as many as the device runs at once.
+      // entries' blocks, 1 to 8 a cluster, as many as the device runs at once (none without them).
       const MlaFastKernels fast = MlaFastKernels::resolve(*gpu);
-      const auto at_once = [](const auto& counts) {
-        return std::vector<std::uint32_t>(counts.begin() + 1, counts.end());
-      };
-      fmt::print("clusters of 1..8 blocks at once: 16-head entry {}, heads-in-M entry {}{}\n\n",
-                 fmt::join(at_once(fast.fused_clusters), " "), fmt::join(at_once(fast.fused_clusters_latent), " "),
-                 bench.cluster_policy().empty() ? "" : " (cluster placement: " + bench.cluster_policy() + ")");
-      j["clusters_at_once"] = {{"wgmma16_rs_combine_fp8", at_once(fast.fused_clusters)},
-                               {"wgmma_latent_combine_fp8", at_once(fast.fused_clusters_latent)}};
+      if (fast.wgmma16_rs_combine_fp8.id != 0) {
+        const auto at_once = [](const auto& counts) {
+          return std::vector<std::uint32_t>(counts.begin() + 1, counts.end());
+        };
+        fmt::print("clusters of 1..8 blocks at once: 16-head entry {}, heads-in-M entry {}{}\n\n",
+                   fmt::join(at_once(fast.fused_clusters), " "), fmt::join(at_once(fast.fused_clusters_latent), " "),
+                   bench.cluster_policy().empty() ? "" : " (cluster placement: " + bench.cluster_policy() + ")");
+        j["clusters_at_once"] = {{"wgmma16_rs_combine_fp8", at_once(fast.fused_clusters)},
+                                 {"wgmma_latent_combine_fp8", at_once(fast.fused_clusters_latent)}};
+      }
       if (!bench.cluster_policy().empty()) j["cluster_policy"] = bench.cluster_policy();
       sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
     } else {

@@ -28,9 +28,6 @@ void add_info(CLI::App& app) {
     emu::EmulatorOptions options;  // as a recording run's: --record-limit, else METRALE_RECORD_LIMIT
     options.record_limit_bytes = recording_limit();
     const emu::EmulatorBackend emu(options);  // first: a bad METRALE_* setting fails before anything is printed
-#ifdef METRALE_WITH_CUDA
-    const std::string cluster_policy = CudaBackend::cluster_policy_setting();  // the same
-#endif
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
@@ -74,10 +71,16 @@ void add_info(CLI::App& app) {
                    printable(fatbin_dir), modules.size() - found.size());
     }
 #ifdef METRALE_WITH_CUDA
-    // How the CUDA backend places a cluster's blocks.
+    // How the CUDA backend asks for a cluster's blocks to be placed (an error there, as for the
+    // kernel images: the CUDA backend refuses it when made).
     const char* policy_env = std::getenv("METRALE_CUDA_CLUSTER_POLICY");
-    fmt::print("  cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY{})\n", cluster_policy,
-               policy_env == nullptr || *policy_env == '\0' ? " unset" : "");
+    const char* policy_from = policy_env == nullptr ? " unset" : *policy_env == '\0' ? " empty" : "";
+    try {
+      fmt::print("  cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY{})\n",
+                 CudaBackend::cluster_policy_setting(), policy_from);
+    } catch (const Error& e) {
+      fmt::print("  cuda cluster placement: an error: {}\n", e.what());
+    }
 #endif
     const auto& o = emu.options();
     fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",

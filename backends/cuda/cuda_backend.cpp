@@ -160,30 +160,32 @@ std::vector<unsigned char> fatbin_override(std::string_view name) {
   return file;
 }
 
-// The placement policy of clustered launches and of the occupancy query that sizes their plans:
-// METRALE_CUDA_CLUSTER_POLICY balance (the default: the hardware may put several of a cluster's
-// blocks on one SM), spread or default (the driver's). Measured on an H100 (docs/performance.md,
-// thirty-seventh session): balance took 0.90–1.01× the driver default's time on 36 FP8 sweep rows
-// (median 0.99, inside the runs' own spread but at B = 32 × 1K × 64 heads, 0.90×), and runs more
-// clusters of 3 and 4 of the 16-head entry's blocks at once (83 and 66, not 79 and 62).
-// Errors: `invalid_argument` naming any other value.
+// The placement policy of clustered launches and of the occupancy query that sizes their plans
+// (a preference the driver may pass over): METRALE_CUDA_CLUSTER_POLICY balance (unset or empty:
+// CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, the hardware balances a cluster's blocks over the
+// SMs), spread (CU_CLUSTER_SCHEDULING_POLICY_SPREAD) or default (the driver's own, which launches
+// had before the setting). Measured on an H100 (docs/performance.md, thirty-seventh session):
+// balance took 0.90–1.01× the driver default's time on 36 FP8 sweep rows (median 0.99, inside the
+// runs' own spread but at B = 32 × 1K × 64 heads, 0.90×), and runs more clusters of 3 and 4 of the
+// 16-head entry's blocks at once (83 and 66, not 79 and 62). Errors: `invalid_argument` naming any
+// other value.
 std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy_from_env() {
   const char* env = std::getenv("METRALE_CUDA_CLUSTER_POLICY");
   const std::string name = env != nullptr && *env != '\0' ? env : "balance";
   if (name == "balance") return {CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, name};
   if (name == "spread") return {CU_CLUSTER_SCHEDULING_POLICY_SPREAD, name};
   if (name == "default") return {CU_CLUSTER_SCHEDULING_POLICY_DEFAULT, name};
-  fail(Errc::invalid_argument, "backend cuda: METRALE_CUDA_CLUSTER_POLICY '{}' is not balance, spread or default",
+  fail(Errc::invalid_argument,
+       "backend cuda: METRALE_CUDA_CLUSTER_POLICY '{}' is not balance, spread or default (unset or empty: balance)",
        printable(name));
 }
-
 }  // namespace
 
 struct CudaBackend::Impl {
   CUdevice device{};
   CUcontext context{};
   std::uint32_t compute_capability = 0;  // major·10 + minor
-  std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy = cluster_policy_from_env();
+  std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy;  // cluster_policy_from_env()
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
   std::vector<Kernel> kernels;  // handle id = index + 1
@@ -218,10 +220,16 @@ std::string CudaBackend::unavailable_reason() {
 
 CudaBackend::CudaBackend(int ordinal) : impl_(std::make_unique<Impl>()) {
   if (const std::string why = unavailable_reason(); !why.empty()) fail(Errc::unsupported, "backend cuda: {}", why);
+  impl_->cluster_policy = cluster_policy_from_env();
   METRALE_CU(cuDeviceGet(&impl_->device, ordinal));
   METRALE_CU(cuDevicePrimaryCtxRetain(&impl_->context, impl_->device));
-  METRALE_CU(cuCtxSetCurrent(impl_->context));
-  impl_->compute_capability = compute_capability();
+  try {
+    METRALE_CU(cuCtxSetCurrent(impl_->context));
+    impl_->compute_capability = compute_capability();
+  } catch (...) {  // no destructor runs for a constructor that throws: give the context back here
+    driver().cuDevicePrimaryCtxRelease(impl_->device);
+    throw;
+  }
 }
 
 CudaBackend::~CudaBackend() {

@@ -15,10 +15,11 @@ namespace metrale {
 
 class CudaBackend final : public GpuBackend {
  public:
-  /// Load the driver, take device `ordinal`'s primary context, read METRALE_CUDA_CLUSTER_POLICY
-  /// (cluster_policy). Errors: `unsupported` when the driver cannot be loaded or the device does
-  /// not exist, naming why; `invalid_argument` naming a METRALE_CUDA_CLUSTER_POLICY other than
-  /// balance, spread or default; other driver errors per `check`.
+  /// Load the driver, read METRALE_CUDA_CLUSTER_POLICY (cluster_policy), take device `ordinal`'s
+  /// primary context. Errors, in that order: `unsupported` when the driver cannot be loaded or
+  /// no device answers, naming why; `invalid_argument` naming a METRALE_CUDA_CLUSTER_POLICY
+  /// other than balance, spread or default; other driver errors per `check` (a device that does
+  /// not exist among them).
   explicit CudaBackend(int ordinal = 0);
   ~CudaBackend() override;
 
@@ -49,9 +50,10 @@ class CudaBackend final : public GpuBackend {
   /// `shared_bytes` first, as a launch would).
   std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
                                     std::uint32_t cluster_size) const override;
-  /// How clustered launches, and the occupancy query above, place a cluster's blocks:
-  /// "balance" (CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, unless METRALE_CUDA_CLUSTER_POLICY
-  /// says otherwise), "spread" or "default" (the driver's). docs/performance.md, thirty-seventh session.
+  /// How clustered launches, and the occupancy query above, ask the driver to place a cluster's
+  /// blocks: "balance" (CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, unless
+  /// METRALE_CUDA_CLUSTER_POLICY says otherwise), "spread" (…_SPREAD) or "default" (the driver's
+  /// own). docs/performance.md, thirty-seventh session.
   const std::string& cluster_policy() const;
   /// The policy a backend made now would take, by METRALE_CUDA_CLUSTER_POLICY, with no device.
   /// Errors: `invalid_argument` as the constructor's.
