@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -17,6 +19,9 @@
 #include "metrale/launch.hpp"
 #include "metrale/mla_fast.hpp"
 #include "support.hpp"
+#ifdef METRALE_WITH_CUDA
+#include "metrale/cuda/cuda_backend.hpp"
+#endif
 
 using namespace metrale;
 
@@ -167,6 +172,47 @@ TEST_CASE("the wgmma entries that combine in their clusters match the float64 re
   p.sinks = heads != 5;
   test::check_case(gen::fused_decode_case(p, tiles));
 }
+
+#ifdef METRALE_WITH_CUDA
+// On a GPU, under each of METRALE_CUDA_CLUSTER_POLICY's placements (CudaBackend::cluster_policy):
+// the backend takes the placement, the occupancy count the plans read is a real one (at least
+// one cluster, no more than two blocks an SM), and the 16-head entry in clusters of 4, 2, 4 and
+// 8 chunks still matches the float64 reference.
+TEST_CASE("each cluster placement runs the clustered entries and counts their clusters", "[mla_fast][wgmma]") {
+  if (!CudaBackend::available()) {
+    WARN("no GPU here: " << CudaBackend::unavailable_reason());
+    return;
+  }
+  gen::PagedSpec p = fused_spec(16, 27);
+  p.sinks = true;
+  const KernelCase c = gen::fused_decode_case(p, 1);
+  // The variable as this test found it, whatever the test does (the backend reads it when made).
+  struct KeepVariable {
+    const char* name = "METRALE_CUDA_CLUSTER_POLICY";
+    std::optional<std::string> value = std::getenv(name) ? std::optional<std::string>(std::getenv(name)) : std::nullopt;
+    ~KeepVariable() { value ? ::setenv(name, value->c_str(), 1) : ::unsetenv(name); }
+  } keep;
+  for (const char* policy : {"balance", "spread", "default"}) {
+    INFO("placement " << policy);
+    ::setenv(keep.name, policy, 1);
+    CudaBackend gpu;
+    CHECK(gpu.cluster_policy() == policy);
+    const auto fast = MlaFastKernels::resolve(gpu);
+    if (fast.wgmma16_rs_combine_fp8.id == 0) continue;  // not sm_90
+    for (std::uint32_t n = 1; n <= 8; ++n) {
+      INFO(n << " blocks a cluster: " << fast.fused_clusters[n] << " at once");
+      CHECK(fast.fused_clusters[n] >= 1);
+      CHECK(fast.fused_clusters[n] * n <= 2 * gpu.multiprocessor_count());
+    }
+    const auto out = run_kernel_case(gpu, c);
+    for (const auto& [param, want] : c.expected) {
+      const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
+      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
+      CHECK(r.pass);
+    }
+  }
+}
+#endif
 
 // Their o must be the bits of the unfused entry's partials through the combine, on every backend:
 // the 16-head and 64-head blocks over two pools and compressed entries, the heads-in-M block over

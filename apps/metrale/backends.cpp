@@ -73,7 +73,8 @@ std::vector<BackendStatus> backend_status() {
   std::vector<BackendStatus> out{{"emu", true, true, "CPU device emulator with checked memory"}};
 #ifdef METRALE_WITH_CUDA
   if (CudaBackend::available()) {
-    try {  // a bad METRALE_CUDA_CLUSTER_POLICY: no backend can be made here, and this says why
+    try {  // a driver that answers but no backend made (a bad METRALE_CUDA_CLUSTER_POLICY, a device
+           // taken by another process): this says why, as the commands that need one fail on it
       CudaBackend gpu;
       out.push_back({"cuda", true, true,
                      fmt::format("{} (sm_{}), driver {}, built with CUDA {}", gpu.device_name(),

@@ -563,20 +563,28 @@ void add_bench(CLI::App& app) {
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
-      // The clusters the plans count on (plan_split_decode): of the fused 16-head and heads-in-M
-      // entries' blocks, 1 to 8 a cluster, as many as the device runs at once (none without them).
+      // The clusters the plans count on (plan_split_decode): of each clustered entry's blocks, 1 to
+      // 8 a cluster, as many as the device runs at once (none without the wgmma entries).
       const MlaFastKernels fast = MlaFastKernels::resolve(*gpu);
+      const std::string policy = bench.cluster_policy();
       if (fast.wgmma16_rs_combine_fp8.id != 0) {
-        const auto at_once = [](const auto& counts) {
-          return std::vector<std::uint32_t>(counts.begin() + 1, counts.end());
-        };
-        fmt::print("clusters of 1..8 blocks at once: 16-head entry {}, heads-in-M entry {}{}\n\n",
-                   fmt::join(at_once(fast.fused_clusters), " "), fmt::join(at_once(fast.fused_clusters_latent), " "),
-                   bench.cluster_policy().empty() ? "" : " (cluster placement: " + bench.cluster_policy() + ")");
-        j["clusters_at_once"] = {{"wgmma16_rs_combine_fp8", at_once(fast.fused_clusters)},
-                                 {"wgmma_latent_combine_fp8", at_once(fast.fused_clusters_latent)}};
+        const std::pair<const char*, const std::array<std::uint32_t, 9>*> entries[] = {
+            {"wgmma16_rs_combine_fp8", &fast.fused_clusters},
+            {"wgmma_combine_fp8", &fast.fused_clusters64},
+            {"wgmma_latent_combine_fp8", &fast.fused_clusters_latent},
+            {"wgmma_latent_combine_nvfp4", &fast.fused_clusters_latent_nvfp4}};
+        fmt::print("clusters of 1..8 blocks at once{}:\n",
+                   policy.empty() ? "" : " (cluster placement: " + policy + ")");
+        ordered_json at_once;
+        for (const auto& [entry, counts] : entries) {
+          const std::vector<std::uint32_t> n(counts->begin() + 1, counts->end());
+          fmt::print("  {:<28} {}\n", entry, fmt::join(n, " "));
+          at_once[entry] = n;
+        }
+        fmt::print("\n");
+        j["clusters_at_once"] = at_once;
       }
-      if (!bench.cluster_policy().empty()) j["cluster_policy"] = bench.cluster_policy();
+      if (!policy.empty()) j["cluster_policy"] = policy;
       sweep(bench, *gpu, copy_bw, torch, opts->axes, j);
     } else {
       std::vector<Row> rows;

@@ -162,13 +162,12 @@ std::vector<unsigned char> fatbin_override(std::string_view name) {
 
 // The placement policy of clustered launches and of the occupancy query that sizes their plans
 // (a preference the driver may pass over): METRALE_CUDA_CLUSTER_POLICY balance (unset or empty:
-// CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, the hardware balances a cluster's blocks over the
-// SMs), spread (CU_CLUSTER_SCHEDULING_POLICY_SPREAD) or default (the driver's own, which launches
-// had before the setting). Measured on an H100 (docs/performance.md, thirty-seventh session):
-// balance took 0.90–1.01× the driver default's time on 36 FP8 sweep rows (median 0.99, inside the
-// runs' own spread but at B = 32 × 1K × 64 heads, 0.90×), and runs more clusters of 3 and 4 of the
-// 16-head entry's blocks at once (83 and 66, not 79 and 62). Errors: `invalid_argument` naming any
-// other value.
+// CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING, "allow the hardware to load-balance the blocks in
+// a cluster to the SMs"), spread (CU_CLUSTER_SCHEDULING_POLICY_SPREAD) or default (the driver's
+// own, which launches had before the setting). Why balance by default: docs/performance.md,
+// "Thirty-seventh session" (on an H100, never slower beyond the runs' spread, and more of the
+// 16-head entry's 3- and 4-block clusters at once). Errors: `invalid_argument` naming any other
+// value.
 std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy_from_env() {
   const char* env = std::getenv("METRALE_CUDA_CLUSTER_POLICY");
   const std::string name = env != nullptr && *env != '\0' ? env : "balance";
@@ -179,6 +178,7 @@ std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy_from_env() {
        "backend cuda: METRALE_CUDA_CLUSTER_POLICY '{}' is not balance, spread or default (unset or empty: balance)",
        printable(name));
 }
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -189,6 +189,16 @@ struct CudaBackend::Impl {
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
   std::vector<Kernel> kernels;  // handle id = index + 1
+
+  // The modules and the primary context go back here, also when the backend's constructor
+  // throws after taking the context (a constructor that throws runs no destructor of its own).
+  ~Impl() {
+    if (context == nullptr) return;
+    const Driver& d = driver();
+    d.cuCtxSetCurrent(context);
+    for (const auto& [name, m] : modules) d.cuModuleUnload(m);
+    d.cuDevicePrimaryCtxRelease(device);
+  }
 
   CUmodule module(std::string_view name) {
     for (const auto& [n, m] : modules)
@@ -223,21 +233,11 @@ CudaBackend::CudaBackend(int ordinal) : impl_(std::make_unique<Impl>()) {
   impl_->cluster_policy = cluster_policy_from_env();
   METRALE_CU(cuDeviceGet(&impl_->device, ordinal));
   METRALE_CU(cuDevicePrimaryCtxRetain(&impl_->context, impl_->device));
-  try {
-    METRALE_CU(cuCtxSetCurrent(impl_->context));
-    impl_->compute_capability = compute_capability();
-  } catch (...) {  // no destructor runs for a constructor that throws: give the context back here
-    driver().cuDevicePrimaryCtxRelease(impl_->device);
-    throw;
-  }
+  METRALE_CU(cuCtxSetCurrent(impl_->context));
+  impl_->compute_capability = compute_capability();
 }
 
-CudaBackend::~CudaBackend() {
-  const Driver& d = driver();
-  d.cuCtxSetCurrent(impl_->context);
-  for (const auto& [name, m] : impl_->modules) d.cuModuleUnload(m);
-  d.cuDevicePrimaryCtxRelease(impl_->device);
-}
+CudaBackend::~CudaBackend() = default;  // Impl gives the modules and the context back
 
 DevicePtr CudaBackend::do_alloc(std::size_t bytes, std::source_location) {
   if (bytes == 0) fail(Errc::invalid_argument, "alloc of 0 bytes");

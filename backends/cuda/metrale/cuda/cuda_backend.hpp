@@ -18,8 +18,8 @@ class CudaBackend final : public GpuBackend {
   /// Load the driver, read METRALE_CUDA_CLUSTER_POLICY (cluster_policy), take device `ordinal`'s
   /// primary context. Errors, in that order: `unsupported` when the driver cannot be loaded or
   /// no device answers, naming why; `invalid_argument` naming a METRALE_CUDA_CLUSTER_POLICY
-  /// other than balance, spread or default; other driver errors per `check` (a device that does
-  /// not exist among them).
+  /// other than balance, spread or default; `unsupported` for an `ordinal` the driver does not
+  /// have (CUDA_ERROR_INVALID_DEVICE); other driver errors per `check`.
   explicit CudaBackend(int ordinal = 0);
   ~CudaBackend() override;
 
@@ -46,8 +46,8 @@ class CudaBackend final : public GpuBackend {
   /// Device name, compute capability, driver version and the toolkit this was built with.
   std::string device_name() const;
   std::uint32_t compute_capability() const override;  // major·10 + minor
-  /// cuOccupancyMaxActiveClusters (the kernel's dynamic shared memory limit raised to
-  /// `shared_bytes` first, as a launch would).
+  /// cuOccupancyMaxActiveClusters under this backend's cluster_policy (the kernel's dynamic
+  /// shared memory limit raised to `shared_bytes` first, as a launch would).
   std::uint32_t max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
                                     std::uint32_t cluster_size) const override;
   /// How clustered launches, and the occupancy query above, ask the driver to place a cluster's
@@ -70,7 +70,8 @@ class CudaBackend final : public GpuBackend {
   /// memory limit when a launch asks for more than 48 KiB. Errors:
   /// `launch_failed` naming the argument; the driver's launch errors. `early_start` launches
   /// with programmatic stream serialization (cuLaunchKernelEx) on sm_90 and later, and as
-  /// usual before or when the build targets anything below sm_90.
+  /// usual before or when the build targets anything below sm_90. A clustered launch asks for
+  /// this backend's cluster_policy.
   void do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
                  std::uint32_t shared_bytes, bool early_start, Dim3 cluster) override;
 
