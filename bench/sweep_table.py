@@ -67,7 +67,12 @@ def table(run):
         raise BadSweep(f"'sweep' is a JSON {type(rows).__name__}, not an array of rows")
     copy = positive(run.get("copy_gbps"), "'copy_gbps'")
     matmul = run.get("matmul_tflops")
-    lines = []
+    timing = run.get("timing", "lone")  # (files before the thirty-seventh session: lone)
+    if timing not in ("flush", "lone"):
+        raise BadSweep(f"'timing' is {timing!r}, not 'flush' or 'lone'")
+    lines = [f"Timing: {timing} ("
+             + ("each run queued behind a 256 MiB memset, as triton.testing.do_bench" if timing == "flush"
+                else "each run's start event on an idle stream, the host's launch latency in the time") + ")."]
     if matmul is None:
         lines.append(f"Copy {copy:.1f} GB/s; no matmul rate (the sweep ran without --torch), so no % of roofline.\n")
     else:

@@ -10,33 +10,39 @@ Two baselines per (batch B, context L, heads H), the faster is the baseline:
   sdpa:   F.scaled_dot_product_attention(q [B,H,1,576], k [B,1,L,576], v [B,1,L,512], enable_gqa=True)
   matmul: heads as rows: softmax(q [B,H,576] @ kv[B,L,576]^T · scale) @ kv[B,L,:512]
 Times are CUDA-event medians after warm-up; a row whose first run takes over 1 s is timed once;
-B=128 × L=64K is left out (about a minute of device time for one row).
+B=128 × L=64K is left out (about a minute of device time for one row). --timing flush (the
+default) queues each timed run behind a 256 MiB memset, as triton.testing.do_bench does: a cold
+L2, and the host's latency to launch on an idle stream out of the time; lone (the files before
+the thirty-seventh session, whose JSON has no "timing") starts each run on an idle stream.
+`metrale bench --sweep --torch` refuses rows timed otherwise than its own --timing.
 """
 import argparse
 import json
 import math
 
 
-def median_ms(fn, target_s=0.3):
-    fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+FLUSH = None  # the 256 MiB that --timing flush zeroes ahead of each timed run
+
+
+def timed_ms(fn, start, stop):
+    if FLUSH is not None:
+        FLUSH.zero_()  # queued ahead of the start event: the run's launches queue behind it
     start.record()
     fn()
     stop.record()
     stop.synchronize()
-    first = start.elapsed_time(stop)
+    return start.elapsed_time(stop)
+
+
+def median_ms(fn, target_s=0.3):
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = timed_ms(fn, start, stop)
     if first > 1000:  # a second is enough to know a row is slow
         return first
     iters = max(1, min(30, int(target_s * 1e3 / max(first, 1e-3))))
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
+    times = sorted(timed_ms(fn, start, stop) for _ in range(iters))
     return times[len(times) // 2]
 
 
@@ -53,15 +59,22 @@ def ceilings():
     return 2 * n / (copy_ms * 1e-3) / 1e9, 2 * m**3 / (mm_ms * 1e-3) / 1e12
 
 
-def main(out_path, rows_from=None):
-    copy_gbps, matmul_tflops = ceilings()
-    print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s", flush=True)
+def main(out_path, rows_from=None, timing="flush"):
+    global FLUSH
     if rows_from is not None:  # the baseline does not change between metrale builds: reuse its rows
         with open(rows_from) as f:
-            rows = json.load(f)["rows"]
+            earlier = json.load(f)
+        if earlier.get("timing", "lone") != timing:
+            raise SystemExit(f"torch_baseline.py: {rows_from}'s rows were timed {earlier.get('timing', 'lone')}, "
+                             f"not {timing} (--timing)")
+    if timing == "flush":
+        FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    copy_gbps, matmul_tflops = ceilings()
+    print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing})", flush=True)
+    if rows_from is not None:
         with open(out_path, "w") as f:
-            json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "rows": rows, "rows_from": rows_from},
-                      f, indent=1)
+            json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing,
+                       "rows": earlier["rows"], "rows_from": rows_from}, f, indent=1)
         return
     scale = 1 / math.sqrt(192)
     rows = []
@@ -96,7 +109,8 @@ def main(out_path, rows_from=None):
             del kv
             torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "rows": rows}, f, indent=1)
+        json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing, "rows": rows}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":
@@ -106,7 +120,10 @@ if __name__ == "__main__":
     parser.add_argument("out", metavar="OUT.json", help="where the ceilings and the baseline rows go")
     parser.add_argument("--rows-from", metavar="EARLIER.json",
                         help="measure the ceilings only and take the baseline rows from an earlier run's file")
+    parser.add_argument("--timing", choices=("flush", "lone"), default="flush",
+                        help="flush: each timed run queued behind a 256 MiB memset (triton.testing.do_bench's way; "
+                        "the default); lone: on an idle stream, the host's launch latency in the time")
     args = parser.parse_args()
     import torch  # after the arguments: --help and a usage error need neither torch nor a GPU
     import torch.nn.functional as F
-    main(args.out, args.rows_from)
+    main(args.out, args.rows_from, args.timing)

@@ -49,6 +49,12 @@ class SweepTable(unittest.TestCase):
         # No wgmma entry ran: the split time bench once wrote as mma_us is not an mma.sync time.
         self.assertEqual(rows[1][14:16], ["—", "—"])
 
+    def test_timing_is_said(self):
+        out, _ = self.cells({"copy_gbps": 4000.0, "timing": "flush", "sweep": [row()]})
+        self.assertIn("Timing: flush (each run queued behind a 256 MiB memset", out)
+        out, _ = self.cells({"copy_gbps": 4000.0, "sweep": [row()]})  # before the setting: lone
+        self.assertIn("Timing: lone (each run's start event on an idle stream", out)
+
     def test_without_torch_no_roofline_fraction(self):
         out, rows = self.cells({"copy_gbps": 4000.0, "sweep": [row()]})
         self.assertIn("no matmul rate", out)
@@ -70,6 +76,7 @@ class SweepTable(unittest.TestCase):
             ({"copy_gbps": 4000.0, "sweep": [row(H=1.5)]}, "row 0: 'H' is 1.5, not a positive integer"),
             ({"copy_gbps": 4000.0, "sweep": [row(wgmma="yes")]}, "row 0: 'wgmma' is \"yes\""),
             ({"copy_gbps": 4000.0, "sweep": [row(torch_us=float("inf"))]}, "row 0: 'torch_us' is Infinity"),
+            ({"copy_gbps": 4000.0, "timing": "warm", "sweep": [row()]}, "'timing' is 'warm', not 'flush' or 'lone'"),
         ]
         for document, message in cases:
             with self.subTest(message=message):

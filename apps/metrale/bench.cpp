@@ -69,13 +69,21 @@ class Bench {
   }
   /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
   void set_group(int n) { group_ = n; }
+  /// `flush` (on a device): each timed run queued behind a kFlushBytes memset on its stream, as
+  /// triton.testing.do_bench runs one (FlashMLA's benchmark times with it): the L2 holds none of
+  /// the run's data, and its start event fires when the memset ends, with the run's launches
+  /// already queued, so the host's ~5 µs to launch a kernel on an idle stream is not in the time.
+  /// Without it ("lone"), the sweeps up to the thirty-seventh session's: the start event on an idle
+  /// stream, that latency in the time.
+  void set_flush(bool flush) { flush_ = flush; }
+  static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;  // do_bench's cache flush
 
   /// Median microseconds of `launch` after a warm-up: as many runs as fit in about 0.2 s,
   /// at least 3 and at most `max_iters`; a single run when it takes over a second. A launch
   /// shorter than 100 µs is timed as a group of back-to-back launches (up to 50) divided by their
-  /// count, as a decode step follows the one before it in a stream: the ~5 µs a lone launch pays
-  /// before its kernel starts would otherwise dominate. A group holds at least `min_group`
-  /// launches (up to 50). `set_group` fixes the group's size.
+  /// count, as a decode step follows the one before it in a stream (without set_flush, the ~5 µs a
+  /// lone launch pays before its kernel starts would otherwise dominate). A group holds at least
+  /// `min_group` launches (up to 50). `set_group` fixes the group's size.
   double median_us(const std::function<void()>& launch, int max_iters = 30, int min_group = 1) {
     launch();
     gpu_.synchronize(0);
@@ -129,7 +137,13 @@ class Bench {
       for (int i = 0; i < count; ++i) launch();
     };
 #ifdef METRALE_WITH_CUDA
-    if (cuda_ != nullptr) return cuda_->time_ms(run) * 1e3;
+    if (cuda_ != nullptr) {
+      if (flush_) {
+        if (flush_buffer_.empty()) flush_buffer_ = DeviceBuffer(gpu_, kFlushBytes);
+        cuda_->memset(flush_buffer_.ptr(), 0, kFlushBytes);  // queued on the stream the run is timed on
+      }
+      return cuda_->time_ms(run) * 1e3;
+    }
 #endif
     const auto t0 = std::chrono::steady_clock::now();
     run();
@@ -139,6 +153,8 @@ class Bench {
 
   GpuBackend& gpu_;
   int group_ = 0;
+  bool flush_ = true;
+  DeviceBuffer flush_buffer_;  // kFlushBytes, made at the first timed run with flush_
 #ifdef METRALE_WITH_CUDA
   CudaBackend* cuda_ = nullptr;  // the backend, when it is CUDA: events time it
 #else
@@ -334,6 +350,10 @@ constexpr double kLeastTflops = 1, kMostTflops = 1e6;
 // row and the key.
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
+  if (const auto it = torch.find("timing");
+      it != torch.end() && !(it->is_string() && (*it == "flush" || *it == "lone")))
+    fail(Errc::invalid_argument, "bench --torch {}: timing {} is not \"flush\" or \"lone\"", path,
+         it->dump(-1, ' ', false, ordered_json::error_handler_t::replace));
   if (const auto it = torch.find("matmul_tflops");
       it != torch.end() && !(it->is_number() && it->get<double>() >= kLeastTflops && it->get<double>() <= kMostTflops))
     fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a matmul rate from {} to {} TFLOP/s", path,
@@ -434,7 +454,7 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
 
 void add_bench(CLI::App& app) {
   struct Opts {
-    std::string backend, json, torch, only;
+    std::string backend, json, torch, only, timing = "flush";
     bool sweep = false;
     int group = 0;
     SweepAxes axes;
@@ -467,6 +487,12 @@ void add_bench(CLI::App& app) {
                   "time each launch as a group of this many back to back (default: as many as take 100 us, "
                   "at most 50)")
       ->transform(integer_in(1, 1000));
+  cmd->add_option("--timing", opts->timing,
+                  "how a timed run starts on a device: flush (behind a 256 MiB memset, as triton.testing.do_bench: "
+                  "a cold L2, the host's launch latency hidden) or lone (its start event on an idle stream, that "
+                  "latency in the time: the sweeps before the thirty-seventh session)")
+      ->capture_default_str()
+      ->check(one_of({"flush", "lone"}));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
       ->check(non_empty_path())
       ->needs(sweep_flag);
@@ -476,6 +502,7 @@ void add_bench(CLI::App& app) {
       spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");
     Bench bench(*gpu);
     bench.set_group(opts->group);
+    bench.set_flush(opts->timing == "flush");
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,
     // so that it is found without a device too).
     ordered_json torch = ordered_json::object();
@@ -508,6 +535,11 @@ void add_bench(CLI::App& app) {
              e.what());
       }
       check_torch_json(torch, opts->torch);
+      // Rows timed one way set against rows timed the other would move the ratios by the host's
+      // launch latency (a file without "timing" predates the setting: lone).
+      if (const std::string t = torch.value("timing", "lone"); t != opts->timing)
+        fail(Errc::invalid_argument, "bench --torch {}: its rows were timed {}, this run times {} (--timing)",
+             opts->torch, t, opts->timing);
     }
     if (opts->sweep && !bench.on_device())
       fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
@@ -559,8 +591,9 @@ void add_bench(CLI::App& app) {
     }
     const double copy_bw = bench.copy_bandwidth();
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,
-               bench.on_device() ? "" : " — emulator wall clock, small shapes");
+               bench.on_device() ? fmt::format("; timing {}", opts->timing) : " — emulator wall clock, small shapes");
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
+    if (bench.on_device()) j["timing"] = opts->timing;
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
     if (opts->sweep) {
       // The clusters the plans count on (plan_split_decode): of each clustered entry's blocks, 1 to
