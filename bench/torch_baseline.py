@@ -10,10 +10,12 @@ Two baselines per (batch B, context L, heads H), the faster is the baseline:
   sdpa:   F.scaled_dot_product_attention(q [B,H,1,576], k [B,1,L,576], v [B,1,L,512], enable_gqa=True)
   matmul: heads as rows: softmax(q [B,H,576] @ kv[B,L,576]^T · scale) @ kv[B,L,:512]
 Times are CUDA-event medians after warm-up; a row whose first run takes over 1 s is timed once;
-B=128 × L=64K is left out (about a minute of device time for one row). --timing flush (the
-default) queues each timed run behind a 256 MiB memset, as triton.testing.do_bench does: a cold
-L2, and the host's latency to launch on an idle stream out of the time; lone (the files before
-the thirty-seventh session, whose JSON has no "timing") starts each run on an idle stream.
+B=128 × L=64K is left out (about a minute of device time for one row). --timing lone (the
+default, and the files before the setting, whose JSON has no "timing") starts each timed run on
+an idle stream; flush queues it behind a 256 MiB memset, as triton.testing.do_bench does: the
+host's latency to launch each of the baseline's kernels out of the time (on an H100 its rows at
+batch ≥ 32 from 4K keys took 0.86–0.97× the lone ones of an earlier call), the memset's dirty
+L2 lines written back during the run.
 `metrale bench --sweep --torch` refuses rows timed otherwise than its own --timing.
 """
 import argparse
@@ -59,7 +61,7 @@ def ceilings():
     return 2 * n / (copy_ms * 1e-3) / 1e9, 2 * m**3 / (mm_ms * 1e-3) / 1e12
 
 
-def main(out_path, rows_from=None, timing="flush"):
+def main(out_path, rows_from=None, timing="lone"):
     global FLUSH
     if rows_from is not None:  # the baseline does not change between metrale builds: reuse its rows
         with open(rows_from) as f:
@@ -120,9 +122,9 @@ if __name__ == "__main__":
     parser.add_argument("out", metavar="OUT.json", help="where the ceilings and the baseline rows go")
     parser.add_argument("--rows-from", metavar="EARLIER.json",
                         help="measure the ceilings only and take the baseline rows from an earlier run's file")
-    parser.add_argument("--timing", choices=("flush", "lone"), default="flush",
-                        help="flush: each timed run queued behind a 256 MiB memset (triton.testing.do_bench's way; "
-                        "the default); lone: on an idle stream, the host's launch latency in the time")
+    parser.add_argument("--timing", choices=("lone", "flush"), default="lone",
+                        help="lone (the default): each timed run on an idle stream; flush: queued behind a 256 MiB "
+                        "memset, as triton.testing.do_bench")
     args = parser.parse_args()
     import torch  # after the arguments: --help and a usage error need neither torch nor a GPU
     import torch.nn.functional as F

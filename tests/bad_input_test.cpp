@@ -2042,23 +2042,25 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
            {R"({"rows": [{"B": 18446744073709551616, "L": 2, "H": 3, "best_us": 1.5}]})",
             "rows[0] B is 1.8446744073709552e+19, not an unsigned 64-bit integer"},
            {R"([1, 2])", "not a JSON object"},
-           // Rows timed otherwise than this run (--timing flush, the default) would move its ratios by
-           // the host's launch latency; a file without "timing" predates the setting (lone).
+           // Rows timed otherwise than this run (--timing lone, the default) would move its ratios by
+           // the host's launch latency (a file without "timing" predates the setting: lone).
            {R"({"timing": 5})", R"(timing 5 is not "flush" or "lone")"},
-           {R"({"timing": "lone", "rows": []})", "its rows were timed lone, this run times flush (--timing)"},
-           {R"({"rows": []})", "its rows were timed lone, this run times flush (--timing)"}}) {
+           {R"({"timing": "flush", "rows": []})", "its rows were timed flush, this run times lone (--timing)"}}) {
     INFO(text);
     std::ofstream(json.path) << text;
     std::string out;
     CHECK(run_cli("bench --backend emu --sweep --torch " + json.path.string(), out) == 2);
     CHECK_THAT(out, Catch::Matchers::Contains("bench --torch " + json.path.string() + ": " + want));
   }
-  // The same timing both ways: the file passes, and the sweep is refused for want of a GPU.
-  for (const char* timing : {"flush", "lone"}) {
-    std::ofstream(json.path) << fmt::format(R"({{"timing": "{}", "rows": []}})", timing);
+  // The same timing both ways (and a file without one, lone): the file passes, and the sweep is
+  // refused for want of a GPU.
+  for (const char* timing : {"flush", "lone", ""}) {
+    std::ofstream(json.path) << (*timing != '\0' ? fmt::format(R"({{"timing": "{}", "rows": []}})", timing)
+                                                 : std::string(R"({"rows": []})"));
     std::string out;
-    CHECK(run_cli(fmt::format("bench --backend emu --sweep --timing {} --torch {}", timing, json.path.string()), out) ==
-          2);
+    CHECK(run_cli(fmt::format("bench --backend emu --sweep --timing {} --torch {}", *timing != '\0' ? timing : "lone",
+                              json.path.string()),
+                  out) == 2);
     CHECK_THAT(out, !Catch::Matchers::Contains("bench --torch"));
     CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device"));
   }

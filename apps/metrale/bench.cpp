@@ -70,11 +70,11 @@ class Bench {
   /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
   void set_group(int n) { group_ = n; }
   /// `flush` (on a device): each timed run queued behind a kFlushBytes memset on its stream, as
-  /// triton.testing.do_bench runs one (FlashMLA's benchmark times with it): the L2 holds none of
-  /// the run's data, and its start event fires when the memset ends, with the run's launches
-  /// already queued, so the host's ~5 µs to launch a kernel on an idle stream is not in the time.
-  /// Without it ("lone"), the sweeps up to the thirty-seventh session's: the start event on an idle
-  /// stream, that latency in the time.
+  /// triton.testing.do_bench runs one (FlashMLA's benchmark times with it): its start event fires
+  /// when the memset ends, with the run's launches already queued, so the host's ~5 µs to launch
+  /// on an idle stream is not in the time; but the memset leaves the L2 full of dirty lines, whose
+  /// write-back then shares the DRAM with the run. Without it ("lone", the default): the start
+  /// event on an idle stream, that latency in the time. docs/performance.md, thirty-seventh session.
   void set_flush(bool flush) { flush_ = flush; }
   static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;  // do_bench's cache flush
 
@@ -153,7 +153,7 @@ class Bench {
 
   GpuBackend& gpu_;
   int group_ = 0;
-  bool flush_ = true;
+  bool flush_ = false;
   DeviceBuffer flush_buffer_;  // kFlushBytes, made at the first timed run with flush_
 #ifdef METRALE_WITH_CUDA
   CudaBackend* cuda_ = nullptr;  // the backend, when it is CUDA: events time it
@@ -454,7 +454,7 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
 
 void add_bench(CLI::App& app) {
   struct Opts {
-    std::string backend, json, torch, only, timing = "flush";
+    std::string backend, json, torch, only, timing = "lone";
     bool sweep = false;
     int group = 0;
     SweepAxes axes;
@@ -488,9 +488,9 @@ void add_bench(CLI::App& app) {
                   "at most 50)")
       ->transform(integer_in(1, 1000));
   cmd->add_option("--timing", opts->timing,
-                  "how a timed run starts on a device: flush (behind a 256 MiB memset, as triton.testing.do_bench: "
-                  "a cold L2, the host's launch latency hidden) or lone (its start event on an idle stream, that "
-                  "latency in the time: the sweeps before the thirty-seventh session)")
+                  "how a timed run starts on a device: lone (its start event on an idle stream, the host's launch "
+                  "latency in the time) or flush (behind a 256 MiB memset, as triton.testing.do_bench: that latency "
+                  "hidden, the memset's dirty L2 lines written back during the run)")
       ->capture_default_str()
       ->check(one_of({"flush", "lone"}));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
