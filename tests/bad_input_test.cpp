@@ -1788,6 +1788,14 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: mla_wgmma from METRALE_CUDA_FATBIN_DIR '" +
                                             dir.path.string() + "', "));
+  CHECK_THAT(out, !Catch::Matchers::Contains("not loaded"));
+  // Before: a .fatbin named after no module (a typo) was passed over without a word.
+  std::ofstream(dir.path / "mla_fats.fatbin") << "x";
+  out.clear();
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: not loaded, named after no module ("));
+  CHECK_THAT(out, Catch::Matchers::Contains("): mla_fats.fatbin"));
+  std::filesystem::remove(dir.path / "mla_fats.fatbin");
   // Before: a folder named as a module's image was reported as that module's image, which the CUDA
   // backend refuses (not a regular file).
   std::filesystem::create_directories(dir.path / "mla_fast.fatbin");
@@ -2063,6 +2071,13 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
                   out) == 2);
     CHECK_THAT(out, !Catch::Matchers::Contains("bench --torch"));
     CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device"));
+  }
+  // On the emulator --timing flush has nothing to flush: said, not passed over.
+  {
+    std::string out;
+    CHECK(run_cli("bench --backend emu --timing flush --only 'batched_gemv (seed)'", out) == 0);
+    CHECK_THAT(out, Catch::Matchers::Contains(
+                        "bench: --timing flush times runs on a device; the emulator's figures are wall clock"));
   }
   // Before: a FIFO blocked the read for ever.
   std::filesystem::remove(json.path);

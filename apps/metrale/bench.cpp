@@ -503,6 +503,8 @@ void add_bench(CLI::App& app) {
     Bench bench(*gpu);
     bench.set_group(opts->group);
     bench.set_flush(opts->timing == "flush");
+    if (!bench.on_device() && opts->timing != "lone")
+      spdlog::warn("bench: --timing {} times runs on a device; the emulator's figures are wall clock", opts->timing);
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,
     // so that it is found without a device too).
     ordered_json torch = ordered_json::object();

@@ -69,6 +69,15 @@ void add_info(CLI::App& app) {
       else
         fmt::print("  cuda kernel images: {} from METRALE_CUDA_FATBIN_DIR '{}', {} built in\n", fmt::join(found, ", "),
                    printable(fatbin_dir), modules.size() - found.size());
+      // A .fatbin named after no module (a typo) is never loaded: the built-in image runs instead.
+      std::set<std::string> strays;
+      for (const auto& entry : std::filesystem::directory_iterator(fatbin_dir, ec))
+        if (const auto name = entry.path().filename();
+            name.extension() == ".fatbin" && !modules.contains(name.stem().string()))
+          strays.insert(printable(name.string()));
+      if (!strays.empty())
+        fmt::print("  cuda kernel images: not loaded, named after no module ({}): {}\n", fmt::join(modules, ", "),
+                   fmt::join(strays, ", "));
     }
 #ifdef METRALE_WITH_CUDA
     // How the CUDA backend asks for a cluster's blocks to be placed (an error there, as for the
