@@ -246,7 +246,7 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
                                                  : fmt::format("seeds {}..{} and 0..{}", o.seed,
                                                                std::numeric_limits<std::uint64_t>::max(), last);
         std::cout << fmt::format(
-            "fuzz_{}: {} case{} in {} batch{} ({} propert{}, a seed a batch), {:.1f} s, "
+            "fuzz_{}: {} case{} in {} batch{} ({} propert{}, a seed a round of them), {:.1f} s, "
             "{}: no failure\n",
             family, cases, cases == 1 ? "" : "s", batches, batches == 1 ? "" : "es", properties.size(),
             properties.size() == 1 ? "y" : "ies", elapsed(), seeds);

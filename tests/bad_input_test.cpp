@@ -1255,6 +1255,17 @@ TEST_CASE("a fuzz driver's --seconds is a decimal number", "[cli]") {
   CHECK(run_command(fuzz.string() + " --list --seconds 0.5", out) == 0);
 }
 
+// Every property of a round runs its batch with that round's seed (--seed + round): the summary
+// had said "a seed a batch", and a run of one round over several properties listed one seed.
+TEST_CASE("a fuzz driver's summary says one seed a round of its properties", "[cli]") {
+  const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
+  std::string out;
+  REQUIRE(run_command(fuzz.string() + " --cases 1 --seed 7", out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("a seed a round of them)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("seeds 7..7: no failure"));
+  CHECK_THAT(out, !Catch::Matchers::Contains(" in 1 batch "));  // one round, several properties' batches
+}
+
 TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothing where it could", "[cli]") {
   const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_capacity";
   const auto scratch = test::scratch_dir("metrale_fuzz_out");
