@@ -791,12 +791,7 @@ TEST_CASE("emu: METRALE_EMU_COMPUTE_CAPABILITY plays another device", "[emu][mla
   for (EmulatorBackend* gpu : {&h200, &gb10}) {
     INFO("compute capability " << gpu->compute_capability());
     gpu->record_launches(true);
-    const auto out = run_kernel_case(*gpu, c);
-    for (const auto& [param, want] : c.expected) {
-      const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
-      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
-      CHECK(r.pass);
-    }
+    test::check_expected(*gpu, c);
     const bool wgmma =
         std::ranges::any_of(gpu->launch_log(), [](const LaunchRecord& l) { return l.module == "mla_wgmma"; });
     CHECK(wgmma == (gpu == &h200));

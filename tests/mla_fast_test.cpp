@@ -204,12 +204,7 @@ TEST_CASE("each cluster placement runs the clustered entries and counts their cl
       CHECK(fast.fused_clusters[n] >= 1);
       CHECK(fast.fused_clusters[n] * n <= 2 * gpu.multiprocessor_count());
     }
-    const auto out = run_kernel_case(gpu, c);
-    for (const auto& [param, want] : c.expected) {
-      const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
-      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
-      CHECK(r.pass);
-    }
+    test::check_expected(gpu, c);
   }
 }
 #endif
@@ -448,12 +443,7 @@ TEST_CASE("the NVFP4 dispatcher takes the heads-in-M block for one latent pool",
   p.num_seqs = 3, p.max_blocks_per_seq = 600, p.num_blocks = 150, p.seq_lens = {320, 0, 130}, p.fill = -1;
   p.key_ramp = 2.0f, p.latent = latent;
   const KernelCase c = gen::split_path_case(p);
-  const auto out = run_kernel_case(gpu, c);
-  for (const auto& [param, want] : c.expected) {
-    const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
-    INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
-    CHECK(r.pass);
-  }
+  test::check_expected(gpu, c);
   std::vector<std::string> entries;
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));
@@ -1201,12 +1191,7 @@ TEST_CASE("the heads-in-M block runs where it fits and the register-operand bloc
   p.max_blocks_per_seq = 600, p.num_blocks = 150, p.seq_lens = {320, 130}, p.fill = -1, p.sinks = true;
   p.k_scale = 0.5f, p.v_scale = 0.021f, p.key_ramp = 2.0f, p.latent = latent;
   const KernelCase c = gen::split_path_case(p);
-  const auto out = run_kernel_case(gpu, c);
-  for (const auto& [param, want] : c.expected) {
-    const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
-    INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
-    CHECK(r.pass);
-  }
+  test::check_expected(gpu, c);
   std::vector<std::string> entries;
   for (const auto& l : gpu.launch_log()) entries.push_back(l.entry);
   INFO(fmt::format("{}", fmt::join(entries, ", ")));

@@ -104,6 +104,17 @@ inline std::unique_ptr<GpuBackend> make_backend(const std::string& name) {
   return std::make_unique<emu::EmulatorBackend>();
 }
 
+/// Run `c` on `gpu` and check each output against the case's expectation, within the case's
+/// tolerance for it.
+inline void check_expected(GpuBackend& gpu, const KernelCase& c) {
+  const auto out = run_kernel_case(gpu, c);
+  for (const auto& [param, want] : c.expected) {
+    const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
+    INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
+    CHECK(r.pass);
+  }
+}
+
 /// Run `c` on every test backend: each output against the case's expectation,
 /// and a device's against the emulator's for the same arithmetic.
 inline void check_case(const KernelCase& c) {
