@@ -68,11 +68,12 @@ def table(run):
     copy = positive(run.get("copy_gbps"), "'copy_gbps'")
     matmul = run.get("matmul_tflops")
     timing = run.get("timing", "lone")  # (files before the thirty-seventh session: lone)
-    if timing not in ("flush", "lone"):
-        raise BadSweep(f"'timing' is {timing!r}, not 'flush' or 'lone'")
-    lines = [f"Timing: {timing} ("
-             + ("each run queued behind a 256 MiB memset, as triton.testing.do_bench" if timing == "flush"
-                else "each run's start event on an idle stream, the host's launch latency in the time") + ")."]
+    how = {"lone": "each run's start event on an idle stream, the host's launch latency in the time",
+           "flush": "each run queued behind a 256 MiB memset, as triton.testing.do_bench",
+           "blocking": "each run's stream held while its launches queue, as nvbench's blocking kernel"}
+    if timing not in how:
+        raise BadSweep(f"'timing' is {timing!r}, not 'blocking', 'flush' or 'lone'")
+    lines = [f"Timing: {timing} ({how[timing]})."]
     if matmul is None:
         lines.append(f"Copy {copy:.1f} GB/s; no matmul rate (the sweep ran without --torch), so no % of roofline.\n")
     else:

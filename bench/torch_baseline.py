@@ -15,25 +15,42 @@ default, and the files before the setting, whose JSON has no "timing") starts ea
 an idle stream; flush queues it behind a 256 MiB memset, as triton.testing.do_bench does: the
 host's latency to launch each of the baseline's kernels out of the time (on an H100 its rows at
 batch ≥ 32 from 4K keys took 0.86–0.97× the lone ones of an earlier call), the memset's dirty
-L2 lines written back during the run.
+L2 lines written back during the run; blocking holds the stream with a spinning kernel
+(torch.cuda._sleep, as nvbench's blocking kernel) while the run's launches queue, checked to
+outlast the queueing (doubled and the run timed again when it did not): that latency out of the
+time, with no memory traffic.
 `metrale bench --sweep --torch` refuses rows timed otherwise than its own --timing.
 """
 import argparse
 import json
 import math
+import time
 
 
 FLUSH = None  # the 256 MiB that --timing flush zeroes ahead of each timed run
+HOLD = None  # --timing blocking: {"cycles": the spin's length, "event": recorded ahead of it}
 
 
 def timed_ms(fn, start, stop):
-    if FLUSH is not None:
-        FLUSH.zero_()  # queued ahead of the start event: the run's launches queue behind it
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop)
+    while True:
+        if FLUSH is not None:
+            FLUSH.zero_()  # queued ahead of the start event: the run's launches queue behind it
+        if HOLD is not None:
+            HOLD["event"].record()
+            torch.cuda._sleep(HOLD["cycles"])  # spins on the stream while the run's launches queue
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        stop.record()
+        queued_ms = (time.perf_counter() - t0) * 1e3
+        stop.synchronize()
+        # Held long enough when the spin outlasted the queueing, with a margin for its own launch.
+        if HOLD is None or HOLD["event"].elapsed_time(start) > 1.5 * queued_ms + 0.05:
+            return start.elapsed_time(stop)
+        if HOLD["cycles"] >= 1 << 31:  # about a second: the run waits on its own stream, not on the host
+            raise SystemExit(f"torch_baseline.py: --timing blocking: the run took {queued_ms:.1f} ms to queue, "
+                             "longer than a spin of 2^31 cycles; it waits on its stream")
+        HOLD["cycles"] *= 2
 
 
 def median_ms(fn, target_s=0.3):
@@ -62,7 +79,7 @@ def ceilings():
 
 
 def main(out_path, rows_from=None, timing="lone"):
-    global FLUSH
+    global FLUSH, HOLD
     if rows_from is not None:  # the baseline does not change between metrale builds: reuse its rows
         with open(rows_from) as f:
             earlier = json.load(f)
@@ -71,6 +88,8 @@ def main(out_path, rows_from=None, timing="lone"):
                              f"not {timing} (--timing)")
     if timing == "flush":
         FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    if timing == "blocking":
+        HOLD = {"cycles": 1 << 21, "event": torch.cuda.Event(enable_timing=True)}  # about 1 ms at 2 GHz
     copy_gbps, matmul_tflops = ceilings()
     print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing})", flush=True)
     if rows_from is not None:
@@ -122,9 +141,10 @@ if __name__ == "__main__":
     parser.add_argument("out", metavar="OUT.json", help="where the ceilings and the baseline rows go")
     parser.add_argument("--rows-from", metavar="EARLIER.json",
                         help="measure the ceilings only and take the baseline rows from an earlier run's file")
-    parser.add_argument("--timing", choices=("lone", "flush"), default="lone",
+    parser.add_argument("--timing", choices=("lone", "flush", "blocking"), default="lone",
                         help="lone (the default): each timed run on an idle stream; flush: queued behind a 256 MiB "
-                        "memset, as triton.testing.do_bench")
+                        "memset, as triton.testing.do_bench; blocking: its stream held by a spinning kernel while "
+                        "its launches queue, as nvbench")
     args = parser.parse_args()
     import torch  # after the arguments: --help and a usage error need neither torch nor a GPU
     import torch.nn.functional as F

@@ -3,7 +3,7 @@
 # roofline ceilings first, then metrale's seed and split paths against them over both cache layouts,
 # logs under $OUT.
 # TORCH_ROWS=bench/torch_rows_h200.json measures only the ceilings and reuses those baseline rows
-# (timed lone). TIMING: lone (the default) or flush, for both (bench --timing).
+# (timed lone). TIMING: lone (the default), flush or blocking, for both (bench --timing).
 set -u
 OUT=${OUT:-/tmp/out}
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}

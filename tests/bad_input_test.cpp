@@ -2063,8 +2063,9 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
            {R"([1, 2])", "not a JSON object"},
            // Rows timed otherwise than this run (--timing lone, the default) would move its ratios by
            // the host's launch latency (a file without "timing" predates the setting: lone).
-           {R"({"timing": 5})", R"(timing 5 is not "flush" or "lone")"},
-           {R"({"timing": "flush", "rows": []})", "its rows were timed flush, this run times lone (--timing)"}}) {
+           {R"({"timing": 5})", R"(timing 5 is not "blocking", "flush" or "lone")"},
+           {R"({"timing": "flush", "rows": []})", "its rows were timed flush, this run times lone (--timing)"},
+           {R"({"timing": "blocking", "rows": []})", "its rows were timed blocking, this run times lone (--timing)"}}) {
     INFO(text);
     std::ofstream(json.path) << text;
     std::string out;
@@ -2073,7 +2074,7 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
   }
   // The same timing both ways (and a file without one, lone): the file passes, and the sweep is
   // refused for want of a GPU.
-  for (const char* timing : {"flush", "lone", ""}) {
+  for (const char* timing : {"blocking", "flush", "lone", ""}) {
     std::ofstream(json.path) << (*timing != '\0' ? fmt::format(R"({{"timing": "{}", "rows": []}})", timing)
                                                  : std::string(R"({"rows": []})"));
     std::string out;
@@ -2083,12 +2084,12 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
     CHECK_THAT(out, !Catch::Matchers::Contains("bench --torch"));
     CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device"));
   }
-  // On the emulator --timing flush has nothing to flush: said, not passed over.
-  {
+  // On the emulator --timing flush has nothing to flush, blocking no stream to hold: said, not passed over.
+  for (const char* timing : {"blocking", "flush"}) {
     std::string out;
-    CHECK(run_cli("bench --backend emu --timing flush --only 'batched_gemv (seed)'", out) == 0);
-    CHECK_THAT(out, Catch::Matchers::Contains(
-                        "bench: --timing flush times runs on a device; the emulator's figures are wall clock"));
+    CHECK(run_cli(fmt::format("bench --backend emu --timing {} --only 'batched_gemv (seed)'", timing), out) == 0);
+    CHECK_THAT(out, Catch::Matchers::Contains(fmt::format(
+                        "bench: --timing {} times runs on a device; the emulator's figures are wall clock", timing)));
   }
   // Before: a FIFO blocked the read for ever.
   std::filesystem::remove(json.path);

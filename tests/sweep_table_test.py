@@ -52,6 +52,8 @@ class SweepTable(unittest.TestCase):
     def test_timing_is_said(self):
         out, _ = self.cells({"copy_gbps": 4000.0, "timing": "flush", "sweep": [row()]})
         self.assertIn("Timing: flush (each run queued behind a 256 MiB memset", out)
+        out, _ = self.cells({"copy_gbps": 4000.0, "timing": "blocking", "sweep": [row()]})
+        self.assertIn("Timing: blocking (each run's stream held while its launches queue", out)
         out, _ = self.cells({"copy_gbps": 4000.0, "sweep": [row()]})  # before the setting: lone
         self.assertIn("Timing: lone (each run's start event on an idle stream", out)
 
@@ -76,7 +78,7 @@ class SweepTable(unittest.TestCase):
             ({"copy_gbps": 4000.0, "sweep": [row(H=1.5)]}, "row 0: 'H' is 1.5, not a positive integer"),
             ({"copy_gbps": 4000.0, "sweep": [row(wgmma="yes")]}, "row 0: 'wgmma' is \"yes\""),
             ({"copy_gbps": 4000.0, "sweep": [row(torch_us=float("inf"))]}, "row 0: 'torch_us' is Infinity"),
-            ({"copy_gbps": 4000.0, "timing": "warm", "sweep": [row()]}, "'timing' is 'warm', not 'flush' or 'lone'"),
+            ({"copy_gbps": 4000.0, "timing": "warm", "sweep": [row()]}, "'timing' is 'warm', not 'blocking', 'flush' or 'lone'"),
         ]
         for document, message in cases:
             with self.subTest(message=message):

@@ -69,27 +69,33 @@ class Bench {
   }
   /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
   void set_group(int n) { group_ = n; }
-  /// `flush` (on a device): each timed run queued behind a kFlushBytes memset on its stream, as
-  /// triton.testing.do_bench runs one (FlashMLA's benchmark times with it): its start event fires
-  /// when the memset ends, with the run's launches already queued, so the host's ~5 µs to launch
-  /// on an idle stream is not in the time; but the memset leaves the L2 full of dirty lines, whose
-  /// write-back then shares the DRAM with the run. Without it ("lone", the default): the start
-  /// event on an idle stream, that latency in the time. docs/performance.md, thirty-seventh session.
-  void set_flush(bool flush) { flush_ = flush; }
+  /// How a timed run starts on a device (`bench --timing`; docs/performance.md, thirty-seventh and
+  /// thirty-eighth sessions):
+  /// - lone (the default): its start event on an idle stream, so the host's ~5 µs to launch on it
+  ///   is in the time;
+  /// - flush: queued behind a kFlushBytes memset on its stream, as triton.testing.do_bench runs
+  ///   one (FlashMLA's benchmark times with it): the start event fires when the memset ends, with
+  ///   the run's launches queued, so that latency is not in the time; but the memset leaves the
+  ///   L2 full of dirty lines, whose write-back then shares the DRAM with the run;
+  /// - blocking: the stream held (CudaBackend::time_ms `held`) while the run's launches queue, as
+  ///   nvbench's blocking kernel holds it: that latency out of the time, and no memory traffic.
+  enum class Timing { lone, flush, blocking };
+  void set_timing(Timing t) { timing_ = t; }
   static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;  // do_bench's cache flush
 
   /// Median microseconds of `launch` after a warm-up: as many runs as fit in about 0.2 s,
-  /// at least 3 and at most `max_iters`; a single run when it takes over a second. A launch
-  /// shorter than 100 µs is timed as a group of back-to-back launches (up to 50) divided by their
-  /// count, as a decode step follows the one before it in a stream (without set_flush, the ~5 µs a
-  /// lone launch pays before its kernel starts would otherwise dominate). A group holds at least
-  /// `min_group` launches (up to 50). `set_group` fixes the group's size.
+  /// at least 3 and at most `max_iters`; a single run when it takes over a second. Unless timed
+  /// `blocking`, a launch shorter than 100 µs is timed as a group of back-to-back launches (up
+  /// to 50) divided by their count, as a decode step follows the one before it in a stream (the
+  /// ~5 µs a lone launch pays before its kernel starts would otherwise dominate). A group holds
+  /// at least `min_group` launches (up to 50). `set_group` fixes the group's size.
   double median_us(const std::function<void()>& launch, int max_iters = 30, int min_group = 1) {
     launch();
     gpu_.synchronize(0);
     const double first = time_one(launch, 1);
     if (first > 1e6) return first;  // a second per run: one run says enough
-    const int by_length = std::max(min_group, static_cast<int>(100.0 / std::max(first, 1.0)));
+    const int by_length =
+        timing_ == Timing::blocking ? min_group : std::max(min_group, static_cast<int>(100.0 / std::max(first, 1.0)));
     const int group = group_ > 0 ? group_ : std::clamp(by_length, 1, 50);
     const int iters = std::clamp(static_cast<int>(2e5 / std::max(first * group, 1.0)), 3, max_iters);
     std::vector<double> us;
@@ -138,11 +144,11 @@ class Bench {
     };
 #ifdef METRALE_WITH_CUDA
     if (cuda_ != nullptr) {
-      if (flush_) {
+      if (timing_ == Timing::flush) {
         if (flush_buffer_.empty()) flush_buffer_ = DeviceBuffer(gpu_, kFlushBytes);
         cuda_->memset(flush_buffer_.ptr(), 0, kFlushBytes);  // queued on the stream the run is timed on
       }
-      return cuda_->time_ms(run) * 1e3;
+      return cuda_->time_ms(run, 0, timing_ == Timing::blocking) * 1e3;
     }
 #endif
     const auto t0 = std::chrono::steady_clock::now();
@@ -153,8 +159,8 @@ class Bench {
 
   GpuBackend& gpu_;
   int group_ = 0;
-  bool flush_ = false;
-  DeviceBuffer flush_buffer_;  // kFlushBytes, made at the first timed run with flush_
+  Timing timing_ = Timing::lone;
+  DeviceBuffer flush_buffer_;  // kFlushBytes, made at the first timed run timed flush
 #ifdef METRALE_WITH_CUDA
   CudaBackend* cuda_ = nullptr;  // the backend, when it is CUDA: events time it
 #else
@@ -351,8 +357,8 @@ constexpr double kLeastTflops = 1, kMostTflops = 1e6;
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("timing");
-      it != torch.end() && !(it->is_string() && (*it == "flush" || *it == "lone")))
-    fail(Errc::invalid_argument, "bench --torch {}: timing {} is not \"flush\" or \"lone\"", path,
+      it != torch.end() && !(it->is_string() && (*it == "blocking" || *it == "flush" || *it == "lone")))
+    fail(Errc::invalid_argument, "bench --torch {}: timing {} is not \"blocking\", \"flush\" or \"lone\"", path,
          it->dump(-1, ' ', false, ordered_json::error_handler_t::replace));
   if (const auto it = torch.find("matmul_tflops");
       it != torch.end() && !(it->is_number() && it->get<double>() >= kLeastTflops && it->get<double>() <= kMostTflops))
@@ -489,10 +495,12 @@ void add_bench(CLI::App& app) {
       ->transform(integer_in(1, 1000));
   cmd->add_option("--timing", opts->timing,
                   "how a timed run starts on a device: lone (its start event on an idle stream, the host's launch "
-                  "latency in the time) or flush (behind a 256 MiB memset, as triton.testing.do_bench: that latency "
-                  "hidden, the memset's dirty L2 lines written back during the run)")
+                  "latency in the time), flush (behind a 256 MiB memset, as triton.testing.do_bench: that latency "
+                  "hidden, the memset's dirty L2 lines written back during the run) or blocking (its stream held "
+                  "while its launches queue, as nvbench's blocking kernel: that latency hidden, no memory traffic; "
+                  "no grouping by length)")
       ->capture_default_str()
-      ->check(one_of({"flush", "lone"}));
+      ->check(one_of({"blocking", "flush", "lone"}));
   cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
       ->check(non_empty_path())
       ->needs(sweep_flag);
@@ -502,7 +510,9 @@ void add_bench(CLI::App& app) {
       spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");
     Bench bench(*gpu);
     bench.set_group(opts->group);
-    bench.set_flush(opts->timing == "flush");
+    bench.set_timing(opts->timing == "flush"      ? Bench::Timing::flush
+                     : opts->timing == "blocking" ? Bench::Timing::blocking
+                                                  : Bench::Timing::lone);
     if (!bench.on_device() && opts->timing != "lone")
       spdlog::warn("bench: --timing {} times runs on a device; the emulator's figures are wall clock", opts->timing);
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,

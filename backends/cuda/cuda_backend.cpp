@@ -6,14 +6,21 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <source_location>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -29,12 +36,14 @@ namespace {
 #define METRALE_CU_FUNCTIONS(X)                                                                                      \
   X(cuInit)                                                                                                          \
   X(cuDriverGetVersion)                                                                                              \
-  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)          \
-      X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) \
-          X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) \
+  X(cuDeviceGetCount)                                                                                                \
+  X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
+      X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)              \
+          X(cuMemcpyDtoD) X(cuMemsetD8) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                 \
               X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters)            \
                   X(cuStreamSynchronize) X(cuGetErrorName) X(cuGetErrorString) X(cuEventCreate) X(cuEventRecord)     \
-                      X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)
+                      X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuFuncSetAttribute)            \
+                          X(cuMemHostAlloc) X(cuMemHostGetDevicePointer) X(cuMemFreeHost) X(cuStreamWaitValue32)
 
 struct Driver {
 #define METRALE_CU_MEMBER(f) decltype(&::f) f = nullptr;
@@ -179,6 +188,52 @@ std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy_from_env() {
        printable(name));
 }
 
+// A stream held, from the constructor on, by a wait (cuStreamWaitValue32) on a word of mapped
+// host memory, until open() writes the value it waits for: whatever is queued on the stream
+// meanwhile starts at once when it opens, with no traffic in memory while it waits (nvbench's
+// blocking kernel does the same with a spinning kernel). A watchdog opens it after kTimeout, so a
+// caller that waits on the held stream, or fills its queue, is held up that long and no longer.
+class StreamHold {
+ public:
+  static constexpr auto kTimeout = std::chrono::seconds(2);
+
+  StreamHold(std::uint32_t* word, CUdeviceptr device_word, CUstream stream)
+      : word_(word), value_(std::atomic_ref(*word).load() + 1) {
+    METRALE_CU(cuStreamWaitValue32(stream, device_word, value_, CU_STREAM_WAIT_VALUE_GEQ));
+    watchdog_ = std::jthread([this](std::stop_token stop) {
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      cv.wait_for(lock, stop, kTimeout, [] { return false; });  // until open() or kTimeout
+      if (!stop.stop_requested()) {
+        timed_out_ = true;
+        write();
+      }
+    });
+  }
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+  ~StreamHold() { open(); }
+
+  /// Let the stream go on; false when the watchdog had let it go first.
+  bool open() {
+    if (watchdog_.joinable()) {
+      watchdog_.request_stop();
+      watchdog_.join();
+    }
+    write();
+    return !timed_out_;
+  }
+
+ private:
+  void write() { std::atomic_ref(*word_).store(value_, std::memory_order_release); }
+
+  std::uint32_t* word_;
+  std::uint32_t value_;  // the word's value plus one: the wait is for the word ≥ it
+  std::atomic<bool> timed_out_ = false;
+  std::jthread watchdog_;
+};
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -188,16 +243,51 @@ struct CudaBackend::Impl {
   std::pair<CUclusterSchedulingPolicy, std::string> cluster_policy;  // cluster_policy_from_env()
   std::mutex mutex;
   std::vector<std::pair<std::string, CUmodule>> modules;
-  std::vector<Kernel> kernels;  // handle id = index + 1
+  std::deque<Kernel> kernels;          // handle id = index + 1; a deque: appending moves no kernel
+  std::uint32_t* hold_word = nullptr;  // time_ms's StreamHold word, mapped host memory (made at first use)
+  CUdeviceptr hold_device_word{};
 
-  // The modules and the primary context go back here, also when the backend's constructor
-  // throws after taking the context (a constructor that throws runs no destructor of its own).
+  // The modules, the hold word and the primary context go back here, also when the backend's
+  // constructor throws after taking the context (a constructor that throws runs no destructor of
+  // its own).
   ~Impl() {
     if (context == nullptr) return;
     const Driver& d = driver();
     d.cuCtxSetCurrent(context);
     for (const auto& [name, m] : modules) d.cuModuleUnload(m);
+    if (hold_word != nullptr) d.cuMemFreeHost(hold_word);
     d.cuDevicePrimaryCtxRelease(device);
+  }
+
+  // The kernel of `handle`, its dynamic shared memory limit raised to `shared_bytes` first (above
+  // 48 KiB a kernel must opt in), under the mutex that kernel() appends under. Its function and
+  // parameter sizes never change after, so callers read them without it. Errors:
+  // `launch_failed` for a handle this backend did not give.
+  const Kernel& kernel(KernelHandle handle, std::uint32_t shared_bytes) {
+    std::lock_guard lock(mutex);
+    if (handle.id == 0 || handle.id > kernels.size())
+      fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", handle.id);
+    Kernel& k = kernels[handle.id - 1];
+    if (shared_bytes > k.shared_limit) {
+      METRALE_CU(cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(shared_bytes)));
+      k.shared_limit = shared_bytes;
+    }
+    return k;
+  }
+
+  // Makes the hold word at first use.
+  void make_hold_word() {
+    if (hold_word == nullptr) {
+      void* p = nullptr;
+      METRALE_CU(cuMemHostAlloc(&p, sizeof(std::uint32_t), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+      *static_cast<std::uint32_t*>(p) = 0;
+      if (const CUresult r = api().cuMemHostGetDevicePointer(&hold_device_word, p, 0); r != CUDA_SUCCESS) {
+        api().cuMemFreeHost(p);
+        check(r, "cuMemHostGetDevicePointer");
+      }
+      hold_word = static_cast<std::uint32_t*>(p);
+    }
   }
 
   CUmodule module(std::string_view name) {
@@ -286,6 +376,7 @@ KernelHandle CudaBackend::kernel(std::string_view module, std::string_view entry
 }
 
 std::string CudaBackend::kernel_name(KernelHandle kernel) const {
+  std::lock_guard lock(impl_->mutex);
   if (kernel.id == 0 || kernel.id > impl_->kernels.size()) return fmt::format("kernel #{}", kernel.id);
   const Kernel& k = impl_->kernels[kernel.id - 1];
   return k.module + "." + k.entry;
@@ -293,14 +384,7 @@ std::string CudaBackend::kernel_name(KernelHandle kernel) const {
 
 void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::span<const KernelArg> args, Stream stream,
                             std::uint32_t shared_bytes, bool early_start, Dim3 cluster) {
-  if (kernel.id == 0 || kernel.id > impl_->kernels.size())
-    fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
-  Kernel& k = impl_->kernels[kernel.id - 1];
-  if (shared_bytes > k.shared_limit) {  // above 48 KiB a kernel must opt in
-    METRALE_CU(cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                  static_cast<int>(shared_bytes)));
-    k.shared_limit = shared_bytes;
-  }
+  const Kernel& k = impl_->kernel(kernel, shared_bytes);
   // A launcher that drifted from its kernel fails here, before the driver reads garbage.
   if (args.size() != k.param_sizes.size())
     fail(Errc::launch_failed, "{} arguments but {} takes {}", args.size(), k.entry, k.param_sizes.size());
@@ -346,14 +430,7 @@ void CudaBackend::do_launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::spa
 std::uint32_t CudaBackend::max_active_clusters(KernelHandle kernel, Dim3 block, std::uint32_t shared_bytes,
                                                std::uint32_t cluster_size) const {
   if (cluster_size == 0 || cluster_size > 8 || impl_->compute_capability < 90) return 0;
-  if (kernel.id == 0 || kernel.id > impl_->kernels.size())
-    fail(Errc::launch_failed, "backend cuda: unknown kernel handle {}", kernel.id);
-  Kernel& k = impl_->kernels[kernel.id - 1];
-  if (shared_bytes > k.shared_limit) {  // as do_launch: above 48 KiB a kernel must opt in
-    METRALE_CU(cuFuncSetAttribute(k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                  static_cast<int>(shared_bytes)));
-    k.shared_limit = shared_bytes;
-  }
+  const Kernel& k = impl_->kernel(kernel, shared_bytes);  // as do_launch: the limit raised first
   CUlaunchAttribute attrs[2]{};
   attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
   attrs[0].value.clusterDim.x = cluster_size, attrs[0].value.clusterDim.y = 1, attrs[0].value.clusterDim.z = 1;
@@ -407,16 +484,28 @@ int CudaBackend::driver_version() const {
 
 int CudaBackend::toolkit_version() { return CUDA_VERSION; }
 
-double CudaBackend::time_ms(const std::function<void()>& work, Stream stream) {
+double CudaBackend::time_ms(const std::function<void()>& work, Stream stream, bool held) {
+  const auto s = reinterpret_cast<CUstream>(stream);
   CUevent start{}, stop{};
   METRALE_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
   METRALE_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
   float ms = 0;
   try {
-    METRALE_CU(cuEventRecord(start, reinterpret_cast<CUstream>(stream)));
+    std::optional<StreamHold> hold;
+    if (held) {
+      impl_->make_hold_word();
+      hold.emplace(impl_->hold_word, impl_->hold_device_word, s);
+    }
+    METRALE_CU(cuEventRecord(start, s));
     work();
-    METRALE_CU(cuEventRecord(stop, reinterpret_cast<CUstream>(stream)));
+    METRALE_CU(cuEventRecord(stop, s));
+    const bool queued_in_time = !hold || hold->open();
     METRALE_CU(cuEventSynchronize(stop));
+    if (!queued_in_time)
+      fail(Errc::launch_failed,
+           "backend cuda: the timed work did not queue within {} s of its stream being held (time_ms held): it "
+           "waited on that stream, or filled its queue",
+           std::chrono::duration_cast<std::chrono::seconds>(StreamHold::kTimeout).count());
     METRALE_CU(cuEventElapsedTime(&ms, start, stop));
   } catch (...) {
     api().cuEventDestroy(start);

@@ -61,7 +61,15 @@ class CudaBackend final : public GpuBackend {
   int driver_version() const;      // e.g. 13000
   static int toolkit_version();    // CUDA_VERSION at build time
   /// Milliseconds between two events recorded around `work` on `stream` (cuEventElapsedTime).
-  double time_ms(const std::function<void()>& work, Stream stream = 0);
+  /// `held`: the stream is first held by a wait (cuStreamWaitValue32) on a word of mapped host
+  /// memory, and let go once `work` has queued its launches and the stop event, so the start
+  /// event fires with all of them queued: the host's time to launch is not in the time, and the
+  /// stream waits without traffic in memory (as nvbench's blocking kernel). `work` must not wait
+  /// on the stream (a synchronize, a blocking copy) nor fill its queue; a watchdog lets the
+  /// stream go 2 s on. Not for two threads at once on one backend. Errors: `launch_failed` when
+  /// the watchdog had to let it go; the driver's errors per `check` (a driver without stream
+  /// memory operations: its cuStreamWaitValue32 error).
+  double time_ms(const std::function<void()>& work, Stream stream = 0, bool held = false);
 
  protected:
   DevicePtr do_alloc(std::size_t bytes, std::source_location where) override;
