@@ -20,6 +20,10 @@ constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64,
 // specialised entries, 264 slots: FP8 1.17–1.42× as fast from 15.5 tiles a slot, 1.14× at 7.8
 // (B = 32 × 4K keys, with its Q rows loaded together; 0.97–1.05× before), 0.74–0.80× at 3.9 and
 // below; NVFP4 (sixteenth session) 1.20–1.57× from 7.8, 0.95× at 3.9 (B = 1 × 64K), 0.73–1.0× below.
+// Over one latent pool the specialised entry converts each tile once (thirty-eighth session, on an
+// H100, B = 1–128 × 1K–64K): NVFP4 0.75–0.98× the staged entry's time at every size, so NVFP4
+// takes it there at any size; FP8 0.88–0.97× below 6 tiles a slot but 1.06–1.36× from 7.8, so
+// FP8 keeps this threshold.
 constexpr std::uint64_t kStagedTiles16 = 6;
 // DeepSeek rows of more than 32 heads take 16-head blocks when these would walk at most this many
 // 64-key tiles per SM in all (num_seqs × ⌈heads / 16⌉ × tiles): measured on the H200
@@ -406,8 +410,11 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     p.head_groups = (a.num_q_heads + p.rows_per_block - 1) / p.rows_per_block;
     const std::uint64_t work = std::uint64_t{a.num_seqs} * p.head_groups * ((max_keys + 63) / 64);
     const std::uint64_t slots16 = 2ull * std::max(1u, multiprocessors);
+    // NVFP4 over one latent pool: the specialised entry, which converts each tile once (the staged
+    // one loads and converts a key's row twice), at any size (kStagedTiles16's note).
+    const bool nvfp4_latent = format == KvFormat::nvfp4 && a.k_cache && a.k_cache == a.v_cache;
     p.staged = p.rows_per_block == kWgmmaRows ||
-               (work >= kStagedTiles16 * slots16 &&
+               (!nvfp4_latent && work >= kStagedTiles16 * slots16 &&
                 2 * (wgmma_shared_bytes(format, kWgmma16Rows, true) + 1024) <= max_shared_bytes + 1024);
     p.threads = wgmma_threads(p.rows_per_block, p.staged);
     p.shared_bytes = wgmma_shared_bytes(format, p.rows_per_block, p.staged);

@@ -283,7 +283,8 @@ struct Nvfp4Keys {
 // kKind wgmma: mla_paged_decode_wgmma_fp8 (module mla_wgmma), the same math on 64-head blocks
 // of 64-key tiles (block 256; its two warpgroups' split of the work changes only FP32 order);
 // wgmma16: mla_paged_decode_wgmma16_fp8, on 16-head blocks of 64-key tiles (block 384; its
-// transposed products and per-thread partial sums, again only FP32 order), and
+// transposed products and per-thread partial sums, again only FP32 order; over one latent pool
+// it converts each tile once for both products, the same FP16 values as twice), and
 // mla_paged_decode_wgmma16_rs_fp8, the same on one warpgroup (block 128; its permuted contraction
 // and output rows, again only FP32 order).
 template <SplitKind kKind>

@@ -877,6 +877,9 @@ struct HalfTile {
 // atom) r0 and r0 + 8 of its warp's 16, and heads 8·(e/4) + 2·(lane%4) + e%2: the max over a
 // tile's keys takes three lane shuffles and an exchange between the four warps; each thread
 // keeps partial sums of its heads (the same rescaling everywhere), added up at the end.
+// Over one latent pool (Rows::v_is_k) a tile's K is its V: the producers convert each tile once,
+// into the K and the V buffer by turns, with the raw rows of the next two in registers, and the
+// consumer runs both products on the buffer that holds the tile.
 template <class Rows>
 __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial,
                                          uint32_t num_q_heads, float logit_scale, uint32_t keys_per_split,
@@ -897,6 +900,7 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows16, s = blockIdx.z, num_splits = gridDim.x;
   const Chunk chunk = chunk_of(keys, z, keys_per_split);
   const uint32_t begin = chunk.begin, end = chunk.end;
+  const bool latent = layout.v_is_k();  // one latent pool: each tile converted once, serving as K and V
 
   load_q_rows<kQUnits>(q, s, head0, kRows16, num_q_heads, q_head_dim, q_unscale,
                        [&](uint32_t row, uint32_t part) { return sq + swizzled16(row, part); });
@@ -911,6 +915,26 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       if (live) layout.locate(tile + key, layout.entry(tile + key), rows);
       return live;
     };
+    if (latent) {  // tile i into the K buffer (i even) or the V buffer (i odd), the next two in registers
+      HalfTile<Rows> even, odd;
+      even.load(layout, rows, locate(begin), first, 0);
+      if (begin + kTileKeys < end) odd.load(layout, rows, locate(begin + kTileKeys), first, 0);
+      for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+        const uint32_t ahead = tile + 2 * kTileKeys;
+        if (i % 2 == 0) {
+          if (i >= 2) bar_sync<kKEmpty, kThreads16>();  // the consumer's P·V of tile i − 2 is done
+          even.store(layout, sk, key, first);
+          bar_arrive<kKFull, kThreads16>();
+          if (ahead < end) even.load(layout, rows, locate(ahead), first, 0);
+        } else {
+          if (i >= 2) bar_sync<kVEmpty, kThreads16>();
+          odd.store(layout, sv, key, first);
+          bar_arrive<kVFull, kThreads16>();
+          if (ahead < end) odd.load(layout, rows, locate(ahead), first, 0);
+        }
+      }
+      return;
+    }
     HalfTile<Rows> kt, vt;
     bool live = locate(begin);
     kt.load(layout, rows, live, first, 0);
@@ -938,24 +962,40 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   for (uint32_t j = 0; j < 4; ++j) q_down[j] = q_unscale[head_of(j)] * logit_scale;
   const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), k_desc = smem_desc(smem_addr(sk), 16, 1024);
   const uint64_t v_desc = smem_desc(smem_addr(sv), kSlabBytes, 1024), p_desc = smem_desc(smem_addr(sp), 16, 1024);
+  // Over one latent pool tile i is in the K buffer (i even) or the V buffer (i odd), read there by
+  // both products: the V buffer's tiles as K (K-major) and the K buffer's as V (MN-major) too.
+  const uint64_t k_desc_in_v = smem_desc(smem_addr(sv), 16, 1024),
+                 v_desc_in_k = smem_desc(smem_addr(sk), kSlabBytes, 1024);
   float o[kAtoms16][8] = {};
   float m[4], l[4];  // l: this thread's keys' share of the sum
 #pragma unroll
   for (uint32_t j = 0; j < 4; ++j) m[j] = -INFINITY, l[j] = 0.0f;
-  for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
-    const bool more = tile + kTileKeys < end;
-    bar_sync<kKFull, kThreads16>();
+  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+    const bool more = tile + kTileKeys < end, in_v = latent && i % 2 == 1;
+    if (in_v) {
+      bar_sync<kVFull, kThreads16>();
+    } else {
+      bar_sync<kKFull, kThreads16>();
+    }
     float sacc[8];
-    kq_tile_ss(sacc, k_desc, q_desc);
+    kq_tile_ss(sacc, in_v ? k_desc_in_v : k_desc, q_desc);
     wgmma_wait_all();
-    if (more) bar_arrive<kKEmpty, kThreads16>();
+    if (!latent && more) bar_arrive<kKEmpty, kThreads16>();
     tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [] { bar_sync<kSoftmaxBar, 128>(); });
-    fence_to_async_proxy();          // P, for the tensor cores
-    bar_sync<kSoftmaxBar, 128>();    // P written and the maxima read by every consumer warp
-    bar_sync<kVFull, kThreads16>();  // V dequantised
-    vp_tile_ss(o, v_desc, p_desc);
+    fence_to_async_proxy();                       // P, for the tensor cores
+    bar_sync<kSoftmaxBar, 128>();                 // P written and the maxima read by every consumer warp
+    if (!latent) bar_sync<kVFull, kThreads16>();  // V dequantised
+    vp_tile_ss(o, latent && !in_v ? v_desc_in_k : v_desc, p_desc);
     wgmma_wait_all();
-    if (more) bar_arrive<kVEmpty, kThreads16>();
+    if (!latent) {
+      if (more) bar_arrive<kVEmpty, kThreads16>();
+    } else if (tile + 2 * kTileKeys < end) {  // the producers' tile i + 2 goes into this buffer
+      if (in_v) {
+        bar_arrive<kVEmpty, kThreads16>();
+      } else {
+        bar_arrive<kKEmpty, kThreads16>();
+      }
+    }
   }
   // The sums over the block's keys: lanes of one lane%4, then the four warps in order.
 #pragma unroll

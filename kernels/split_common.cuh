@@ -324,6 +324,8 @@ struct Nvfp4Rows {
   KeySet keys;
 
   __device__ int32_t entry(uint32_t j) const { return table[(keys.start + j) / block_size]; }
+  // Whether every key's V row is its K row: one latent pool passed as both caches.
+  __device__ bool v_is_k() const { return k_cache == v_cache; }
   __device__ void locate(uint32_t j, int32_t entry, const uint8_t** rows) const {
     const int64_t base = int64_t{entry} * static_cast<int64_t>(block_stride_bytes);
     const uint64_t slot = (keys.start + j) % block_size;

@@ -614,6 +614,19 @@ TEST_CASE("the plan takes the wgmma entries for DeepSeek's rows above 32 heads a
   // The threshold: 32 × 4K keys (7.8 tiles a slot) staged, 16 × 4K (3.9, tested above) not.
   a.num_seqs = 32, a.max_blocks_per_seq = 64;
   CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged);
+  // Over one latent pool (v_cache is k_cache) NVFP4 takes the specialised entry, which converts
+  // each tile once, at any size; FP8 the staged entry from the threshold, as over two pools.
+  a.k_cache = a.v_cache = DevicePtr{0x10000};
+  for (std::uint32_t seqs : {32u, 128u}) {
+    a.num_seqs = seqs;
+    const SplitPlan lat = plan_split_decode(a, format, 0, 132, 227 * 1024, true);
+    CHECK(lat.rows_per_block == 16);
+    CHECK(lat.staged == (format == KvFormat::fp8));
+    CHECK(lat.threads == (format == KvFormat::fp8 ? 128u : 384u));
+  }
+  a.v_cache = DevicePtr{0x20000};
+  CHECK(plan_split_decode(a, format, 0, 132, 227 * 1024, true).staged);
+  a.k_cache = a.v_cache = DevicePtr{}, a.num_seqs = 32;
   a.num_q_heads = 33;
   a.kv_cache_dim = 512, a.q_head_dim = 512;
   CHECK_FALSE(plan_split_decode(a, format, 0, 132, 227 * 1024, true).wgmma);

@@ -60,8 +60,10 @@ struct MlaFastKernels {
 /// (cp.async) under the current tile's math. 16-head split blocks are never staged: they run on
 /// the 16-head entries, which hold the next half-tile in registers instead; on the wgmma path,
 /// 16-head blocks are staged (mla_paged_decode_wgmma16_rs_{fp8,nvfp4}, two blocks per SM, their
-/// raw half-tiles bulk-copied) where each of the SMs' block slots has at least 6 tiles to walk,
-/// else they run on the warp-specialised wgmma16 entries (producers' registers the staging).
+/// raw half-tiles bulk-copied) where each of the SMs' block slots has at least 6 tiles to walk
+/// (not NVFP4 over one latent pool, v_cache = k_cache: the warp-specialised entry converts each
+/// of its tiles once), else they run on the warp-specialised wgmma16 entries (producers'
+/// registers the staging).
 struct SplitPlan {
   std::uint32_t rows_per_block = 0, head_groups = 0, num_splits = 0, keys_per_split = 0, threads = 0;
   bool staged = false;
