@@ -29,6 +29,7 @@ import time
 
 FLUSH = None  # the 256 MiB that --timing flush zeroes ahead of each timed run
 HOLD = None  # --timing blocking: {"cycles": the spin's length, "event": recorded ahead of it}
+HOLD_CYCLES = 1 << 21  # the spin a row starts from: about 1 ms at 2 GHz
 
 
 def timed_ms(fn, start, stop):
@@ -54,6 +55,8 @@ def timed_ms(fn, start, stop):
 
 
 def median_ms(fn, target_s=0.3):
+    if HOLD is not None:
+        HOLD["cycles"] = HOLD_CYCLES  # each row from the short spin: one slow queueing lengthens only its row
     fn()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -89,7 +92,7 @@ def main(out_path, rows_from=None, timing="lone"):
     if timing == "flush":
         FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     if timing == "blocking":
-        HOLD = {"cycles": 1 << 21, "event": torch.cuda.Event(enable_timing=True)}  # about 1 ms at 2 GHz
+        HOLD = {"cycles": HOLD_CYCLES, "event": torch.cuda.Event(enable_timing=True)}
     copy_gbps, matmul_tflops = ceilings()
     print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing})", flush=True)
     if rows_from is not None:
@@ -137,7 +140,8 @@ def main(out_path, rows_from=None, timing="lone"):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description="The PyTorch baseline of an MLA decode step and the two roofline ceilings (copy GB/s, "
-        "BF16 matmul TFLOP/s), measured on the GPU and written as JSON for `metrale bench --sweep --torch`.")
+        "BF16 matmul TFLOP/s), measured on the GPU and written as JSON for `metrale bench --sweep --torch`. "
+        "Needs PyTorch with a CUDA GPU.")
     parser.add_argument("out", metavar="OUT.json", help="where the ceilings and the baseline rows go")
     parser.add_argument("--rows-from", metavar="EARLIER.json",
                         help="measure the ceilings only and take the baseline rows from an earlier run's file")
@@ -146,6 +150,11 @@ if __name__ == "__main__":
                         "memset, as triton.testing.do_bench; blocking: its stream held by a spinning kernel while "
                         "its launches queue, as nvbench")
     args = parser.parse_args()
-    import torch  # after the arguments: --help and a usage error need neither torch nor a GPU
-    import torch.nn.functional as F
+    try:  # after the arguments: --help and a usage error need neither torch nor a GPU
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        raise SystemExit(f"torch_baseline.py needs PyTorch with CUDA (pip install torch on the GPU machine): {e}")
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_baseline.py needs a CUDA GPU: torch.cuda.is_available() is False")
     main(args.out, args.rows_from, args.timing)

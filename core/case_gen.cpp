@@ -1082,8 +1082,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
   latent4.sinks = false, latent4.max_blocks_per_seq = 600, latent4.seed = ++s;
   out.push_back(split_path_case(latent4));
   // The warp-specialised 16-head entry over one latent pool converts each tile once, into its K
-  // and V buffers by turns: chunks of five tiles (each buffer refilled twice, the last chunk
-  // ending inside a tile) and of two, both formats.
+  // and V buffers by turns: chunks of five tiles (the K buffer refilled twice, the V buffer once;
+  // the last chunk ending inside a tile) and of two, both formats.
   latent.num_q_heads = 16, latent4.num_q_heads = 16, latent4.max_blocks_per_seq = 47;
   for (std::uint32_t tiles : {5u, 2u}) {
     latent.seed = ++s, out.push_back(split_kernel_case(latent, tiles, SplitEntry::wgmma16));

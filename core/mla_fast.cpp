@@ -22,7 +22,7 @@ constexpr std::uint32_t kWgmmaRows = 64, kWgmma16Rows = 16, kWgmmaTileKeys = 64,
 // below; NVFP4 (sixteenth session) 1.20–1.57× from 7.8, 0.95× at 3.9 (B = 1 × 64K), 0.73–1.0× below.
 // Over one latent pool the specialised entry converts each tile once (thirty-eighth session, on an
 // H100, B = 1–128 × 1K–64K): NVFP4 0.75–0.98× the staged entry's time at every size, so NVFP4
-// takes it there at any size; FP8 0.88–0.97× below 6 tiles a slot but 1.06–1.36× from 7.8, so
+// takes it there at any size; FP8 0.88–0.98× below 6 tiles a slot but 1.06–1.36× from 7.8, so
 // FP8 keeps this threshold.
 constexpr std::uint64_t kStagedTiles16 = 6;
 // DeepSeek rows of more than 32 heads take 16-head blocks when these would walk at most this many
@@ -54,6 +54,9 @@ constexpr std::uint64_t kCombineTiles = 2;
 // as one chunk in clusters of one, where the plan without it had counted 2030 tiles against 2050.
 constexpr std::uint64_t kPartialTiles64 = 1;
 constexpr std::uint32_t kGemvSteps = 2;  // rows in flight per warp step of the wide GEMV
+
+// One latent pool passed as both caches (V = K row for row); not a plan asked without buffers.
+bool one_latent_pool(const PagedDecodeCommon& a) { return a.k_cache && a.k_cache == a.v_cache; }
 
 // Why the split kernels cannot take these dimensions and addresses, or nothing.
 std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::uint32_t q_head_dim,
@@ -336,7 +339,7 @@ bool wgmma_applies(const PagedDecodeCommon& a, KvFormat format, std::uint32_t ma
 }
 
 bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, std::uint32_t max_shared_bytes) {
-  return a.v_cache == a.k_cache && comp_block_count == 0 &&
+  return one_latent_pool(a) && comp_block_count == 0 &&
          std::uint64_t{a.max_blocks_per_seq} * a.block_size >= kLatentMinKeys &&
          wgmma_latent_shared_bytes() <= max_shared_bytes;
 }
@@ -412,7 +415,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
     const std::uint64_t slots16 = 2ull * std::max(1u, multiprocessors);
     // NVFP4 over one latent pool: the specialised entry, which converts each tile once (the staged
     // one loads and converts a key's row twice), at any size (kStagedTiles16's note).
-    const bool nvfp4_latent = format == KvFormat::nvfp4 && a.k_cache && a.k_cache == a.v_cache;
+    const bool nvfp4_latent = format == KvFormat::nvfp4 && one_latent_pool(a);
     p.staged = p.rows_per_block == kWgmmaRows ||
                (!nvfp4_latent && work >= kStagedTiles16 * slots16 &&
                 2 * (wgmma_shared_bytes(format, kWgmma16Rows, true) + 1024) <= max_shared_bytes + 1024);

@@ -17,7 +17,8 @@
 // cache in shared memory. Q (FP16, each row scaled by a power of two as in mla_fast, its columns
 // permuted to the contraction order of those fragments) and P stay in shared memory as the B
 // operands, read through descriptors. The warp-specialised block converts to FP16 tiles in shared
-// memory for a consumer warpgroup instead (its tile chain is short, so it serves small grids).
+// memory for a consumer warpgroup instead (its tile chain is short, so it serves small grids, and
+// over one latent pool it converts each tile once for both products).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -125,7 +126,8 @@ __device__ void wgmma_wait() {
 
 // The 16-head blocks: heads are the N of every wgmma, keys and output dims its M. Two designs:
 // warp-specialised (wgmma16_producers_decode: producer warpgroups convert to FP16 tiles in shared
-// memory for a consumer warpgroup; its tile chain is short, so it serves small grids) and one
+// memory for a consumer warpgroup; its tile chain is short, so it serves small grids, and NVFP4
+// over one latent pool, whose tiles it converts once) and one
 // warpgroup converting the cache bytes into its own A fragments (wgmma16_rs_decode: no
 // FP16 round trip and two blocks per SM, faster where a block slot has many tiles to walk).
 constexpr uint32_t kRows16 = 16;

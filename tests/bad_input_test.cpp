@@ -2084,6 +2084,14 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
     CHECK_THAT(out, !Catch::Matchers::Contains("bench --torch"));
     CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device"));
   }
+  // A group under blocking queues all its launches behind the held stream: refused past 100, before
+  // any backend is made.
+  {
+    std::string out;
+    CHECK(run_cli("bench --backend emu --timing blocking --group 101", out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("bench: --group 101 with --timing blocking: at most 100"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("device-to-device copy"));
+  }
   // On the emulator --timing flush has nothing to flush, blocking no stream to hold: said, not passed over.
   for (const char* timing : {"blocking", "flush"}) {
     std::string out;
@@ -2105,7 +2113,8 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
   std::ofstream(json.path) << "{\"precious\": 1}\n";
   std::string out;
   CHECK(run_cli("bench --backend emu --only zzz --json " + json.path.string(), out) == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("no row matches --only 'zzz'"));
+  CHECK_THAT(out, Catch::Matchers::Contains("no row matches --only 'zzz'; the rows on backend emu: "
+                                            "paged_decode_fp8 (seed) B=1 L=256 H=16; "));
   CHECK_THAT(out, !Catch::Matchers::Contains("device-to-device copy"));  // refused before any timing
   std::ifstream in(json.path);
   CHECK(nlohmann::json::parse(in).at("precious") == 1);

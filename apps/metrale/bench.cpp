@@ -67,7 +67,7 @@ class Bench {
 #endif
     return "";
   }
-  /// Time every launch as a group of `n` back to back (0: by its length, as median_us says).
+  /// Time every launch as a group of `n` back to back (0: as median_us says, by its length).
   void set_group(int n) { group_ = n; }
   /// How a timed run starts on a device (`bench --timing`; docs/performance.md, thirty-seventh and
   /// thirty-eighth sessions):
@@ -343,6 +343,10 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
   }
 }
 
+// The largest group (--group) that --timing blocking queues behind its held stream: a decode step
+// is two or three launches.
+constexpr int kMaxBlockingGroup = 100;
+
 // bench/torch_baseline.py's JSON nests three levels (the rows' objects); deeper is not its.
 constexpr int kMaxTorchJsonDepth = 8;
 
@@ -490,8 +494,9 @@ void add_bench(CLI::App& app) {
   axis("--heads", opts->axes.heads, "query head counts", integer_in(1, 1024));
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text")->check(non_empty_filter());
   cmd->add_option("--group", opts->group,
-                  "time each launch as a group of this many back to back (default: as many as take 100 us, "
-                  "at most 50)")
+                  fmt::format("time each launch as a group of this many back to back (default: as many as take 100 "
+                              "us, at most 50; with --timing blocking one, at most {})",
+                              kMaxBlockingGroup))
       ->transform(integer_in(1, 1000));
   cmd->add_option("--timing", opts->timing,
                   "how a timed run starts on a device: lone (its start event on an idle stream, the host's launch "
@@ -505,6 +510,12 @@ void add_bench(CLI::App& app) {
       ->check(non_empty_path())
       ->needs(sweep_flag);
   cmd->callback([opts] {
+    // Under blocking a group's launches queue behind the held stream: a few per step, well inside
+    // the stream's queue (past it the backend's watchdog would fail the run after 2 s).
+    if (opts->timing == "blocking" && opts->group > kMaxBlockingGroup)
+      fail(Errc::invalid_argument,
+           "bench: --group {} with --timing blocking: at most {} (a group's launches all queue behind the held stream)",
+           opts->group, kMaxBlockingGroup);
     auto gpu = make_backend(opts->backend);
     if (recorder_made())  // --record DIR: the emulator, writing a case file a launch
       spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");
@@ -550,8 +561,9 @@ void add_bench(CLI::App& app) {
       // Rows timed one way set against rows timed the other would move the ratios by the host's
       // launch latency (a file without "timing" predates the setting: lone).
       if (const std::string t = torch.value("timing", "lone"); t != opts->timing)
-        fail(Errc::invalid_argument, "bench --torch {}: its rows were timed {}, this run times {} (--timing)",
-             opts->torch, t, opts->timing);
+        fail(Errc::invalid_argument, "bench --torch {}: its rows were timed {}{}, this run times {} (--timing)",
+             opts->torch, t, torch.contains("timing") ? "" : " (no \"timing\" key: a file from before the setting)",
+             opts->timing);
     }
     if (opts->sweep && !bench.on_device())
       fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
@@ -596,10 +608,14 @@ void add_bench(CLI::App& app) {
         for (GemvKernel g : kGemvKernels) gemv(16, 512, 128, g);
         sdpa(8, 256, false), sdpa(8, 256, true);
       }
+      std::vector<std::string> names;  // for a --only that matches none: what this backend has
+      for (const auto& row : plan) names.push_back(row.first);
       std::erase_if(plan, [&](const auto& row) {
         return !opts->only.empty() && row.first.find(opts->only) == std::string::npos;
       });
-      if (plan.empty()) fail(Errc::not_found, "bench: no row matches --only '{}'", opts->only);
+      if (plan.empty())
+        fail(Errc::not_found, "bench: no row matches --only '{}'; the rows on backend {}: {}", opts->only, gpu->name(),
+             fmt::join(names, "; "));
     }
     const double copy_bw = bench.copy_bandwidth();
     fmt::print("backend {}; device-to-device copy {:.1f} GB/s (read + write){}\n\n", gpu->name(), copy_bw / 1e9,

@@ -133,8 +133,10 @@ void add_info(CLI::App& app) {
         "                        block (its combine in clusters where the plan fuses), {}\n",
         formats("mla_paged_decode_wgmma_latent"));
     fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
-    fmt::print("                        staged 16-head blocks where a block has many tiles: {}\n",
-               staged16.empty() ? none : fmt::format("{}", fmt::join(staged16, ", ")));
+    fmt::print(
+        "                        staged 16-head blocks where a block has many tiles (two pools;\n"
+        "                        over one latent pool FP8 only): {}\n",
+        staged16.empty() ? none : fmt::format("{}", fmt::join(staged16, ", ")));
     fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())

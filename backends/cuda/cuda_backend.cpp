@@ -97,6 +97,7 @@ Errc code_of(CUresult r) {
     case CUDA_ERROR_INVALID_DEVICE:
     case CUDA_ERROR_NO_BINARY_FOR_GPU:
     case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+    case CUDA_ERROR_NOT_SUPPORTED:  // e.g. a driver without stream memory operations (time_ms held)
       return Errc::unsupported;
     case CUDA_ERROR_INVALID_VALUE:
     case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
@@ -199,7 +200,7 @@ class StreamHold {
 
   StreamHold(std::uint32_t* word, CUdeviceptr device_word, CUstream stream)
       : word_(word), value_(std::atomic_ref(*word).load() + 1) {
-    METRALE_CU(cuStreamWaitValue32(stream, device_word, value_, CU_STREAM_WAIT_VALUE_GEQ));
+    // The watchdog first: a thread that cannot start throws before the stream is held.
     watchdog_ = std::jthread([this](std::stop_token stop) {
       std::mutex m;
       std::condition_variable_any cv;
@@ -210,6 +211,8 @@ class StreamHold {
         write();
       }
     });
+    // (If queueing the wait throws, the watchdog is stopped and joined as a member, unwritten.)
+    METRALE_CU(cuStreamWaitValue32(stream, device_word, value_, CU_STREAM_WAIT_VALUE_GEQ));
   }
   StreamHold(const StreamHold&) = delete;
   StreamHold& operator=(const StreamHold&) = delete;
@@ -503,9 +506,9 @@ double CudaBackend::time_ms(const std::function<void()>& work, Stream stream, bo
     METRALE_CU(cuEventSynchronize(stop));
     if (!queued_in_time)
       fail(Errc::launch_failed,
-           "backend cuda: the timed work did not queue within {} s of its stream being held (time_ms held): it "
+           "backend cuda: the timed work did not queue within {} s of stream {:#x} being held (time_ms held): it "
            "waited on that stream, or filled its queue",
-           std::chrono::duration_cast<std::chrono::seconds>(StreamHold::kTimeout).count());
+           std::chrono::duration_cast<std::chrono::seconds>(StreamHold::kTimeout).count(), stream);
     METRALE_CU(cuEventElapsedTime(&ms, start, stop));
   } catch (...) {
     api().cuEventDestroy(start);

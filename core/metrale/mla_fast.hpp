@@ -204,7 +204,7 @@ std::uint32_t wgmma_latent_shared_bytes();
 
 /// Whether paged_decode_fp8 and paged_decode_nvfp4 take the heads-in-M block
 /// (mla_paged_decode_wgmma_latent_{fp8,nvfp4}) for a step they run on 64-head wgmma blocks: one
-/// latent pool (`v_cache == k_cache`), no compressed entries (`comp_block_count` 0), a table of
+/// latent pool (`v_cache == k_cache`, not null), no compressed entries (`comp_block_count` 0), a table of
 /// at least 4096 keys (max_blocks_per_seq × block_size; below, FP8's fused register-operand
 /// block is faster; NVFP4 takes the same rule, not measured below 4K keys) and
 /// wgmma_latent_shared_bytes within `max_shared_bytes`. Source: docs/performance.md ("Twenty-third
