@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -105,14 +106,17 @@ inline std::unique_ptr<GpuBackend> make_backend(const std::string& name) {
 }
 
 /// Run `c` on `gpu` and check each output against the case's expectation, within the case's
-/// tolerance for it.
-inline void check_expected(GpuBackend& gpu, const KernelCase& c) {
-  const auto out = run_kernel_case(gpu, c);
+/// tolerance for it (`required`: the case must give one; else a missing one is Tolerance{}).
+/// Returns the outputs.
+inline std::map<std::string, Tensor> check_expected(GpuBackend& gpu, const KernelCase& c, bool required = true) {
+  auto out = run_kernel_case(gpu, c);
   for (const auto& [param, want] : c.expected) {
-    const auto r = check_output(param, out.at(param), want, c.tolerance.at(param));
+    const Tolerance tol = required || c.tolerance.count(param) ? c.tolerance.at(param) : Tolerance{};
+    const auto r = check_output(param, out.at(param), want, tol);
     INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
     CHECK(r.pass);
   }
+  return out;
 }
 
 /// Run `c` on every test backend: each output against the case's expectation,
@@ -124,19 +128,17 @@ inline void check_case(const KernelCase& c) {
     INFO("backend: " << name);
     auto gpu = make_backend(name);
     if (entry_unavailable(*gpu, c.module, c.entry)) continue;  // mla_wgmma off sm_90 or in too little shared memory
-    const auto out = run_kernel_case(*gpu, c);
+    auto out = check_expected(*gpu, c, false);
+    if (name == "emu") {
+      emu_out = std::move(out);
+      continue;
+    }
     for (const auto& [param, want] : c.expected) {
-      const auto r =
-          check_output(param, out.at(param), want, c.tolerance.count(param) ? c.tolerance.at(param) : Tolerance{});
-      INFO(param << ": " << r.bad << " of " << r.count << " outside the tolerance, worst " << r.worst);
-      CHECK(r.pass);
-      if (name == "emu") continue;
       const auto& ref = emu_out.at(param);
       const auto same = check_output(param, out.at(param), ref, backend_tolerance(c, param, ref));
-      INFO("against the emulator: " << same.bad << " of " << same.count << " differ, worst " << same.worst);
+      INFO(param << " against the emulator: " << same.bad << " of " << same.count << " differ, worst " << same.worst);
       CHECK(same.pass);
     }
-    if (name == "emu") emu_out = out;
   }
 }
 

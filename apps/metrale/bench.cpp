@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,13 @@ class Bench {
   /// - blocking: the stream held (CudaBackend::time_ms `held`) while the run's launches queue, as
   ///   nvbench's blocking kernel holds it: that latency out of the time, and no memory traffic.
   enum class Timing { lone, flush, blocking };
+  /// The timing `name` names (`bench --timing`, bench/torch_baseline.py's "timing"), if any.
+  static std::optional<Timing> timing_named(std::string_view name) {
+    if (name == "lone") return Timing::lone;
+    if (name == "flush") return Timing::flush;
+    if (name == "blocking") return Timing::blocking;
+    return std::nullopt;
+  }
   void set_timing(Timing t) { timing_ = t; }
   static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;  // do_bench's cache flush
 
@@ -361,7 +369,7 @@ constexpr double kLeastTflops = 1, kMostTflops = 1e6;
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("timing");
-      it != torch.end() && !(it->is_string() && (*it == "blocking" || *it == "flush" || *it == "lone")))
+      it != torch.end() && !(it->is_string() && Bench::timing_named(it->get<std::string>())))
     fail(Errc::invalid_argument, "bench --torch {}: timing {} is not \"blocking\", \"flush\" or \"lone\"", path,
          it->dump(-1, ' ', false, ordered_json::error_handler_t::replace));
   if (const auto it = torch.find("matmul_tflops");
@@ -521,9 +529,7 @@ void add_bench(CLI::App& app) {
       spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");
     Bench bench(*gpu);
     bench.set_group(opts->group);
-    bench.set_timing(opts->timing == "flush"      ? Bench::Timing::flush
-                     : opts->timing == "blocking" ? Bench::Timing::blocking
-                                                  : Bench::Timing::lone);
+    bench.set_timing(*Bench::timing_named(opts->timing));  // (--timing checked it)
     if (!bench.on_device() && opts->timing != "lone")
       spdlog::warn("bench: --timing {} times runs on a device; the emulator's figures are wall clock", opts->timing);
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,
