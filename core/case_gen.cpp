@@ -1014,11 +1014,13 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     p.comp_pool = comp > 0, p.comp_block_count = comp, p.seed = ++s;
     out.push_back(split_path_case(p));
   }
-  // Kimi K3: odd head counts and dims, rope 0 and odd, NoPE, positions far out; SDPA with and
-  // without the gate over histories from empty to several hundred keys.
+  // Kimi K3: odd head counts and dims, rope 0, an odd rope under NoPE (rotating, the launcher
+  // refuses it), positions far out; SDPA with and without the gate over histories from empty to
+  // several hundred keys.
   for (auto [heads, nope, rope, pos] : std::vector<std::array<std::uint32_t, 4>>{
-           {1, 1, 2, 0}, {3, 7, 0, 5}, {7, 19, 5, 299}, {64, 128, 64, 4095}, {70, 3, 64, 65535}})
-    for (bool use_nope : {false, true}) out.push_back(k3_rope_case(heads, nope, rope, pos, 10000.0f, use_nope, ++s));
+           {1, 1, 2, 0}, {3, 7, 0, 5}, {7, 19, 5, 299}, {7, 19, 6, 299}, {64, 128, 64, 4095}, {70, 3, 64, 65535}})
+    for (bool use_nope : {false, true})
+      if (use_nope || rope % 2 == 0) out.push_back(k3_rope_case(heads, nope, rope, pos, 10000.0f, use_nope, ++s));
   for (auto [heads, dq, dv, seq] : std::vector<std::array<std::uint32_t, 4>>{
            {1, 1, 1, 0}, {3, 7, 19, 1}, {7, 33, 5, 19}, {64, 192, 128, 300}, {19, 192, 128, 733}, {70, 65, 129, 7}})
     for (bool gate : {false, true}) out.push_back(k3_sdpa_case(heads, dq, dv, seq, gate, ++s));

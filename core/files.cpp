@@ -1,6 +1,7 @@
 #include "metrale/files.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -85,6 +88,37 @@ StagedFile::~StagedFile() {
 void StagedFile::commit() {
   if (::rename(staged_.c_str(), target_.c_str()) != 0) cannot_write(target_, errno);
   done_ = true;
+}
+
+void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedFile>> files) {
+  // Each put in place by a swap where its target exists, so that the old file waits at the staged
+  // name until all are in place (then the destructor removes it), or goes back if one fails.
+  enum class Way { swapped, renamed, plain };  // plain: no way back (the swap unsupported)
+  std::vector<std::pair<StagedFile*, Way>> placed;
+  try {
+    for (StagedFile& f : files) {
+      // (A swap would also move a folder that took the target's place since: only a file's.)
+      std::error_code ec;
+      const auto type = std::filesystem::symlink_status(f.target_, ec).type();
+      if (type == std::filesystem::file_type::regular &&
+          ::renameat2(AT_FDCWD, f.staged_.c_str(), AT_FDCWD, f.target_.c_str(), RENAME_EXCHANGE) == 0) {
+        placed.emplace_back(&f, Way::swapped);
+        continue;
+      }
+      f.commit();  // no target (undone by renaming it back), else as one rename
+      placed.emplace_back(&f, type == std::filesystem::file_type::not_found ? Way::renamed : Way::plain);
+    }
+  } catch (...) {
+    for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
+      auto& [f, way] = *it;
+      if (way == Way::swapped)
+        ::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE);
+      else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0)
+        f->done_ = false;  // (the destructor removes it)
+    }
+    throw;
+  }
+  for (auto& [f, way] : placed) f->done_ = way != Way::swapped;  // swapped: the old file, removed
 }
 
 bool StagedFile::commit_new() {

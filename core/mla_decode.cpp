@@ -142,6 +142,10 @@ void validate(const MlaConfig& cfg) {
     fail(Errc::invalid_argument, "k3 mla: qk_nope_head_dim {} + qk_rope_head_dim {} exceeds {}", cfg.qk_nope_head_dim,
          cfg.qk_rope_head_dim, kU32Max);
   if (cfg.v_head_dim == 0) fail(Errc::invalid_argument, "k3 mla: v_head_dim is 0");
+  if (!cfg.mla_use_nope && cfg.qk_rope_head_dim % 2 != 0)
+    fail(Errc::invalid_argument,
+         "k3 mla: qk_rope_head_dim {} is odd; the rotation turns pairs (2i, 2i+1) (under NoPE nothing is rotated)",
+         cfg.qk_rope_head_dim);
 }
 
 // ---- MlaKv ------------------------------------------------------------------------
@@ -233,6 +237,7 @@ void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArg
   v.positive({{"heads", a.heads}});
   v.at_most("nope + rope", std::uint64_t{a.nope} + a.rope, kU32Max);
   if (!a.use_nope) {  // under NoPE the kernel touches neither
+    v.check(a.rope % 2 == 0, "rope {} is odd (pairs (2i, 2i+1): its last dim would stay unrotated)", a.rope);
     v.rope_theta(a.theta, a.rope, a.pos);
     const std::uint64_t bytes = detail::saturating_product({a.heads, std::uint64_t{a.nope} + a.rope, 4});
     v.disjoint({"k_new", a.k_new, bytes}, {{"q", a.q, bytes}});

@@ -9,8 +9,8 @@ using metrale::warp_sum;
 
 // ---------------------------------------------------------------------------
 // k3_mla_maybe_rope_f32: unless use_nope, rotate dims [nope, nope+rope) of each head's q and k_new
-// row in place: pairs (2i, 2i+1) for i < rope/2 (an odd last dim stays), a' = a cos − b sin,
-// b' = b cos + a sin, angle = pos · theta^(−2i/rope), FP32.
+// row in place: pairs (2i, 2i+1) for i < rope/2 (the launcher refuses an odd rope), a' = a cos −
+// b sin, b' = b cos + a sin, angle = pos · theta^(−2i/rope), FP32.
 // Grid: [⌈heads/128⌉]. Block: 128, one thread per head.
 //   q     [heads, nope + rope] f32, in place
 //   k_new [heads, nope + rope] f32, in place

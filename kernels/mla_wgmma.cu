@@ -818,6 +818,9 @@ template <uint32_t kId, uint32_t kThreads>
 __device__ void bar_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
+// A named barrier's id as an argument that stays a constant (bar_sync<id, …> inside a lambda).
+template <uint32_t kId>
+using Bar16 = std::integral_constant<uint32_t, kId>;
 
 constexpr uint32_t kThreads16 = 384;  // warpgroup 0 the consumer, 1-2 the producers
 constexpr uint32_t kProducers = 256;
@@ -921,19 +924,18 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       HalfTile<Rows> even, odd;
       even.load(layout, rows, locate(begin), first, 0);
       if (begin + kTileKeys < end) odd.load(layout, rows, locate(begin + kTileKeys), first, 0);
-      for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
+      // Tile `tile` from `half` into `buffer` (whose barriers are `full` and `empty`), then the raw
+      // rows of the tile two ahead into `half`.
+      auto convert = [&](HalfTile<Rows>& half, uint8_t* buffer, auto full, auto empty, uint32_t tile) {
+        if (tile - begin >= 2 * kTileKeys) bar_sync<empty, kThreads16>();  // the consumer's P·V of the tile two back
+        half.store(layout, buffer, key, first);
+        bar_arrive<full, kThreads16>();
         const uint32_t ahead = tile + 2 * kTileKeys;
-        if (i % 2 == 0) {
-          if (i >= 2) bar_sync<kKEmpty, kThreads16>();  // the consumer's P·V of tile i − 2 is done
-          even.store(layout, sk, key, first);
-          bar_arrive<kKFull, kThreads16>();
-          if (ahead < end) even.load(layout, rows, locate(ahead), first, 0);
-        } else {
-          if (i >= 2) bar_sync<kVEmpty, kThreads16>();
-          odd.store(layout, sv, key, first);
-          bar_arrive<kVFull, kThreads16>();
-          if (ahead < end) odd.load(layout, rows, locate(ahead), first, 0);
-        }
+        if (ahead < end) half.load(layout, rows, locate(ahead), first, 0);
+      };
+      for (uint32_t tile = begin; tile < end; tile += 2 * kTileKeys) {
+        convert(even, sk, Bar16<kKFull>{}, Bar16<kKEmpty>{}, tile);
+        if (tile + kTileKeys < end) convert(odd, sv, Bar16<kVFull>{}, Bar16<kVEmpty>{}, tile + kTileKeys);
       }
       return;
     }

@@ -63,8 +63,8 @@ MlaKv random_history(const MlaConfig& cfg, std::size_t tokens, std::mt19937_64& 
   return kv;
 }
 
-// A small config with every feature on: rope (odd width, so one dim stays), gate.
-const MlaConfig kCfg{3, 5, 5, 7, false, true};
+// A small config with every feature on: rope, gate (odd head count and v width).
+const MlaConfig kCfg{3, 4, 6, 7, false, true};
 
 enum class Path { host, device };
 const char* name(Path p) { return p == Path::host ? "host" : "device"; }
@@ -114,11 +114,13 @@ TEST_CASE("k3_mla_maybe_rope_f32 matches the float64 rotation", "[mla_decode][ro
   // back bit for bit, the rope dims within FP32's angle error (pos · θ^e is rounded: ≲ 3·pos·u rad).
   rc::prop("random heads, dims, positions, theta, NoPE", [] {
     const auto heads = *rc::gen::inRange<std::uint32_t>(1, 71);
+    const bool use_nope = *rc::gen::arbitrary<bool>();
     const auto nope = *rc::gen::inRange<std::uint32_t>(0, 41);
-    const auto rope = *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 34);
+    // An odd rope only under NoPE (rotating, the launcher refuses it).
+    const auto rope = use_nope ? *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 34)
+                               : 2 * *rc::gen::inRange<std::uint32_t>(nope == 0 ? 1 : 0, 17);
     const auto pos = *rc::gen::inRange<std::uint32_t>(0, 5000);
     const auto theta = *rc::gen::element(10000.0f, 50000.0f, 1e6f, 2.0f);
-    const bool use_nope = *rc::gen::arbitrary<bool>();
     std::mt19937_64 rng(*rc::gen::arbitrary<std::uint64_t>());
     const std::size_t dq = std::size_t{nope} + rope;
     const auto q = random_floats(heads * dq, rng), k = random_floats(heads * dq, rng);
@@ -131,7 +133,7 @@ TEST_CASE("k3_mla_maybe_rope_f32 matches the float64 rotation", "[mla_decode][ro
       const auto want = ref::k3_rope(*in, heads, nope, rope, pos, theta, use_nope);
       for (std::size_t i = 0; i < got.size(); ++i) {
         const std::size_t c = i % dq;
-        const bool rotated = !use_nope && c >= nope && (c - nope) / 2 < rope / 2;
+        const bool rotated = !use_nope && c >= nope;
         if (!rotated) {
           RC_ASSERT(got[i] == (*in)[i]);
           continue;
@@ -201,7 +203,7 @@ TEST_CASE("k3_mla_sdpa_gate_f32 matches the float64 reference", "[mla_decode][sd
 
 TEST_CASE("k3_mla_maybe_rope_f32 refuses a position past 2^24 when it rotates", "[mla_decode][rope][bad_input]") {
   // Before: accepted; 1.89 off the float64 rotation at 2^32 − 1 (adversarial helper, thirty-sixth
-  // session). Under NoPE, or with a rope of 0 or 1 dims, nothing rotates, and any position goes.
+  // session). Under NoPE, or with a rope of 0 dims, nothing rotates, and any position goes.
   emu::EmulatorBackend gpu;
   gpu.set_dry_run(true);
   const auto kernels = K3MlaDecodeKernels::resolve(gpu);
@@ -213,12 +215,9 @@ TEST_CASE("k3_mla_maybe_rope_f32 refuses a position past 2^24 when it rotates", 
   REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
   args.pos = 0xFFFF'FFFFu, args.use_nope = true;
   REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
-  args.use_nope = false;
-  for (const std::uint32_t rope : {0u, 1u}) {  // no pair to rotate
-    args.rope = rope;
-    REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
-  }
-  CHECK(gpu.launch_log().size() == 4);
+  args.use_nope = false, args.rope = 0;  // no pair to rotate
+  REQUIRE_NOTHROW(k3_mla_maybe_rope_f32(gpu, kernels.rope, args));
+  CHECK(gpu.launch_log().size() == 3);
 }
 
 TEST_CASE("each launcher passes its arguments under the port's parameter names", "[mla_decode][launch]") {
@@ -268,6 +267,11 @@ TEST_CASE("launcher validation: every rule", "[mla_decode][launch]") {
   require_error([&] { rope({p, p, 1, 0xFFFF'FFFFu, 2, 0, 1e4f, false}); }, bad, {"nope + rope 4294967297 exceeds"});
   require_error([&] { rope({p, p, 1, 1, 2, 0, 0.0f, false}); }, bad, {"theta 0 is not a finite positive number"});
   require_error([&] { rope({p, p, 1, 1, 2, 0, kNan, false}); }, bad, {"theta nan"});
+  require_error(
+      [&] {
+        rope({p, p, 1, 1, 3, 0, 1e4f, false});
+      },
+      bad, {"k3_mla_maybe_rope_f32: rope 3 is odd (pairs (2i, 2i+1): its last dim would stay unrotated)"});
   require_error([&] { sdpa({{}, p, p, p, p, 1, 1, 1, 1, true}); }, bad, {"k3_mla_sdpa_gate_f32: q is null"});
   require_error([&] { sdpa({p, p, p, p, {}, 1, 1, 1, 1, true}); }, bad, {"out is null"});
   require_error([&] { sdpa({p, {}, p, p, p, 1, 1, 1, 1, true}); }, bad, {"k is null"});
@@ -320,7 +324,7 @@ TEST_CASE("launcher validation: every rule", "[mla_decode][launch]") {
 // ---- the two decode paths -----------------------------------------------------------------
 
 TEST_CASE("host and device paths agree with each other and with mla_decode_token", "[mla_decode][decode]") {
-  const MlaConfig cfg = GENERATE(MlaConfig{3, 5, 5, 7, false, true}, MlaConfig{2, 8, 4, 3, false, false},
+  const MlaConfig cfg = GENERATE(MlaConfig{3, 5, 6, 7, false, true}, MlaConfig{2, 8, 4, 3, false, false},
                                  MlaConfig{4, 6, 2, 9, true, true}, MlaConfig{1, 0, 6, 1, false, true},
                                  MlaConfig{5, 1, 0, 33, false, false});
   INFO(describe(cfg));
@@ -703,6 +707,22 @@ TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
     require_error([&] { validate(MlaConfig{1, 1, 1, 0, false, false}); }, bad, {"k3 mla: v_head_dim is 0"});
     require_error([&] { K3MlaDecoder(gpu, MlaConfig{1, 0, 0, 1}, 4); }, bad, {"dq must be > 0"});
   }
+  SECTION("an odd rope width, unless NoPE") {
+    require_error(
+        [&] {
+          validate(MlaConfig{1, 2, 3, 4, false, false});
+        },
+        bad, {"k3 mla: qk_rope_head_dim 3 is odd; the rotation turns pairs (2i, 2i+1)"});
+    REQUIRE_NOTHROW(validate(MlaConfig{1, 2, 3, 4, true, false}));
+    std::vector<float> q(5, 1.0f), k(5, 1.0f), v(4, 1.0f);
+    require_error(
+        [&] {
+          launch_k3_mla_decode_token(gpu, kernels, q, k, v, {}, host, {1, 2, 3, 4, false, false}, 0, 1e4f);
+        },
+        bad, {"qk_rope_head_dim 3 is odd"});
+    CHECK(host.seq_len == 0);
+    CHECK(q == std::vector<float>(5, 1.0f));
+  }
   SECTION("the V row of an append") {
     const auto k_row = DeviceBuffer::from_host<float>(gpu, tok.k);
     require_error([&] { kv.append_from_device(k_row.ptr(), std::vector<float>(20)); }, bad,
@@ -711,7 +731,7 @@ TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
   }
   SECTION("the resident KV's rows against the config") {
     MlaConfig wider = kCfg;
-    wider.qk_nope_head_dim = 6;
+    wider.qk_nope_head_dim = 5;
     Token w = random_token(wider, rng);
     require_error(
         [&] { launch_k3_mla_decode_token_on_device(gpu, kernels, w.q, w.k, w.v, w.g, kv, wider, 0, 1e4f); }, bad,

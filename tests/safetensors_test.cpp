@@ -513,3 +513,45 @@ TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[
   CHECK(entries() == 6);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("staged files committed together change whole or not at all", "[safetensors][files]") {
+  // Before: `conform --report` renamed report.json into place, then failed on report.md and left
+  // the new json beside the old md (adversarial helper, thirty-ninth session).
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("metrale_together_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto entries = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
+  };
+  const auto a = dir / "a.json", b = dir / "b.md", c = dir / "c.txt";
+  metrale::write_file(a, std::as_bytes(std::span(std::string_view("old a"))));
+  {
+    // b is new, c's rename fails (a folder with a file in it appears after staging): a and b are
+    // as before, nothing staged is left.
+    metrale::StagedFile sa(a, std::string_view("new a")), sb(b, std::string_view("new b")),
+        sc(c, std::string_view("new c"));
+    std::filesystem::create_directories(c);
+    metrale::write_file(c / "in", std::as_bytes(std::span(std::string_view("x"))));
+    require_error(
+        [&] {
+          metrale::StagedFile::commit_all({sa, sb, sc});
+        },
+        Errc::invalid_argument, {"cannot write " + c.string()});
+    CHECK(slurp(a) == "old a");
+    CHECK_FALSE(std::filesystem::exists(b));
+  }
+  CHECK(entries() == 2);  // a and the folder c
+  std::filesystem::remove_all(c);
+  {
+    metrale::StagedFile sa(a, std::string_view("new a")), sb(b, std::string_view("new b"));
+    metrale::StagedFile::commit_all({sa, sb});
+    CHECK(slurp(a) == "new a");
+    CHECK(slurp(b) == "new b");
+  }
+  CHECK(entries() == 2);  // the old a removed with its staged name
+  std::filesystem::remove_all(dir);
+}

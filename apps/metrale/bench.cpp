@@ -503,7 +503,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--only", opts->only, "run only the rows whose name contains this text")->check(non_empty_filter());
   cmd->add_option("--group", opts->group,
                   fmt::format("time each launch as a group of this many back to back (default: as many as take 100 "
-                              "us, at most 50; under --timing blocking 1, and at most {})",
+                              "us, at most 50, or 1 under --timing blocking; the GEMV rows 50, as the DeepSeek step "
+                              "runs them; at most {} under --timing blocking)",
                               kMaxBlockingGroup))
       ->transform(integer_in(1, 1000));
   cmd->add_option("--timing", opts->timing,

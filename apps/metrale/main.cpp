@@ -76,13 +76,15 @@ int main(int argc, char** argv) {
       spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", metrale::printable(record_dir),
                    app.get_subcommands().front()->get_name());
   } catch (const CLI::ParseError& e) {
-    // "metrale bogus", "metrale case bogus": name the unknown command rather than "a subcommand is
-    // required".
+    // "metrale bogus", "metrale case bogus", "metrale replay --bogus": name the unknown command or
+    // option rather than "a subcommand is required" or "FILE is required".
     // (What a subcommand does not take falls through to the top, so look there too.)
     CLI::App* last = &app;
     while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
     const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
-    if (last->get_require_subcommand_min() > 0 && !extra.empty()) return app.exit(CLI::ExtrasError(extra));
+    const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
+    if ((last->get_require_subcommand_min() > 0 || required) && !extra.empty())
+      return app.exit(CLI::ExtrasError(extra));
     return app.exit(e);
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <span>
 #include <string_view>
 #include <system_error>
@@ -29,6 +31,11 @@ class StagedFile {
 
   /// Rename it over the target, replacing what is there in one step. Errors as the constructor.
   void commit();
+  /// `commit` each of `files` in order, as one change: where one fails, the targets already
+  /// replaced get back what they held (swapped with it in one step, Linux `RENAME_EXCHANGE`; a
+  /// target that was not there is removed again), then the error is raised. On a file system
+  /// without that swap, as `commit` one after the other. Errors as the constructor.
+  static void commit_all(std::initializer_list<std::reference_wrapper<StagedFile>> files);
   /// Put it in place only if no file is at the target (a hard link, which fails rather than
   /// replace): false, and the target untouched, when one is. Errors as the constructor (also on a
   /// file system without hard links).

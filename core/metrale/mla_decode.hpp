@@ -52,7 +52,8 @@ struct MlaConfig {
 };
 
 /// Errors (`invalid_argument`, prefixed "k3 mla:"): heads 0; qk_head_dim 0
-/// ("dq must be > 0"); v_head_dim 0; nope + rope past 2^32 − 1.
+/// ("dq must be > 0"); v_head_dim 0; nope + rope past 2^32 − 1; an odd qk_rope_head_dim unless
+/// mla_use_nope (the rotation turns pairs (2i, 2i+1): SPEC §4, `k3_mla_maybe_rope_f32`).
 void validate(const MlaConfig& cfg);
 
 /// One sequence's K and V history on the host (seed 002 `MlaKv`).
@@ -96,9 +97,8 @@ struct K3MlaDecodeKernels {
 };
 
 /// Unless use_nope, rotate dims [nope, nope + rope) of each head's q and k_new
-/// row in place: pairs (2i, 2i+1) for i < ⌊rope/2⌋ (an odd last dim has no
-/// partner and stays), a' = a cos − b sin, b' = b cos + a sin, angle = pos ·
-/// theta^(−2i/rope), FP32 math.
+/// row in place: pairs (2i, 2i+1) for i < rope/2, a' = a cos − b sin,
+/// b' = b cos + a sin, angle = pos · theta^(−2i/rope), FP32 math (SPEC §4).
 struct K3RopeArgs {
   DevicePtr q;      // [heads, nope + rope] f32, in place
   DevicePtr k_new;  // [heads, nope + rope] f32, in place
@@ -108,8 +108,9 @@ struct K3RopeArgs {
 };
 /// Grid ⌈heads/128⌉, block 128 (one thread per head). Errors
 /// (`invalid_argument`): null q or k_new; heads 0; nope + rope past 2^32 − 1;
-/// when rotating: theta not finite or ≤ 0 (or so small that an angle overflows FP32), pos past
-/// 2^24 (FP32 holds no larger position exactly), or q and k_new sharing a byte.
+/// when rotating: an odd rope (its last dim would have no partner), theta not finite or ≤ 0 (or
+/// so small that an angle overflows FP32), pos past 2^24 (FP32 holds no larger position
+/// exactly), or q and k_new sharing a byte.
 void k3_mla_maybe_rope_f32(GpuBackend& gpu, KernelHandle kernel, const K3RopeArgs& a, Stream stream = 0);
 
 /// out[h, :] = Σ_j softmax_j(q[h]·k[j, h] / √dq) · v[j, h, :], times sigmoid(g[h, :])

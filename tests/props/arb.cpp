@@ -150,9 +150,11 @@ MlaConfig arb_k3_config() {
   MlaConfig c;
   c.heads = *in_range<std::uint32_t>(1, 5);
   c.qk_nope_head_dim = *in_range<std::uint32_t>(0, 8);
-  c.qk_rope_head_dim = *in_range<std::uint32_t>(c.qk_nope_head_dim == 0 ? 1 : 0, 8);
-  c.v_head_dim = *in_range<std::uint32_t>(1, 8);
   c.mla_use_nope = *rc::gen::arbitrary<bool>();
+  // An odd rope only under NoPE (rotating, its last dim would have no partner: refused).
+  c.qk_rope_head_dim = c.mla_use_nope ? *in_range<std::uint32_t>(c.qk_nope_head_dim == 0 ? 1 : 0, 8)
+                                      : 2 * *in_range<std::uint32_t>(c.qk_nope_head_dim == 0 ? 1 : 0, 4);
+  c.v_head_dim = *in_range<std::uint32_t>(1, 8);
   c.mla_use_output_gate = *rc::gen::arbitrary<bool>();
   return c;
 }
@@ -220,8 +222,9 @@ KernelCase arb_kernel_case(const std::string& module, const std::string& entry) 
                                  block_size, num_blocks, fp8 ? width + u(0, 5) : 0, seed);
   }
   if (entry == "k3_mla_maybe_rope_f32") {
-    const std::uint32_t nope = u(0, 8), rope = u(nope == 0 ? 1 : 0, 8);
-    return gen::k3_rope_case(u(1, 9), nope, rope, u(0, 5000), arb_scale(100, 1e5f), *rc::gen::arbitrary<bool>(), seed);
+    const bool use_nope = *rc::gen::arbitrary<bool>();  // an odd rope only under NoPE
+    const std::uint32_t nope = u(0, 8), rope = use_nope ? u(nope == 0 ? 1 : 0, 8) : 2 * u(nope == 0 ? 1 : 0, 4);
+    return gen::k3_rope_case(u(1, 9), nope, rope, u(0, 5000), arb_scale(100, 1e5f), use_nope, seed);
   }
   if (entry == "k3_mla_sdpa_gate_f32" || entry == "k3_sdpa_split_path")
     return gen::k3_sdpa_case(u(1, 5), u(1, 40), u(1, 40), u(0, 20), *rc::gen::arbitrary<bool>(), seed,

@@ -454,9 +454,9 @@ Def<K3RopeArgs> k3_rope() {
     Sentinels s;
     K3RopeArgs a{s.next(), s.next()};
     a.nope = u(0, 1u << 30);
-    a.rope = u(0, 1u << 30);
-    a.heads = u_fit(1, kU32Max, 4 * (std::uint64_t{a.nope} + a.rope));  // q and k_new within their slots
     a.use_nope = coin();
+    a.rope = a.use_nope ? u(0, 1u << 30) : 2 * u(0, 1u << 29);          // rotating, an even width
+    a.heads = u_fit(1, kU32Max, 4 * (std::uint64_t{a.nope} + a.rope));  // q and k_new within their slots
     a.pos = a.use_nope ? u(0, kU32Max) : u(0, 1u << 24);  // a position rotates only up to 2^24
     // Under NoPE theta is never used, so any value is accepted.
     a.theta = a.use_nope && coin() ? *rc::gen::element(0.0f, -1.0f, non_finite_float()) : positive_float();
@@ -481,7 +481,12 @@ Def<K3RopeArgs> k3_rope() {
                                  {kn, fmt::format("nope + rope {} exceeds", std::uint64_t{a.nope} + a.rope)}};
              },
              [kn](A& a) {
-               a.use_nope = false;
+               a.use_nope = false, a.rope = 2 * u(0, 1u << 29) + 1;
+               return BrokenRule{
+                   "an odd rope when rotating", Errc::invalid_argument, {kn, fmt::format("rope {} is odd", a.rope)}};
+             },
+             [kn](A& a) {
+               a.use_nope = false, a.rope -= a.rope % 2;
                a.theta = bad_positive_float();
                return BrokenRule{"theta not finite or not positive",
                                  Errc::invalid_argument,
@@ -490,7 +495,7 @@ Def<K3RopeArgs> k3_rope() {
              [kn](A& a) {
                a.use_nope = false;
                a.theta = positive_float();
-               a.rope = std::max(a.rope, 2u), a.heads = 1;  // a pair rotates (rope 0 or 1 takes any position)
+               a.rope = std::max(a.rope - a.rope % 2, 2u), a.heads = 1;  // a pair rotates (rope 0 takes any position)
                a.pos = u((1u << 24) + 1, kU32Max);
                return BrokenRule{"a rotated position past 2^24",
                                  Errc::invalid_argument,
