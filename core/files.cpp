@@ -111,9 +111,10 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
   } catch (...) {
     for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
       auto& [f, way] = *it;
-      if (way == Way::swapped)
-        ::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE);
-      else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0)
+      if (way == Way::swapped) {
+        if (::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE) != 0)
+          f->done_ = true;  // the old file kept at the staged name rather than removed
+      } else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0)
         f->done_ = false;  // (the destructor removes it)
     }
     throw;
