@@ -95,6 +95,7 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
   // name until all are in place (then the destructor removes it), or goes back if one fails.
   enum class Way { swapped, renamed, plain };  // plain: no way back (the swap unsupported)
   std::vector<std::pair<StagedFile*, Way>> placed;
+  placed.reserve(files.size());  // (no allocation between a file's move and its record)
   try {
     for (StagedFile& f : files) {
       // (A swap would also move a folder that took the target's place since: only a file's.)
@@ -108,16 +109,21 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
       f.commit();  // no target (undone by renaming it back), else as one rename
       placed.emplace_back(&f, type == std::filesystem::file_type::not_found ? Way::renamed : Way::plain);
     }
-  } catch (...) {
+  } catch (const Error& e) {
+    std::string kept;  // where a swap back failed, the old file stays at the staged name
     for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
       auto& [f, way] = *it;
       if (way == Way::swapped) {
-        if (::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE) != 0)
-          f->done_ = true;  // the old file kept at the staged name rather than removed
-      } else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0)
+        if (::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE) != 0) {
+          f->done_ = true;
+          kept += fmt::format("; the old {} is kept as {}", f->target_.string(), f->staged_.string());
+        }
+      } else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0) {
         f->done_ = false;  // (the destructor removes it)
+      }
     }
-    throw;
+    if (kept.empty()) throw;
+    throw Error(e.code(), e.message() + kept);
   }
   for (auto& [f, way] : placed) f->done_ = way != Way::swapped;  // swapped: the old file, removed
 }

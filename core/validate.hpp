@@ -52,7 +52,8 @@ inline std::optional<std::string> rope_theta_problem(float theta, std::uint32_t 
                        largest);
   // Past 2^24 FP32 no longer holds the position itself. (Its angles' rounding grows with the
   // position below that too: 0.011 rad at 2^20, 0.38 at 2^24 for rope 64, theta 10^4; SPEC §3's
-  // FP32 math, as the models' own rotary embeddings have it.) A rope of 0 or 1 rotates nothing.
+  // FP32 math, as the models' own rotary embeddings have it.) A rope of 0 rotates nothing (and one
+  // of 1, which the launchers refuse as odd).
   if (rope >= 2 && pos > kMaxRopePosition)
     return fmt::format("position {} is past 2^24 = {}, beyond what the rope's FP32 angles (SPEC §3) hold exactly", pos,
                        kMaxRopePosition);

@@ -721,7 +721,19 @@ TEST_CASE("every rank check names the numbers", "[mla_decode][validation]") {
         },
         bad, {"qk_rope_head_dim 3 is odd"});
     CHECK(host.seq_len == 0);
+    auto odd_kv = MlaDeviceKv::alloc(gpu, 2, 5, 4);
+    require_error(
+        [&] {
+          launch_k3_mla_decode_token_on_device(gpu, kernels, q, k, v, {}, odd_kv, {1, 2, 3, 4, false, false}, 0, 1e4f);
+        },
+        bad, {"qk_rope_head_dim 3 is odd"});
+    CHECK(odd_kv.seq_len() == 0);
     CHECK(q == std::vector<float>(5, 1.0f));
+    require_error(
+        [&] {
+          K3MlaDecoder(gpu, MlaConfig{1, 2, 3, 4, false, false}, 4);
+        },
+        bad, {"qk_rope_head_dim 3 is odd"});
   }
   SECTION("the V row of an append") {
     const auto k_row = DeviceBuffer::from_host<float>(gpu, tok.k);

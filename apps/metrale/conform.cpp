@@ -344,8 +344,9 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
       if (!c.pass)
         md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
   }
-  // Both files staged, then put in place as one change: an error (a full disk, a folder in the
-  // way, a file that cannot be replaced) leaves the old pair as it was, and names the file.
+  // Both files staged, then put in place as one change (StagedFile::commit_all): an error (a full
+  // disk, a folder in the way, a file that cannot be replaced) leaves the old pair as it was,
+  // where the file system can swap files (Linux's local ones), and names the file.
   with_context("conform --report", [&] {
     StagedFile json(dir / "report.json", json_text), markdown(dir / "report.md", md.str());
     StagedFile::commit_all({json, markdown});

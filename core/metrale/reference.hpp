@@ -108,8 +108,8 @@ DeepseekStepResult deepseek_step(const DeepseekStepProblem& p);
 // ---- Kimi K3 (SPEC §4) ----------------------------------------------------------
 
 /// x [heads, nope + rope] with dims [nope, nope + rope) of each row rotated by
-/// pairs (2i, 2i+1), angle = pos · theta^(−2i/rope) (an odd last dim stays);
-/// unchanged when use_nope.
+/// pairs (2i, 2i+1), angle = pos · theta^(−2i/rope) (an odd last dim, which the
+/// launchers refuse when rotating, stays); unchanged when use_nope.
 std::vector<double> k3_rope(const std::vector<float>& x, std::uint32_t heads, std::uint32_t nope, std::uint32_t rope,
                             std::uint32_t pos, double theta, bool use_nope);
 
