@@ -81,6 +81,27 @@ struct TempPath {
   }
 };
 
+// A scratch folder removed at scope exit, with what the staged-file tests read of it.
+struct TempFolder {
+  std::filesystem::path dir;
+  explicit TempFolder(const std::string& prefix)
+      : dir(std::filesystem::temp_directory_path() / (prefix + std::to_string(std::random_device{}()))) {
+    std::filesystem::create_directories(dir);
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  static std::string slurp(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // The folder's entries, files and folders alike.
+  std::ptrdiff_t entries() const {
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
+  }
+};
+
 template <class T>
 Tensor make(std::vector<std::int64_t> shape, const std::vector<T>& v) {
   return Tensor::from<T>(std::move(shape), std::span<const T>(v));
@@ -455,16 +476,10 @@ TEST_CASE("safetensors parse of a corrupted file throws only metrale::Error", "[
 }
 
 TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[safetensors][files]") {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("metrale_staged_" + std::to_string(std::random_device{}()));
-  std::filesystem::create_directories(dir);
-  auto slurp = [](const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  auto entries = [&] {
-    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
-  };
+  const TempFolder scratch("metrale_staged_");
+  const auto& dir = scratch.dir;
+  const auto slurp = &TempFolder::slurp;
+  auto entries = [&] { return scratch.entries(); };
   const auto target = dir / "a.txt";
   metrale::write_file(target, std::as_bytes(std::span(std::string_view("old"))));
   CHECK(slurp(target) == "old");
@@ -511,22 +526,15 @@ TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[
   metrale::StagedFile(long_name, std::string_view("long")).commit();
   CHECK(slurp(long_name) == "long");
   CHECK(entries() == 6);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("staged files committed together change whole or not at all", "[safetensors][files]") {
   // Before: `conform --report` renamed report.json into place, then failed on report.md and left
   // the new json beside the old md (adversarial helper, thirty-ninth session).
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("metrale_together_" + std::to_string(std::random_device{}()));
-  std::filesystem::create_directories(dir);
-  auto slurp = [](const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  auto entries = [&] {
-    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
-  };
+  const TempFolder scratch("metrale_together_");
+  const auto& dir = scratch.dir;
+  const auto slurp = &TempFolder::slurp;
+  auto entries = [&] { return scratch.entries(); };
   const auto a = dir / "a.json", b = dir / "b.md", c = dir / "c.txt";
   metrale::write_file(a, std::as_bytes(std::span(std::string_view("old a"))));
   {
@@ -553,5 +561,4 @@ TEST_CASE("staged files committed together change whole or not at all", "[safete
     CHECK(slurp(b) == "new b");
   }
   CHECK(entries() == 2);  // the old a removed with its staged name
-  std::filesystem::remove_all(dir);
 }
