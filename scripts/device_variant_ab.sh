@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A kernel experiment against the product's build on the device machine (docs/performance.md):
+# each build of mla_wgmma under .carry/kernels/variants/<name>/ (loaded through
+# METRALE_CUDA_FATBIN_DIR) takes turns with the built-in kernels on the same sweep rows, twice
+# over (base, variant, base, variant), so that drift falls on both alike; then the variant under
+# the GPU suite's wgmma and latent tests, `conform --only wgmma16` and memcheck, racecheck and
+# synccheck over it. SWEEP holds the sweep's options (16-head rows of both formats and layouts
+# unless given), TIMING the bench timing (blocking). Needs .carry/ (scripts/pack_device.sh, after
+# building the variant's fatbin there); logs under $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
+export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
+export METRALE_GOLDEN_DIR=$PWD/.carry/golden
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }  # the test binary's baked source path
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+M=.carry/bin/metrale
+read -r -a sweep <<< "${SWEEP:---heads 16 --layout separate latent}"
+for dir in .carry/kernels/variants/*/; do
+  name=$(basename "$dir")
+  for rep in 1 2; do
+    for build in base "$name"; do
+      t0=$SECONDS
+      if [ "$build" = base ]; then
+        $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" --json "$OUT/${build}_$rep.json"
+      else
+        METRALE_CUDA_FATBIN_DIR=$PWD/$dir $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" \
+          --json "$OUT/${build}_$rep.json"
+      fi > "$OUT/${build}_$rep.txt" 2>&1
+      echo "$build rep $rep: exit $? in $((SECONDS - t0)) s"
+    done
+  done
+  only="--only wgmma16"
+  for check in "tests:.carry/bin/metrale_tests [wgmma],[latent]" \
+    "conform:$M conform --backend cuda --no-golden $only" \
+    "memcheck:compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
+    "racecheck:compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
+    "synccheck:compute-sanitizer --tool synccheck --num-cuda-barriers 100000 --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only"; do
+    t0=$SECONDS
+    log="$OUT/${name}_${check%%:*}.txt"
+    (cd /work/main && METRALE_CUDA_FATBIN_DIR=$PWD/$dir ${check#*:}) > "$log" 2>&1
+    echo "$name ${check%%:*}: exit $? in $((SECONDS - t0)) s; $(tail -n 1 "$log")"
+  done
+done | tee "$OUT/ab.txt"
+# One archive of the logs: a call brings back only a few files.
+(cd "$OUT" && tar -czf logs.tgz --exclude=logs.tgz ./*.txt ./*.json)
