@@ -884,7 +884,8 @@ struct HalfTile {
 // keeps partial sums of its heads (the same rescaling everywhere), added up at the end.
 // Over one latent pool (Rows::v_is_k) a tile's K is its V: the producers convert each tile once,
 // into the K and the V buffer by turns, with the raw rows of the next two in registers, and the
-// consumer runs both products on the buffer that holds the tile.
+// consumer runs both products on the buffer that holds the tile. Both sides take the even tile
+// and then the odd one in each turn of their loops, so a step's buffer and barriers are constants.
 template <class Rows>
 __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partial, float* ml_partial,
                                          uint32_t num_q_heads, float logit_scale, uint32_t keys_per_split,
@@ -974,9 +975,14 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   float m[4], l[4];  // l: this thread's keys' share of the sum
 #pragma unroll
   for (uint32_t j = 0; j < 4; ++j) m[j] = -INFINITY, l[j] = 0.0f;
-  for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
-    const bool more = tile + kTileKeys < end, in_v = latent && i % 2 == 1;
-    if (in_v) {
+  // One tile's two products. kSeparate: K and V from their own buffers; kLatentInK / kLatentInV:
+  // one latent pool's tile in the K buffer (even tiles) or the V buffer (odd), read by both.
+  enum : uint32_t { kSeparate, kLatentInK, kLatentInV };
+  auto step = [&](auto mode_c, uint32_t tile) {
+    constexpr uint32_t mode = decltype(mode_c)::value;
+    constexpr bool separate = mode == kSeparate, in_v = mode == kLatentInV;
+    const bool more = tile + kTileKeys < end;
+    if constexpr (in_v) {
       bar_sync<kVFull, kThreads16>();
     } else {
       bar_sync<kKFull, kThreads16>();
@@ -984,22 +990,31 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
     float sacc[8];
     kq_tile_ss(sacc, in_v ? k_desc_in_v : k_desc, q_desc);
     wgmma_wait_all();
-    if (!latent && more) bar_arrive<kKEmpty, kThreads16>();
+    if (separate && more) bar_arrive<kKEmpty, kThreads16>();
     tile_softmax16(sacc, m, l, o, q_down, tile, end, r0, warp, lane, red, sp, [] { bar_sync<kSoftmaxBar, 128>(); });
-    fence_to_async_proxy();                       // P, for the tensor cores
-    bar_sync<kSoftmaxBar, 128>();                 // P written and the maxima read by every consumer warp
-    if (!latent) bar_sync<kVFull, kThreads16>();  // V dequantised
-    vp_tile_ss(o, latent && !in_v ? v_desc_in_k : v_desc, p_desc);
+    fence_to_async_proxy();                                  // P, for the tensor cores
+    bar_sync<kSoftmaxBar, 128>();                            // P written and the maxima read by every consumer warp
+    if constexpr (separate) bar_sync<kVFull, kThreads16>();  // V dequantised
+    vp_tile_ss(o, mode == kLatentInK ? v_desc_in_k : v_desc, p_desc);
     wgmma_wait_all();
-    if (!latent) {
+    if constexpr (separate) {
       if (more) bar_arrive<kVEmpty, kThreads16>();
-    } else if (tile + 2 * kTileKeys < end) {  // the producers' tile i + 2 goes into this buffer
-      if (in_v) {
+    } else if (tile + 2 * kTileKeys < end) {  // the producers' tile two ahead goes into this buffer
+      if constexpr (in_v) {
         bar_arrive<kVEmpty, kThreads16>();
       } else {
         bar_arrive<kKEmpty, kThreads16>();
       }
     }
+  };
+  if (latent) {
+    for (uint32_t tile = begin; tile < end; tile += 2 * kTileKeys) {
+      step(std::integral_constant<uint32_t, kLatentInK>{}, tile);
+      if (tile + kTileKeys < end) step(std::integral_constant<uint32_t, kLatentInV>{}, tile + kTileKeys);
+    }
+  } else {
+    for (uint32_t tile = begin; tile < end; tile += kTileKeys)
+      step(std::integral_constant<uint32_t, kSeparate>{}, tile);
   }
   // The sums over the block's keys: lanes of one lane%4, then the four warps in order.
 #pragma unroll

@@ -43,5 +43,26 @@ for dir in .carry/kernels/variants/*/; do
     echo "$name ${check%%:*}: exit $? in $((SECONDS - t0)) s; $(tail -n 1 "$log")"
   done
 done | tee "$OUT/ab.txt"
-# One archive of the logs: a call brings back only a few files.
-(cd "$OUT" && tar -czf logs.tgz --exclude=logs.tgz ./*.txt ./*.json)
+# Best of the two runs per row, the variant's time over the base's (below 1: the variant is faster).
+python3 - "$OUT" <<'PY' | tee "$OUT/ab_table.txt"
+import glob, json, os, sys
+out = sys.argv[1]
+def best(prefix):
+    rows = {}
+    for path in glob.glob(os.path.join(out, prefix + "_[12].json")):
+        for r in json.load(open(path))["sweep"]:
+            key = (r["cache"], r["layout"], r["B"], r["L"], r["H"])
+            rows[key] = min(rows.get(key, float("inf")), r["split_us"])
+    return rows
+base = best("base")
+for path in sorted(glob.glob(os.path.join(out, "*_1.json"))):
+    name = os.path.basename(path)[:-7]
+    if name == "base":
+        continue
+    for key, t in sorted(best(name).items()):
+        if key in base:
+            print(name, *key, f"{base[key]:.1f} -> {t:.1f} us ({t / base[key]:.3f}x)")
+PY
+# One archive of the logs, the single files then removed: a call brings back only a few files.
+(cd "$OUT" && tar -czf logs.tgz --exclude=logs.tgz --exclude=ab.txt --exclude=ab_table.txt ./*.txt ./*.json &&
+  find . -maxdepth 1 -type f ! -name logs.tgz ! -name ab.txt ! -name ab_table.txt -delete)
