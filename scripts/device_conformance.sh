@@ -2,7 +2,8 @@
 # Hardware conformance on the device machine (see docs/conformance.md). The binaries are built on
 # Debian with CUDA and carried in .carry/ (scripts/pack_device.sh); this runs the test suite on the
 # GPU, metrale conform, the four compute-sanitizer tools over conform, the recorded case files and
-# the benchmark, writing logs under $OUT.
+# the benchmark, writing logs under $OUT. TESTS, where given, picks the suite's tests (a Catch2 test
+# spec, e.g. "[wgmma],[latent]"; the whole suite, about 190 s on an H100, unless given).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" build/bin build/kernels /work
@@ -18,7 +19,7 @@ M=build/bin/metrale
   for f in build/kernels/*.fatbin; do echo "$f"; cuobjdump -lelf "$f"; cuobjdump -lptx "$f"; done
 } > "$OUT/device.txt" 2>&1
 step() { local name=$1; shift; local t0=$SECONDS; "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $? in $((SECONDS - t0)) s"; }
-step tests build/bin/metrale_tests
+step tests build/bin/metrale_tests ${TESTS:+"$TESTS"}
 step conform $M conform --backend cuda --report "$OUT/conform" --golden .carry/golden
 step cases $M case run cases/kernels --backend cuda
 for tool in memcheck racecheck initcheck synccheck; do
