@@ -2,7 +2,7 @@
 # A kernel experiment against the product's build on the device machine (docs/performance.md):
 # each build of mla_wgmma under .carry/kernels/variants/<name>/ (loaded through
 # METRALE_CUDA_FATBIN_DIR) takes turns with the built-in kernels on the same sweep rows, twice
-# over (base, variant, base, variant), so that drift falls on both alike; then the variant under
+# over (base, each variant, base, each variant), so that drift falls on all alike; then each variant under
 # the GPU suite's wgmma and latent tests, `conform --only wgmma16` and memcheck, racecheck and
 # synccheck over it. SWEEP holds the sweep's options (16-head rows of both formats and layouts
 # unless given), TIMING the bench timing (blocking). Needs .carry/ (scripts/pack_device.sh, after
@@ -17,10 +17,11 @@ export METRALE_GOLDEN_DIR=$PWD/.carry/golden
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 M=.carry/bin/metrale
 read -r -a sweep <<< "${SWEEP:---heads 16 --layout separate latent}"
-for dir in .carry/kernels/variants/*/; do
-  name=$(basename "$dir")
+variants=(.carry/kernels/variants/*/)
+{
   for rep in 1 2; do
-    for build in base "$name"; do
+    for dir in base "${variants[@]}"; do
+      build=$(basename "$dir")
       t0=$SECONDS
       if [ "$build" = base ]; then
         $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" --json "$OUT/${build}_$rep.json"
@@ -31,18 +32,7 @@ for dir in .carry/kernels/variants/*/; do
       echo "$build rep $rep: exit $? in $((SECONDS - t0)) s"
     done
   done
-  only="--only wgmma16"
-  for check in "tests:.carry/bin/metrale_tests [wgmma],[latent]" \
-    "conform:$M conform --backend cuda --no-golden $only" \
-    "memcheck:compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
-    "racecheck:compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
-    "synccheck:compute-sanitizer --tool synccheck --num-cuda-barriers 100000 --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only"; do
-    t0=$SECONDS
-    log="$OUT/${name}_${check%%:*}.txt"
-    (cd /work/main && METRALE_CUDA_FATBIN_DIR=$PWD/$dir ${check#*:}) > "$log" 2>&1
-    echo "$name ${check%%:*}: exit $? in $((SECONDS - t0)) s; $(tail -n 1 "$log")"
-  done
-done | tee "$OUT/ab.txt"
+} | tee "$OUT/ab.txt"
 # Best of the two runs per row, the variant's time over the base's (below 1: the variant is faster).
 python3 - "$OUT" <<'PY' | tee "$OUT/ab_table.txt"
 import glob, json, os, sys
@@ -63,6 +53,21 @@ for path in sorted(glob.glob(os.path.join(out, "*_1.json"))):
         if key in base:
             print(name, *key, f"{base[key]:.1f} -> {t:.1f} us ({t / base[key]:.3f}x)")
 PY
+# Then each variant under the checks.
+for dir in "${variants[@]}"; do
+  name=$(basename "$dir")
+  only="--only wgmma16"
+  for check in "tests:.carry/bin/metrale_tests [wgmma],[latent]" \
+    "conform:$M conform --backend cuda --no-golden $only" \
+    "memcheck:compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
+    "racecheck:compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only" \
+    "synccheck:compute-sanitizer --tool synccheck --num-cuda-barriers 100000 --report-api-errors no --error-exitcode 9 $M conform --backend cuda --no-golden $only"; do
+    t0=$SECONDS
+    log="$OUT/${name}_${check%%:*}.txt"
+    (cd /work/main && METRALE_CUDA_FATBIN_DIR=$PWD/$dir ${check#*:}) > "$log" 2>&1
+    echo "$name ${check%%:*}: exit $? in $((SECONDS - t0)) s; $(tail -n 1 "$log")"
+  done
+done | tee -a "$OUT/ab.txt"
 # One archive of the logs, the single files then removed: a call brings back only a few files.
 (cd "$OUT" && tar -czf logs.tgz --exclude=logs.tgz --exclude=ab.txt --exclude=ab_table.txt ./*.txt ./*.json &&
   find . -maxdepth 1 -type f ! -name logs.tgz ! -name ab.txt ! -name ab_table.txt -delete)
