@@ -1896,6 +1896,43 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
   }
 }
 
+TEST_CASE("info lists the mla_wgmma blocks a played device runs, and says once why none", "[cli]") {
+  // Before (fresh-user trial, fortieth session): "none: sm_90a only, and this plays sm_121" after
+  // each of the four rows, spliced into the wrapped lines.
+  std::string out;
+  REQUIRE(run_cli("info", out, "METRALE_EMU_COMPUTE_CAPABILITY=121") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("its 16-head blocks up to 16 heads: none\n"));
+  CHECK_THAT(out, Catch::Matchers::Contains("over one latent pool FP8 only): none\n"));
+  const std::string why = "(none: mla_wgmma is sm_90a only, and this plays sm_121)";
+  REQUIRE(out.find(why) != std::string::npos);
+  CHECK(out.find(why) == out.rfind(why));
+  out.clear();
+  REQUIRE(run_cli("info", out, "METRALE_EMU_COMPUTE_CAPABILITY=90") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("its 16-head blocks up to 16 heads: fp8, nvfp4\n"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("(none:"));
+}
+
+TEST_CASE("bad input: a command's option given before the command says where it goes", "[bad_input][cli]") {
+  // Before (fresh-user trial, fortieth session): only CLI11's "not expected: cuda --backend".
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--backend cuda bench",
+            "--backend goes after the command (metrale bench --backend ...); the commands "
+            "that take it: replay, case run, conform, bench"},
+           {"--backend=emu case run x", "--backend goes after the command (metrale case run --backend ...)"},
+           {"--backend emu info", "--backend goes after the command (metrale replay --backend ...)"},
+           {"--only wgmma conform",
+            "--only goes after the command (metrale conform --only ...); the commands that "
+            "take it: conform, bench"}}) {
+    INFO(args);
+    std::string out;
+    CHECK(run_cli(args, out) > 100);
+    CHECK_THAT(out, Catch::Matchers::Contains(want));
+  }
+  std::string out;  // an option no command takes gets no such line
+  CHECK(run_cli("--bogus info", out) > 100);
+  CHECK_THAT(out, !Catch::Matchers::Contains("goes after the command"));
+}
+
 TEST_CASE("bad input: a whole-number option says what is wrong with its value", "[bad_input][cli]") {
   // Before: CLI11's Range called "1e3" and "2.5" "not in range 1 to 1000".
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{

@@ -99,15 +99,22 @@ void add_info(CLI::App& app) {
     fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
     fmt::print("  case files (--record) at most {} bytes a run ({})\n", o.record_limit_bytes,
                recording_limit() != 0 ? "--record-limit" : "METRALE_RECORD_LIMIT, else 4 GB");
-    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none.
-    const std::string none = module_runs_on(emu, kMlaWgmmaModule)
-                                 ? "none: too little shared memory"
-                                 : fmt::format("none: sm_90a only, and this plays sm_{}", emu.compute_capability());
+    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none
+    // (said once, below the list).
+    const std::string why_none =
+        module_runs_on(emu, kMlaWgmmaModule)
+            ? "too little shared memory"
+            : fmt::format("mla_wgmma is sm_90a only, and this plays sm_{}", emu.compute_capability());
+    bool any_none = false;
+    auto listed = [&](const std::vector<std::string>& fit) {
+      any_none = any_none || fit.empty();
+      return fit.empty() ? std::string("none") : fmt::format("{}", fmt::join(fit, ", "));
+    };
     auto formats = [&](const char* entry) {
       std::vector<std::string> fit;
       for (const char* f : {"fp8", "nvfp4"})
         if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
-      return fit.empty() ? none : fmt::format("{}", fmt::join(fit, ", "));
+      return listed(fit);
     };
     // The formats whose 16-head blocks the plan stages here, asked for a problem with many tiles
     // per block slot (128 sequences of 64K keys).
@@ -136,8 +143,9 @@ void add_info(CLI::App& app) {
     fmt::print(
         "                        staged 16-head blocks where a block has many tiles (two pools;\n"
         "                        over one latent pool FP8 only): {}\n",
-        staged16.empty() ? none : fmt::format("{}", fmt::join(staged16, ", ")));
+        listed(staged16));
     fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
+    if (any_none) fmt::print("                        (none: {})\n", why_none);
     fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
     for (const auto& e : emu.registry().entries())
       fmt::print("    {:<56} {} parameters\n", e.full_name(), e.params.size());

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,35 @@ void warn_unknown_log_levels() {
     if (spdlog::level::from_str(level) == spdlog::level::off && level != "off")
       spdlog::warn("SPDLOG_LEVEL: unknown level '{}' ignored (trace, debug, info, warn, error, critical or off)",
                    metrale::printable(level));
+  }
+}
+
+// "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
+// command given before the command, name the commands that take it (on stderr, after CLI11's
+// "not expected" line).
+void say_where_options_go(const CLI::App& app) {
+  for (const std::string& word : app.remaining()) {
+    const std::string name = word.substr(0, word.find('='));
+    if (name.size() < 2 || name[0] != '-' || app.get_option_no_throw(name) != nullptr) continue;
+    std::vector<std::string> takers;
+    const std::function<void(const CLI::App&, const std::string&)> look = [&](const CLI::App& cmd,
+                                                                              const std::string& path) {
+      for (const CLI::App* sub : cmd.get_subcommands({})) {
+        const std::string full = path.empty() ? sub->get_name() : path + " " + sub->get_name();
+        if (sub->get_option_no_throw(name) != nullptr) takers.push_back(full);
+        look(*sub, full);
+      }
+    };
+    look(app, "");
+    if (takers.empty()) continue;
+    std::string given;  // the command on the line, as the example where it takes the option
+    for (const CLI::App* cmd = &app; !cmd->get_subcommands().empty();) {
+      cmd = cmd->get_subcommands().front();
+      given += (given.empty() ? "" : " ") + cmd->get_name();
+    }
+    const bool takes = std::find(takers.begin(), takers.end(), given) != takers.end();
+    fmt::print(stderr, "{} goes after the command (metrale {} {} ...); the commands that take it: {}\n", name,
+               takes ? given : takers.front(), name, fmt::join(takers, ", "));
   }
 }
 
@@ -83,9 +113,11 @@ int main(int argc, char** argv) {
     while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
     const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
     const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
-    if ((last->get_require_subcommand_min() > 0 || required) && !extra.empty())
-      return app.exit(CLI::ExtrasError(extra));
-    return app.exit(e);
+    const int code = (last->get_require_subcommand_min() > 0 || required) && !extra.empty()
+                         ? app.exit(CLI::ExtrasError(extra))
+                         : app.exit(e);
+    say_where_options_go(app);
+    return code;
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
