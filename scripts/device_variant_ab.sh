@@ -4,9 +4,10 @@
 # METRALE_CUDA_FATBIN_DIR) takes turns with the built-in kernels on the same sweep rows, twice
 # over (base, each variant, base, each variant), so that drift falls on all alike; then each
 # variant under the GPU suite's wgmma and latent tests, `conform --only wgmma16` and memcheck,
-# racecheck and synccheck over it. SWEEP holds the sweep's options (16-head rows of both formats and layouts
-# unless given), TIMING the bench timing (blocking). Needs .carry/ (scripts/pack_device.sh, after
-# building the variant's fatbin there); logs under $OUT.
+# racecheck and synccheck over it. SWEEP holds the sweep's options (the 16-head rows of both
+# formats and layouts unless given), TIMING the bench timing (blocking). Needs .carry/
+# (scripts/pack_device.sh, after building the variant's fatbin there; docs/performance.md,
+# "Method"); logs under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
