@@ -24,13 +24,11 @@ variants=(.carry/kernels/variants/*/)
   for rep in 1 2; do
     for dir in base "${variants[@]}"; do
       build=$(basename "$dir")
+      fatbin=()  # the base: the kernels built into the binary
+      [ "$build" = base ] || fatbin=("METRALE_CUDA_FATBIN_DIR=$PWD/$dir")
       t0=$SECONDS
-      if [ "$build" = base ]; then
-        $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" --json "$OUT/${build}_$rep.json"
-      else
-        METRALE_CUDA_FATBIN_DIR=$PWD/$dir $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" \
-          --json "$OUT/${build}_$rep.json"
-      fi > "$OUT/${build}_$rep.txt" 2>&1
+      env "${fatbin[@]}" $M bench --backend cuda --sweep --timing "${TIMING:-blocking}" "${sweep[@]}" \
+        --json "$OUT/${build}_$rep.json" > "$OUT/${build}_$rep.txt" 2>&1
       echo "$build rep $rep: exit $? in $((SECONDS - t0)) s"
     done
   done
