@@ -71,10 +71,22 @@ __device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, ui
   st_shared_v4(tile + swizzled(key, 2 * part + 1), w[4], w[5], w[6], w[7]);
 }
 
-// D (+)= A·B, m64n16k16, FP16 in, FP32 accumulate, A and B in shared memory (descriptors), B
-// K-major; A K-major, or MN-major with kTransA (the 16-head blocks' Vᵀ).
+// The low word of smem_desc(addr, leading, 1024): an offset into the tile (bytes / 16) is added
+// to it alone, with no carry into the high word (shared memory is under 256 KB), and that word is
+// the same for every tile (kDescHigh). Built from these, a warpgroup's descriptors stay in
+// uniform registers: one uniform add an operand, where 64-bit descriptors took ten instructions
+// a wgmma through vector registers (ncu, docs/performance.md "Forty-first session").
+__device__ uint32_t smem_desc_low(uint32_t addr, uint32_t leading) {
+  return ((addr & 0x3FFFFu) >> 4) | ((leading >> 4) << 16);
+}
+constexpr uint64_t kDescHigh = uint64_t{(1024 >> 4) | (1u << 30)} << 32;  // stride 1024, 128-byte swizzle
+
+// D (+)= A·B, m64n16k16, FP16 in, FP32 accumulate, A and B in shared memory (descriptors given by
+// their low words, smem_desc_low), B K-major; A K-major, or MN-major with kTransA (the 16-head
+// blocks' Vᵀ).
 template <int kTransA>
-__device__ void wgmma_ss_m64n16k16(float (&d)[8], uint64_t a, uint64_t b, uint32_t accumulate) {
+__device__ void wgmma_ss_m64n16k16(float (&d)[8], uint32_t a_low, uint32_t b_low, uint32_t accumulate) {
+  const uint64_t a = kDescHigh | a_low, b = kDescHigh | b_low;
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
@@ -828,7 +840,7 @@ constexpr uint32_t kUnitsPerProducer = kDim / 16 * kTileKeys / kProducers;  // 1
 
 // Issue Sᵀ = K·Qᵀ over the whole contraction (36 k-steps of 16 dims; A: the K tile's slabs from
 // descriptor `k`, B: Q's from `q`), one commit group.
-__device__ void kq_tile_ss(float (&sacc)[8], uint64_t k, uint64_t q) {
+__device__ void kq_tile_ss(float (&sacc)[8], uint32_t k, uint32_t q) {
   wgmma_fence();
 #pragma unroll
   for (uint32_t s = 0; s < kDim / 16; ++s) {
@@ -841,7 +853,7 @@ __device__ void kq_tile_ss(float (&sacc)[8], uint64_t k, uint64_t q) {
 
 // Issue Oᵀ += Vᵀ·Pᵀ for one tile: the nine 64-dim atoms of V (MN-major, descriptor `v`), four
 // k-steps of 16 keys, P K-major from descriptor `p`; one commit group.
-__device__ void vp_tile_ss(float (&o)[kAtoms16][8], uint64_t v, uint64_t p) {
+__device__ void vp_tile_ss(float (&o)[kAtoms16][8], uint32_t v, uint32_t p) {
   wgmma_fence();
 #pragma unroll
   for (uint32_t kk = 0; kk < kTileKeys / 16; ++kk) {
@@ -902,7 +914,9 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   float* const q_unscale = reinterpret_cast<float*>(sp + kSlab16Bytes);
   float* const red = q_unscale + kRows16;  // [warp][16 heads]
 
-  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  // The warp through a shuffle, so that the compiler knows the roles' branch warp-uniform (the
+  // consumer's descriptors then stay in uniform registers).
+  const uint32_t tid = threadIdx.x, lane = tid % kWarp, warp = __shfl_sync(0xFFFFFFFFu, tid / kWarp, 0);
   const uint32_t z = blockIdx.x, head0 = blockIdx.y * kRows16, s = blockIdx.z, num_splits = gridDim.x;
   const Chunk chunk = chunk_of(keys, z, keys_per_split);
   const uint32_t begin = chunk.begin, end = chunk.end;
@@ -965,12 +979,11 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   float q_down[4];
 #pragma unroll
   for (uint32_t j = 0; j < 4; ++j) q_down[j] = q_unscale[head_of(j)] * logit_scale;
-  const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), k_desc = smem_desc(smem_addr(sk), 16, 1024);
-  const uint64_t v_desc = smem_desc(smem_addr(sv), kSlabBytes, 1024), p_desc = smem_desc(smem_addr(sp), 16, 1024);
+  const uint32_t q_desc = smem_desc_low(smem_addr(sq), 16), k_desc = smem_desc_low(smem_addr(sk), 16);
+  const uint32_t v_desc = smem_desc_low(smem_addr(sv), kSlabBytes), p_desc = smem_desc_low(smem_addr(sp), 16);
   // Over one latent pool tile i is in the K buffer (i even) or the V buffer (i odd), read there by
   // both products: the V buffer's tiles as K (K-major) and the K buffer's as V (MN-major) too.
-  const uint64_t k_desc_in_v = smem_desc(smem_addr(sv), 16, 1024),
-                 v_desc_in_k = smem_desc(smem_addr(sk), kSlabBytes, 1024);
+  const uint32_t k_desc_in_v = smem_desc_low(smem_addr(sv), 16), v_desc_in_k = smem_desc_low(smem_addr(sk), kSlabBytes);
   float o[kAtoms16][8] = {};
   float m[4], l[4];  // l: this thread's keys' share of the sum
 #pragma unroll
