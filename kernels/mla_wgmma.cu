@@ -936,17 +936,29 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       return live;
     };
     if (latent) {  // tile i into the K buffer (i even) or the V buffer (i odd), the next two in registers
+      // The rows of a tile asked into L2 two tiles before their loads: the loads two ahead waited
+      // on memory (ncu: a third of the producers' stall samples; docs/performance.md, "Forty-first
+      // session").
+      auto prefetch = [&](uint32_t tile) {
+        const uint8_t* later[4];
+        if (tile + key >= end) return;
+        layout.locate(tile + key, layout.entry(tile + key), later);
+        layout.prefetch(later, first, 0);
+      };
       HalfTile<Rows> even, odd;
       even.load(layout, rows, locate(begin), first, 0);
       if (begin + kTileKeys < end) odd.load(layout, rows, locate(begin + kTileKeys), first, 0);
+      prefetch(begin + 2 * kTileKeys);
+      prefetch(begin + 3 * kTileKeys);
       // Tile `tile` from `half` into `buffer` (whose barriers are `full` and `empty`), then the raw
-      // rows of the tile two ahead into `half`.
+      // rows of the tile two ahead into `half`, and the tile four ahead into L2.
       auto convert = [&](HalfTile<Rows>& half, uint8_t* buffer, auto full, auto empty, uint32_t tile) {
         if (tile - begin >= 2 * kTileKeys) bar_sync<empty, kThreads16>();  // the consumer's P·V of the tile two back
         half.store(layout, buffer, key, first);
         bar_arrive<full, kThreads16>();
         const uint32_t ahead = tile + 2 * kTileKeys;
         if (ahead < end) half.load(layout, rows, locate(ahead), first, 0);
+        prefetch(tile + 4 * kTileKeys);
       };
       for (uint32_t tile = begin; tile < end; tile += 2 * kTileKeys) {
         convert(even, sk, Bar16<kKFull>{}, Bar16<kKEmpty>{}, tile);

@@ -48,6 +48,15 @@ __device__ inline uint2 ld_stream8(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
+// Asks L2 for the lines of a `bytes`-long cache row that thread `first` of the four sharing a key
+// covers: the points 128·first, +512, ... of the row and, for the last thread, its last byte —
+// points 128 bytes apart fall on every line the row touches. Nothing comes to the thread; a later
+// load of the row finds it in L2 (prefetch.global.L2).
+__device__ inline void prefetch_row_l2(const uint8_t* row, uint32_t bytes, uint32_t first) {
+#pragma unroll 1
+  for (uint32_t at = 128 * first; at < bytes; at += 512) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
+  if (first == 3) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + bytes - 1));
+}
 __device__ inline uint32_t ld_stream4(const void* p) {
   uint32_t r;
   asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
@@ -296,6 +305,10 @@ struct Fp8Rows {
   __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
     return ld_stream16(rows[2 * h] + part * 16);
   }
+  // Thread `first` of a key's four asks L2 for its share of the key's K (h 0) or V (h 1) row.
+  __device__ void prefetch(const uint8_t* const* rows, uint32_t first, uint32_t h) const {
+    prefetch_row_l2(rows[2 * h], dim, first);
+  }
   // Staged key: [K row | V row], dim bytes each, copied 16 bytes at a time.
   __device__ uint32_t raw_pitch() const { return 2 * dim; }
   __device__ uint32_t copy_units() const { return dim / 16; }
@@ -341,6 +354,12 @@ struct Nvfp4Rows {
   static constexpr uint32_t kBatch = 4;  // units in flight per thread
   __device__ Raw load(const uint8_t* const* rows, uint32_t part, uint32_t h) const {
     return {ld_stream8(rows[2 * h] + part * 8), rows[2 * h + 1][part]};
+  }
+  // Thread `first` of a key's four asks L2 for its share of the key's K (h 0) or V (h 1) data and
+  // scale rows.
+  __device__ void prefetch(const uint8_t* const* rows, uint32_t first, uint32_t h) const {
+    prefetch_row_l2(rows[2 * h], dim / 2, first);
+    prefetch_row_l2(rows[2 * h + 1], dim / 16, first);
   }
   // Staged key: [K data | V data | K scales | V scales] (dim/2, dim/2, dim/16, dim/16 bytes),
   // padded to 16 bytes; data copied 16 bytes at a time, scales 4 (dim is a multiple of 64).
