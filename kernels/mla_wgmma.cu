@@ -72,7 +72,8 @@ __device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, ui
 }
 
 // The low word of smem_desc(addr, leading, 1024): an offset into the tile (bytes / 16) is added
-// to it alone, with no carry into the high word (shared memory is under 256 KB), and that word is
+// to it alone — shared memory addresses are under 256 KB, so addr / 16 plus the offset stays in
+// the 14-bit start-address field and never reaches the leading offset's — and the high word is
 // the same for every tile (kDescHigh). Built from these, a warpgroup's descriptors stay in
 // uniform registers: one uniform add an operand, where 64-bit descriptors took ten instructions
 // a wgmma through vector registers (ncu, docs/performance.md "Forty-first session").
@@ -936,9 +937,10 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       return live;
     };
     if (latent) {  // tile i into the K buffer (i even) or the V buffer (i odd), the next two in registers
-      // The rows of a tile asked into L2 two tiles before their loads: the loads two ahead waited
-      // on memory (ncu: a third of the producers' stall samples; docs/performance.md, "Forty-first
-      // session").
+      // The rows of a tile asked into L2 ahead of their loads — in the loop two tiles before them,
+      // at the start the third and fourth tiles' a conversion before theirs: the loads two ahead
+      // waited on memory (ncu: a third of the producers' stall samples; docs/performance.md,
+      // "Forty-first session").
       auto prefetch = [&](uint32_t tile) {
         const uint8_t* later[4];
         if (tile + key >= end) return;
@@ -1423,7 +1425,7 @@ static_assert(2 * kHmTileBytes == kRows64 * kDim * 4, "the two FP16 tiles hold a
 
 // The 128-byte lines of a 576-byte cache row (up to six: rows need not be line-aligned) into L2,
 // two or one by each of the four threads `first` of its key.
-__device__ void prefetch_row_l2(const uint8_t* row, uint32_t first) {
+__device__ void prefetch_576_row_l2(const uint8_t* row, uint32_t first) {
   if (row == nullptr) return;
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 128 * first));
   if (first < 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (first == 0 ? 512 : kDim - 1)));
@@ -1456,7 +1458,7 @@ struct HmShare<Fp8Rows> {
     const uint8_t* row;
   };
   __device__ static Key key(const uint8_t* const (&located)[4], bool live) { return {live ? located[0] : nullptr}; }
-  __device__ static void prefetch(const Key& k, uint32_t first) { prefetch_row_l2(k.row, first); }
+  __device__ static void prefetch(const Key& k, uint32_t first) { prefetch_576_row_l2(k.row, first); }
   uint4 raw[2][kHmUnits];
   __device__ void load(const Key (&keys)[2], uint32_t first) {
 #pragma unroll

@@ -51,7 +51,7 @@ __device__ inline uint2 ld_stream8(const void* p) {
 // Asks L2 for the lines of a `bytes`-long cache row that thread `first` of the four sharing a key
 // covers: the points 128·first, +512, ... of the row and, for the last thread, its last byte —
 // points 128 bytes apart fall on every line the row touches. Nothing comes to the thread; a later
-// load of the row finds it in L2 (prefetch.global.L2).
+// load of the row finds it in L2 (prefetch.global.L2). bytes > 0.
 __device__ inline void prefetch_row_l2(const uint8_t* row, uint32_t bytes, uint32_t first) {
 #pragma unroll 1
   for (uint32_t at = 128 * first; at < bytes; at += 512) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + at));
