@@ -75,8 +75,9 @@ __device__ void store_unit(const Rows& layout, const typename Rows::Raw& raw, ui
 // to it alone — shared memory addresses are under 256 KB, so addr / 16 plus the offset stays in
 // the 14-bit start-address field and never reaches the leading offset's — and the high word is
 // the same for every tile (kDescHigh). Built from these, a warpgroup's descriptors stay in
-// uniform registers: one uniform add an operand, where 64-bit descriptors took ten instructions
-// a wgmma through vector registers (ncu, docs/performance.md "Forty-first session").
+// uniform registers (a uniform add and three uniform moves a wgmma), where 64-bit descriptors
+// took ten instructions a wgmma through vector registers (ncu, docs/performance.md "Forty-first
+// session").
 __device__ uint32_t smem_desc_low(uint32_t addr, uint32_t leading) {
   return ((addr & 0x3FFFFu) >> 4) | ((leading >> 4) << 16);
 }
