@@ -932,9 +932,11 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   if (warp >= 4) {  // ---- producers
     const uint32_t p = tid - 128, key = p / 4, first = p % 4;
     const uint8_t* rows[4];
-    auto locate = [&](uint32_t tile) {
+    // The rows of the thread's key in `tile` into `into` (the loads' `rows`, or the prefetch's), if the
+    // chunk has that key.
+    auto locate = [&](uint32_t tile, const uint8_t** into) {
       const bool live = tile + key < end;
-      if (live) layout.locate(tile + key, layout.entry(tile + key), rows);
+      if (live) layout.locate(tile + key, layout.entry(tile + key), into);
       return live;
     };
     if (latent) {  // tile i into the K buffer (i even) or the V buffer (i odd), the next two in registers
@@ -944,13 +946,11 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       // "Forty-first session").
       auto prefetch = [&](uint32_t tile) {
         const uint8_t* later[4];
-        if (tile + key >= end) return;
-        layout.locate(tile + key, layout.entry(tile + key), later);
-        layout.prefetch(later, first, 0);
+        if (locate(tile, later)) layout.prefetch(later, first, 0);
       };
       HalfTile<Rows> even, odd;
-      even.load(layout, rows, locate(begin), first, 0);
-      if (begin + kTileKeys < end) odd.load(layout, rows, locate(begin + kTileKeys), first, 0);
+      even.load(layout, rows, locate(begin, rows), first, 0);
+      if (begin + kTileKeys < end) odd.load(layout, rows, locate(begin + kTileKeys, rows), first, 0);
       prefetch(begin + 2 * kTileKeys);
       prefetch(begin + 3 * kTileKeys);
       // Tile `tile` from `half` into `buffer` (whose barriers are `full` and `empty`), then the raw
@@ -960,7 +960,7 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
         half.store(layout, buffer, key, first);
         bar_arrive<full, kThreads16>();
         const uint32_t ahead = tile + 2 * kTileKeys;
-        if (ahead < end) half.load(layout, rows, locate(ahead), first, 0);
+        if (ahead < end) half.load(layout, rows, locate(ahead, rows), first, 0);
         prefetch(tile + 4 * kTileKeys);
       };
       for (uint32_t tile = begin; tile < end; tile += 2 * kTileKeys) {
@@ -970,12 +970,12 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
       return;
     }
     HalfTile<Rows> kt, vt;
-    bool live = locate(begin);
+    bool live = locate(begin, rows);
     kt.load(layout, rows, live, first, 0);
     vt.load(layout, rows, live, first, 1);
     for (uint32_t tile = begin; tile < end; tile += kTileKeys) {
       const bool more = tile + kTileKeys < end;
-      live = more && locate(tile + kTileKeys);
+      live = more && locate(tile + kTileKeys, rows);
       if (tile != begin) bar_sync<kKEmpty, kThreads16>();  // the consumer's Q·Kᵀ of the last tile is done
       kt.store(layout, sk, key, first);
       bar_arrive<kKFull, kThreads16>();
