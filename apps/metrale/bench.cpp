@@ -422,6 +422,9 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
       if (r["B"] == B && r["L"] == L && r["H"] == H && !r["best_us"].is_null()) return r["best_us"].get<double>();
     return std::nullopt;
   };
+  // Without a matmul rate (no --torch, or one without matmul_tflops) the roofline counts the bytes
+  // alone, so no fraction of it is printed (bench/sweep_table.py likewise).
+  if (mm == 0) fmt::print("no matmul rate (--torch FILE gives it): the roofline counts the bytes alone, no % of it\n");
   fmt::print("{:<6} {:<8} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
              "cache", "layout", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us",
              "x seed", "torch us", "x torch", "mma us", "x mma");
@@ -444,10 +447,11 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
             const bool wgmma = p.wgmma(H);
             const double mma_us = wgmma ? bench.median_us(p.launch(H, true, q.ptr(), o.ptr(), true)) : 0.0;
             fmt::print(
-                "{:<6} {:<8} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>6.1f}% {:>11} {:>7} {:>11} "
+                "{:<6} {:<8} {:>4} {:>6} {:>4} {:>11.1f} {:>9.1f} {:>8.0f} {:>11.1f} {:>7} {:>11} {:>7} {:>11} "
                 "{:>7} {:>11} {:>7}\n",
                 to_string(f), layout, B, L, H, split_us, p.flops(H) / split_us * 1e-6, p.bytes(H) / split_us * 1e-3,
-                roof_us, mm > 0 ? 100.0 * roof_us / split_us : 0.0, seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
+                roof_us, mm > 0 ? fmt::format("{:.1f}%", 100.0 * roof_us / split_us) : "-",
+                seed_ok ? fmt::format("{:.1f}", seed_us) : "-",
                 seed_ok ? fmt::format("{:.1f}", seed_us / split_us) : "-", t_us ? fmt::format("{:.1f}", *t_us) : "-",
                 t_us ? fmt::format("{:.2f}", *t_us / split_us) : "-", wgmma ? fmt::format("{:.1f}", mma_us) : "-",
                 wgmma ? fmt::format("{:.2f}", mma_us / split_us) : "-");
