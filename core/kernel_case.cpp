@@ -795,17 +795,26 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
     const GpuBackend::LaunchObserver watch(gpu, [&](KernelHandle, Dim3 grid, Dim3 block) {
       if (!launched) launched.emplace(grid, block);
     });
-    a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
-    gpu.synchronize(0);
-    if (!path && c.shape_recorded && launched) {
+    // Checked after the run, or where it failed (an edited size may fault in blocks the file
+    // never launched), before its error: the edit is the cause.
+    auto check_shape = [&](const std::string& after) {
+      if (path || !c.shape_recorded || !launched) return;
       Dim3 grid = c.grid, ran = launched->first;  // the recorded grid, the device's where sized to it
       for (const char d : a.device_sized) dim_of(grid, d) = dim_of(ran, d);
       if (ran != grid || launched->second != c.block)
         fail(Errc::invalid_argument,
-             "the launcher ran grid ({}) block ({}), but the case records grid ({}) block ({}){}",
+             "the launcher ran grid ({}) block ({}), but the case records grid ({}) block ({}){}{}",
              dims(launched->first), dims(launched->second), dims(c.grid), dims(c.block),
-             a.device_sized.empty() ? "" : fmt::format(" (grid {} sized to the device)", a.device_sized));
+             a.device_sized.empty() ? "" : fmt::format(" (grid {} sized to the device)", a.device_sized), after);
+    };
+    try {
+      a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+      gpu.synchronize(0);
+    } catch (const Error& e) {
+      check_shape(fmt::format("; the launch then failed: {}", e.what()));
+      throw;
     }
+    check_shape("");
     std::map<std::string, Tensor> out;
     for (const auto& [name, buf] : buffers) {
       if (!all && c.expected.count(name) == 0) continue;

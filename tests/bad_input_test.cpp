@@ -505,6 +505,19 @@ TEST_CASE("bad input: a kernel case whose recorded launch shape its launcher doe
   CHECK_FALSE(kernel_case_from(written, "c").shape_recorded);
 }
 
+TEST_CASE("bad input: a kernel case edited past its buffers names the recorded launch shape before the fault",
+          "[bad_input][kernel_case]") {
+  emu::EmulatorBackend gpu;
+  SafeTensors f = SafeTensors::read(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                                    "dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors");
+  REQUIRE(f.meta("grid") == "1,1,1");  // 8 rows × 32 pairs: one 256-thread block
+  CHECK_NOTHROW(run_kernel_case(gpu, kernel_case_from(f, "c")));
+  f.metadata["rows"] = "9";  // a second block, which reads past x's 8 rows: the emulator faults there
+  require_error([&] { (void)run_kernel_case(gpu, kernel_case_from(f, "c")); }, Errc::invalid_argument,
+                {"the launcher ran grid (2,1,1) block (256,1,1), but the case records grid (1,1,1) block (256,1,1)",
+                 "; the launch then failed: ", "out-of-bounds read"});
+}
+
 TEST_CASE("bad input: a kernel case's empty tensor or short expectation is refused before a launch",
           "[bad_input][kernel_case]") {
   SafeTensors f = recorded_decode_case();
