@@ -2158,6 +2158,15 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
   CHECK_THAT(out, Catch::Matchers::Contains("bench --torch " + json.path.string() + ": not a regular file"));
 }
 
+TEST_CASE("bench --only matches a row's kernel and shape as the table prints them", "[bad_input][cli]") {
+  // Before: the K3 rows' names for --only lacked the dq and dv their printed shape has.
+  std::string out;
+  CHECK(run_cli("bench --backend emu --only 'dq=192 dv=128'", out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Matches(R"((.|\n)*k3_sdpa_gate \(seed\) +heads=8 seq=256 dq=192 dv=128 (.|\n)*)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("k3_sdpa_gate (split)"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("batched_gemv"));
+}
+
 TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "[bad_input][cli]") {
   // Before: the file was truncated when bench started, so a refused --only left it empty.
   TempPath json("_old.json");

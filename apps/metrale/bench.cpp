@@ -595,10 +595,10 @@ void add_bench(CLI::App& app) {
       };
       constexpr GemvKernel kGemvKernels[] = {GemvKernel::seed, GemvKernel::wide, GemvKernel::wide_early};
       auto sdpa = [&](std::uint32_t heads, std::uint32_t seq, bool split) {
-        plan.emplace_back(fmt::format("k3_sdpa_gate ({}) heads={} seq={}", split ? "split" : "seed", heads, seq),
-                          [&bench, &gpu, heads, seq, split] {
-                            return bench_k3_sdpa(bench, *gpu, heads, seq, 192, 128, split);
-                          });
+        constexpr std::uint32_t dq = 192, dv = 128;  // K3: nope 128 + rope 64, v 128
+        plan.emplace_back(
+            fmt::format("k3_sdpa_gate ({}) heads={} seq={} dq={} dv={}", split ? "split" : "seed", heads, seq, dq, dv),
+            [&bench, &gpu, heads, seq, split] { return bench_k3_sdpa(bench, *gpu, heads, seq, dq, dv, split); });
       };
       if (bench.on_device()) {
         for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
