@@ -1925,14 +1925,18 @@ TEST_CASE("info lists the mla_wgmma blocks a played device runs, and says once w
   CHECK_THAT(out, !Catch::Matchers::Contains("(none:"));
 }
 
-TEST_CASE("bad input: a command's option given before the command says where it goes", "[bad_input][cli]") {
+TEST_CASE("bad input: a command's option given before its command or to another command says where it goes",
+          "[bad_input][cli]") {
   // Before (fresh-user trial, fortieth session): only CLI11's "not expected: cuda --backend".
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"--backend cuda bench",
             "--backend goes after the command (metrale bench --backend ...); the commands "
             "that take it: replay, case run, conform, bench"},
            {"--backend=emu case run x", "--backend goes after the command (metrale case run --backend ...)"},
-           {"--backend emu info", "--backend goes after the command (metrale replay --backend ...)"},
+           {"--backend emu info", "metrale info does not take --backend; the commands that take it: replay, "},
+           // Before (fresh-user trial, forty-second session): "goes after the command", where it did.
+           {"info --backend emu", "metrale info does not take --backend; the commands that take it: replay, "},
+           {"bench --report x", "metrale bench does not take --report; the commands that take it: conform"},
            {"--only wgmma conform",
             "--only goes after the command (metrale conform --only ...); the commands that "
             "take it: conform, bench"}}) {

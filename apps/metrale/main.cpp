@@ -64,9 +64,12 @@ void say_where_options_go(const CLI::App& app) {
       cmd = cmd->get_subcommands().front();
       given += (given.empty() ? "" : " ") + cmd->get_name();
     }
-    const bool takes = std::find(takers.begin(), takers.end(), given) != takers.end();
-    fmt::print(stderr, "{} goes after the command (metrale {} {} ...); the commands that take it: {}\n", name,
-               takes ? given : takers.front(), name, fmt::join(takers, ", "));
+    if (!given.empty() && std::find(takers.begin(), takers.end(), given) == takers.end())
+      fmt::print(stderr, "metrale {} does not take {}; the commands that take it: {}\n", given, name,
+                 fmt::join(takers, ", "));
+    else
+      fmt::print(stderr, "{} goes after the command (metrale {} {} ...); the commands that take it: {}\n", name,
+                 given.empty() ? takers.front() : given, name, fmt::join(takers, ", "));
   }
 }
 
