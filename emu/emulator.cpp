@@ -298,6 +298,8 @@ T positive_env(const char* name, std::type_identity_t<T> fallback, std::string_v
   if (env == nullptr) return fallback;
   T n = 0;
   const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
+  if (ec == std::errc::result_out_of_range && *end == '\0')  // digits, past T
+    fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
   if (ec != std::errc{} || *end != '\0' || n == 0)
     fail(Errc::invalid_argument, "{}='{}' is not a positive {}-bit integer (unset: {})", name, env, 8 * sizeof(T),
          unset);
