@@ -1992,6 +1992,8 @@ TEST_CASE("conform's report says the device the emulator played", "[cli]") {
     std::ifstream md(dir.path / "report.md");
     const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
     CHECK_THAT(text, Catch::Matchers::Contains(fmt::format("- compute_capability: {}\n", cc)));
+    // The columns explained in the file itself (fresh-user trial, forty-second session).
+    CHECK_THAT(text, Catch::Matchers::Contains("the fraction of its tolerance it used (at most 1 passes)"));
   }
 }
 

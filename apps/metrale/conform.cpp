@@ -327,6 +327,15 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
     md << fmt::format("- default folders not found or empty: {}\n", fmt::join(run.missing, ", "));
   md << fmt::format("- cases: {} run, {} failed, {} skipped (the device cannot run them), {:.1f} s\n\n", results.size(),
                     failed, run.skipped, seconds);
+  // What the columns mean, where the report is read without docs/conformance.md.
+  md << "Each row names the check of that kernel's cases that came nearest its tolerance, and beside it "
+        "that check's largest error and the fraction of its tolerance it used (at most 1 passes). For a "
+        "kernel or case-file check that fraction is the worst element's: its error over the error it was "
+        "allowed (absolute plus relative to the expected value, or within the ULPs where those are given), "
+        "so a large error of a large value can use little of it. For a golden replay (group golden) it is "
+        "the output's relative L2 error over its tolerance. The emulator columns (group sweep) compare the backend's "
+        "output with the emulator's port of the same kernel: on `--backend emu` that is the emulator "
+        "against itself, always 0.\n\n";
   md << "| group | kernel | cases | failed | nearest its tolerance vs reference/golden/file | its max abs error | "
         "of its tolerance | nearest vs emulator | its max abs diff | of its tolerance |\n";
   md << "|---|---|---|---|---|---|---|---|---|---|\n";
