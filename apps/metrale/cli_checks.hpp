@@ -116,8 +116,8 @@ inline CLI::Validator size_in_bytes() {
             if (at == std::string::npos || std::isdigit(static_cast<unsigned char>(s[at])) == 0)
               return "'" + s + "' is not a size (4GB, 500MB, 1024)";
             const std::string given = s;
-            // CLI11's own words (thrown or returned) for a bad unit list the units; for a fraction
-            // ("Value 1.5 could not be converted to UINT") or an overflow, ours name the value.
+            // CLI11's own words (thrown or returned) for a bad unit, a fraction ("Value 1.5 could
+            // not be converted to UINT") or an overflow: ours instead, naming the value.
             std::string error;
             try {
               error = CLI::AsSizeValue(true)(s);
@@ -127,7 +127,13 @@ inline CLI::Validator size_in_bytes() {
             if (error.find("overflow") != std::string::npos) return "'" + given + "' bytes is more than 2^64 - 1";
             if (error.find("could not be converted") != std::string::npos)
               return "'" + given + "' is not a size (4GB, 500MB, 1024: a whole number, then a unit)";
-            if (!error.empty()) return error;
+            if (error.find("unit not recognized") != std::string::npos) {
+              const std::size_t unit = std::min(given.size(), given.find_first_not_of("0123456789 \t", at));
+              return "'" + given + "' is not a size: its unit '" + given.substr(unit) +
+                     "' is none of B, KB or KiB, MB or MiB, GB or GiB, TB or TiB, PB or PiB, EB or EiB (any case, "
+                     "the B optional: 4GB, 500m, 2GiB)";
+            }
+            if (!error.empty()) return "'" + given + "': " + error;
             const Decimal d = read_decimal(s);
             if (d.error == std::errc::result_out_of_range) return "'" + given + "' bytes is more than 2^64 - 1";
             if (d.error != std::errc{}) return "'" + given + "' is not a size (4GB, 500MB, 1024)";
