@@ -1925,6 +1925,17 @@ TEST_CASE("info lists the mla_wgmma blocks a played device runs, and says once w
   CHECK_THAT(out, !Catch::Matchers::Contains("(none:"));
 }
 
+TEST_CASE("each command's --help names the top's options it takes too", "[bad_input][cli]") {
+  // Before (fresh-user trial, forty-second session): only `metrale --help` listed --record, which
+  // `metrale replay FILE --record DIR` takes.
+  for (const std::string cmd : {"replay", "info", "case run", "conform", "bench"}) {
+    INFO(cmd);
+    std::string out;
+    CHECK(run_cli(cmd + " --help", out) == 0);
+    CHECK_THAT(out, Catch::Matchers::Contains("Also taken here, as before the command: --record DIR, --record-limit"));
+  }
+}
+
 TEST_CASE("bad input: a command's option given before its command or to another command says where it goes",
           "[bad_input][cli]") {
   // Before (fresh-user trial, fortieth session): only CLI11's "not expected: cuda --backend".

@@ -102,6 +102,14 @@ int main(int argc, char** argv) {
   metrale::cli::add_case(app, [&](int code) { exit_code = code; });
   metrale::cli::add_conform(app, [&](int code) { exit_code = code; });
   metrale::cli::add_bench(app);
+  // The top's options a command takes too (fallthrough), named in each command's --help.
+  const std::function<void(CLI::App&)> name_top_options = [&](CLI::App& cmd) {
+    for (CLI::App* sub : cmd.get_subcommands({})) {
+      sub->footer("Also taken here, as before the command: --record DIR, --record-limit SIZE (metrale --help).");
+      name_top_options(*sub);
+    }
+  };
+  name_top_options(app);
   try {
     app.parse(argc, argv);
     if (record_dir.empty() && record_limit != 0) spdlog::warn("--record-limit without --record: nothing is recorded");
