@@ -790,31 +790,21 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
     for (const auto& [param, target] : c.aliases) ptrs[param] = ptrs.at(target);
     const bool path = c.entry.ends_with("_path");  // a launcher-level path of several kernels
     // A single kernel's recorded launch shape must be the one its launcher runs: a grid or block
-    // edited in the file would otherwise be ignored and the case pass as recorded.
-    std::optional<std::pair<Dim3, Dim3>> launched;
-    const GpuBackend::LaunchObserver watch(gpu, [&](KernelHandle, Dim3 grid, Dim3 block) {
-      if (!launched) launched.emplace(grid, block);
-    });
-    // Checked after the run, or where it failed (an edited size may fault in blocks the file
-    // never launched), before its error: the edit is the cause.
-    auto check_shape = [&](const std::string& after) {
-      if (path || !c.shape_recorded || !launched) return;
-      Dim3 grid = c.grid, ran = launched->first;  // the recorded grid, the device's where sized to it
+    // edited in the file would otherwise be ignored and the case pass as recorded, or (a size
+    // edited past its buffers) run out of them. Compared as the launch is made, before it runs.
+    bool first = true;
+    const GpuBackend::LaunchObserver watch(gpu, [&](KernelHandle, Dim3 ran, Dim3 block) {
+      if (!std::exchange(first, false) || path || !c.shape_recorded) return;
+      Dim3 grid = c.grid;  // the recorded grid, the device's where sized to it
       for (const char d : a.device_sized) dim_of(grid, d) = dim_of(ran, d);
-      if (ran != grid || launched->second != c.block)
+      if (ran != grid || block != c.block)
         fail(Errc::invalid_argument,
-             "the launcher ran grid ({}) block ({}), but the case records grid ({}) block ({}){}{}",
-             dims(launched->first), dims(launched->second), dims(c.grid), dims(c.block),
-             a.device_sized.empty() ? "" : fmt::format(" (grid {} sized to the device)", a.device_sized), after);
-    };
-    try {
-      a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
-      gpu.synchronize(0);
-    } catch (const Error& e) {
-      check_shape(fmt::format("; the launch then failed: {}", e.what()));
-      throw;
-    }
-    check_shape("");
+             "the launcher would run grid ({}) block ({}), but the case records grid ({}) block ({}){}; not run",
+             dims(ran), dims(block), dims(c.grid), dims(c.block),
+             a.device_sized.empty() ? "" : fmt::format(" (grid {} sized to the device)", a.device_sized));
+    });
+    a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+    gpu.synchronize(0);
     std::map<std::string, Tensor> out;
     for (const auto& [name, buf] : buffers) {
       if (!all && c.expected.count(name) == 0) continue;
