@@ -235,6 +235,10 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   if (rope != "pairs(2i,2i+1)" && rope != "none")
     fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
   const bool gated = file.has("gate");
+  // An expectation of the gated output without the gate could not be checked: refused, not passed over.
+  if (!gated && file.has("attn_out_gated"))
+    fail(Errc::invalid_argument,
+         "the case has attn_out_gated but no gate tensor, so its gated output cannot be checked");
   const MlaConfig cfg{.heads = H,
                       .qk_nope_head_dim = meta_u32(file, "qk_nope_head_dim"),
                       .qk_rope_head_dim = meta_u32(file, "qk_rope_head_dim"),

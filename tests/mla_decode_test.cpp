@@ -799,6 +799,11 @@ TEST_CASE("K3 golden replay on both paths", "[mla_decode][replay]") {
   SECTION("without the gate the same chain reproduces attn_out") {
     SafeTensors ungated = file;
     ungated.tensors.erase("gate");
+    // The gated expectation without its gate is refused (before, forty-second session: passed
+    // over, the case checked on attn_out alone).
+    test::require_error([&] { replay_kimi_case(gpu, ungated, "x", device_path); }, Errc::invalid_argument,
+                        {"the case has attn_out_gated but no gate tensor"});
+    ungated.tensors.erase("attn_out_gated");
     const auto u = replay_kimi_case(gpu, ungated, "ungated", device_path);
     REQUIRE(u.metrics.size() == 1);
     CHECK(u.metrics[0].name == "attn_out");
