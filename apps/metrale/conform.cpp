@@ -333,9 +333,9 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
         "kernel or case-file check that fraction is the worst element's: its error over the error it was "
         "allowed (absolute plus relative to the expected value, or within the ULPs where those are given), "
         "so a large error of a large value can use little of it. For a golden replay (group golden) it is "
-        "the output's relative L2 error over its tolerance. The emulator columns (group sweep) compare the backend's "
-        "output with the emulator's port of the same kernel: on `--backend emu` that is the emulator "
-        "against itself, always 0.\n\n";
+        "the output's relative L2 error over its tolerance. The emulator columns (group sweep) compare "
+        "the backend's output with the emulator's port of the same kernel: on `--backend emu` that is "
+        "the emulator against itself, always 0.\n\n";
   md << "| group | kernel | cases | failed | nearest its tolerance vs reference/golden/file | its max abs error | "
         "of its tolerance | nearest vs emulator | its max abs diff | of its tolerance |\n";
   md << "|---|---|---|---|---|---|---|---|---|---|\n";
