@@ -1,6 +1,7 @@
 #include "metrale/files.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
 #include <unistd.h>
 
@@ -21,6 +22,42 @@ namespace metrale {
 namespace {
 
 std::atomic<unsigned long long> g_next_part{0};
+
+// The staged files not yet put in place, for remove_staged_files, which a signal handler calls:
+// each slot free, being filled, or naming one (its path copied before it is marked so).
+enum SlotState : int { kFree, kFilling, kNamed };
+struct StagedSlot {
+  std::atomic<int> state{kFree};
+  char path[4096];
+};
+constexpr int kStagedSlots = 64;
+StagedSlot g_staged[kStagedSlots];
+static_assert(std::atomic<int>::is_always_lock_free, "read from a signal handler");
+
+// A slot naming `path`, or -1 where none is free or the path is too long (such a file is then
+// left to its destructor alone).
+int name_staged(const std::filesystem::path& path) {
+  const std::string& native = path.native();
+  if (native.size() >= sizeof(StagedSlot::path)) return -1;
+  for (int i = 0; i < kStagedSlots; ++i) {
+    int free = kFree;
+    if (!g_staged[i].state.compare_exchange_strong(free, kFilling)) continue;
+    std::memcpy(g_staged[i].path, native.c_str(), native.size() + 1);
+    g_staged[i].state.store(kNamed, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void unname_staged(int& slot) {
+  if (slot >= 0) g_staged[slot].state.store(kFree, std::memory_order_release);
+  slot = -1;
+}
+
+void remove_staged_then_end(int sig) {
+  remove_staged_files();
+  ::raise(sig);  // blocked in the handler; delivered after it under the default action (SA_RESETHAND)
+}
 
 [[noreturn]] void cannot_write(const std::filesystem::path& target, int err) {
   fail(Errc::invalid_argument, "cannot write {} ({})", target.string(), std::strerror(err));
@@ -61,8 +98,13 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
   staged_ = target_.filename().native().size() + suffix.size() <= 255 ? std::filesystem::path(target_) += suffix
                                                                       : target_.parent_path() / (".metrale" + suffix);
+  slot_ = name_staged(staged_);  // before it exists: a signal from here on removes it
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
-  if (fd < 0) cannot_write(target_, errno);
+  if (fd < 0) {
+    const int err = errno;
+    unname_staged(slot_);
+    cannot_write(target_, err);
+  }
   const auto* p = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
   int err = 0;
@@ -74,6 +116,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   if (::close(fd) != 0 && err == 0) err = errno;  // (a full disk may only show here)
   if (err != 0) {
     ::unlink(staged_.c_str());
+    unname_staged(slot_);
     cannot_write(target_, err);
   }
 }
@@ -83,6 +126,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::string_view text)
 
 StagedFile::~StagedFile() {
   if (!done_) ::unlink(staged_.c_str());
+  unname_staged(slot_);
 }
 
 void StagedFile::commit() {
@@ -116,6 +160,7 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
       if (way == Way::swapped) {
         if (::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE) != 0) {
           f->done_ = true;
+          unname_staged(f->slot_);  // the old file, not to be removed by a signal either
           kept += fmt::format("; the old {} is kept as {}", f->target_.string(), f->staged_.string());
         }
       } else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0) {
@@ -154,6 +199,23 @@ std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::
     if (it->path().extension() == ".safetensors") files.push_back(it->path());
   std::sort(files.begin(), files.end());
   return files;
+}
+
+void remove_staged_files() noexcept {
+  for (StagedSlot& slot : g_staged)
+    if (slot.state.load(std::memory_order_acquire) == kNamed) ::unlink(slot.path);
+}
+
+void remove_staged_files_on_signals() {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction now {};
+    if (::sigaction(sig, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;  // ignored or handled: left so
+    struct sigaction act {};
+    act.sa_handler = remove_staged_then_end;
+    act.sa_flags = SA_RESETHAND;
+    sigemptyset(&act.sa_mask);
+    ::sigaction(sig, &act, nullptr);
+  }
 }
 
 void check_writable(const std::filesystem::path& path) {

@@ -19,7 +19,10 @@
 #include <string_view>
 #include <vector>
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -526,6 +529,34 @@ TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[
   metrale::StagedFile(long_name, std::string_view("long")).commit();
   CHECK(slurp(long_name) == "long");
   CHECK(entries() == 6);
+}
+
+TEST_CASE("a signal removes the staged files not yet in place and ends the process by it", "[safetensors][files]") {
+  // Before (adversarial trial, forty-second session): Ctrl-C during `--record` left a
+  // `.part-<pid>-<n>` file beside the cases.
+  const TempFolder scratch("metrale_signal_");
+  const auto& dir = scratch.dir;
+  for (const int sig : {SIGINT, SIGTERM}) {
+    INFO("signal " << sig);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // (no Catch2 in the child: its exit status says what happened)
+      for (const int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);  // as a program starts (not Catch2's)
+      metrale::remove_staged_files_on_signals();
+      metrale::StagedFile kept(dir / "kept.txt", std::string_view("kept"));
+      kept.commit();
+      metrale::StagedFile staged(dir / "staged.txt", std::string_view("half"));
+      ::raise(sig);
+      std::_Exit(3);  // not reached where the signal ended it
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    CHECK((WIFSIGNALED(status) ? WTERMSIG(status) : -1) == sig);
+    CHECK(TempFolder::slurp(dir / "kept.txt") == "kept");  // what was put in place stays
+    CHECK(scratch.entries() == 1);                         // and nothing staged is left
+    std::filesystem::remove(dir / "kept.txt");
+  }
 }
 
 TEST_CASE("staged files committed together change whole or not at all", "[safetensors][files]") {

@@ -18,6 +18,7 @@
 #include "cli_checks.hpp"
 #include "commands.hpp"
 #include "metrale/error.hpp"
+#include "metrale/files.hpp"
 
 namespace {
 
@@ -77,6 +78,7 @@ void say_where_options_go(const CLI::App& app) {
 
 int main(int argc, char** argv) {
   // Log lines go to stderr, so that stdout holds only a command's output (--json stays JSON).
+  metrale::remove_staged_files_on_signals();  // Ctrl-C leaves no half-written case or report
   spdlog::set_default_logger(spdlog::stderr_color_mt("metrale"));
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug, ...
   warn_unknown_log_levels();
