@@ -23,9 +23,11 @@ namespace {
 
 std::atomic<unsigned long long> g_next_part{0};
 
-// The staged files not yet put in place, for remove_staged_files, which a signal handler calls:
-// each slot free, being filled, or naming one (its path copied before it is marked so).
-enum SlotState : int { kFree, kFilling, kNamed };
+// The staged files not yet put in place, for remove_staged_files, which a signal handler calls.
+// A slot is free; being filled by its owner (the path copied, the file not yet created); naming a
+// staged file; or being removed by the handler, which claims it first so that its path stays as
+// it reads it (the process then ends: the owner leaves such a slot).
+enum SlotState : int { kFree, kFilling, kNamed, kRemoving };
 struct StagedSlot {
   std::atomic<int> state{kFree};
   char path[4096];
@@ -34,23 +36,32 @@ constexpr int kStagedSlots = 64;
 StagedSlot g_staged[kStagedSlots];
 static_assert(std::atomic<int>::is_always_lock_free, "read from a signal handler");
 
-// A slot naming `path`, or -1 where none is free or the path is too long (such a file is then
-// left to its destructor alone).
-int name_staged(const std::filesystem::path& path) {
+// A slot holding `path`, not yet naming it (name_staged), or -1 where none is free or the path is
+// too long (such a file is then left to its destructor alone).
+int reserve_staged(const std::filesystem::path& path) {
   const std::string& native = path.native();
   if (native.size() >= sizeof(StagedSlot::path)) return -1;
   for (int i = 0; i < kStagedSlots; ++i) {
     int free = kFree;
     if (!g_staged[i].state.compare_exchange_strong(free, kFilling)) continue;
     std::memcpy(g_staged[i].path, native.c_str(), native.size() + 1);
-    g_staged[i].state.store(kNamed, std::memory_order_release);
     return i;
   }
   return -1;
 }
 
+// The reserved slot's file created: from here a signal removes it.
+void name_staged(int slot) {
+  if (slot >= 0) g_staged[slot].state.store(kNamed, std::memory_order_release);
+}
+
+// The slot free again: the file put in place, removed, or kept as the user's.
 void unname_staged(int& slot) {
-  if (slot >= 0) g_staged[slot].state.store(kFree, std::memory_order_release);
+  if (slot >= 0) {
+    int state = g_staged[slot].state.load(std::memory_order_acquire);
+    while (state != kRemoving && !g_staged[slot].state.compare_exchange_weak(state, kFree)) {
+    }
+  }
   slot = -1;
 }
 
@@ -98,13 +109,14 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
   staged_ = target_.filename().native().size() + suffix.size() <= 255 ? std::filesystem::path(target_) += suffix
                                                                       : target_.parent_path() / (".metrale" + suffix);
-  slot_ = name_staged(staged_);  // before it exists: a signal from here on removes it
+  slot_ = reserve_staged(staged_);
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
-  if (fd < 0) {
+  if (fd < 0) {  // (EEXIST: another's file, which a signal must not remove either)
     const int err = errno;
     unname_staged(slot_);
     cannot_write(target_, err);
   }
+  name_staged(slot_);  // ours: a signal from here on removes it
   const auto* p = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
   int err = 0;
@@ -132,6 +144,7 @@ StagedFile::~StagedFile() {
 void StagedFile::commit() {
   if (::rename(staged_.c_str(), target_.c_str()) != 0) cannot_write(target_, errno);
   done_ = true;
+  unname_staged(slot_);
 }
 
 void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedFile>> files) {
@@ -145,6 +158,9 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
       // (A swap would also move a folder that took the target's place since: only a file's.)
       std::error_code ec;
       const auto type = std::filesystem::symlink_status(f.target_, ec).type();
+      // Swapped, the staged name holds the target's old file: no signal removes it from then on
+      // (it stays as a .part file where the process ends before the destructor).
+      if (type == std::filesystem::file_type::regular) unname_staged(f.slot_);
       if (type == std::filesystem::file_type::regular &&
           ::renameat2(AT_FDCWD, f.staged_.c_str(), AT_FDCWD, f.target_.c_str(), RENAME_EXCHANGE) == 0) {
         placed.emplace_back(&f, Way::swapped);
@@ -160,7 +176,6 @@ void StagedFile::commit_all(std::initializer_list<std::reference_wrapper<StagedF
       if (way == Way::swapped) {
         if (::renameat2(AT_FDCWD, f->staged_.c_str(), AT_FDCWD, f->target_.c_str(), RENAME_EXCHANGE) != 0) {
           f->done_ = true;
-          unname_staged(f->slot_);  // the old file, not to be removed by a signal either
           kept += fmt::format("; the old {} is kept as {}", f->target_.string(), f->staged_.string());
         }
       } else if (way == Way::renamed && ::rename(f->target_.c_str(), f->staged_.c_str()) == 0) {
@@ -180,6 +195,7 @@ bool StagedFile::commit_new() {
   }
   ::unlink(staged_.c_str());
   done_ = true;
+  unname_staged(slot_);
   return true;
 }
 
@@ -202,8 +218,10 @@ std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::
 }
 
 void remove_staged_files() noexcept {
-  for (StagedSlot& slot : g_staged)
-    if (slot.state.load(std::memory_order_acquire) == kNamed) ::unlink(slot.path);
+  for (StagedSlot& slot : g_staged) {
+    int named = kNamed;
+    if (slot.state.compare_exchange_strong(named, kRemoving)) ::unlink(slot.path);
+  }
 }
 
 void remove_staged_files_on_signals() {

@@ -1744,6 +1744,7 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
            {"lots", "'lots' is not a size"},
            {"MB", "'MB' is not a size"},  // (was 1 MB: AsSizeValue reads a bare unit as one)
            {"1zb", "'1zb' is not a size: its unit 'zb' is none of B, KB or KiB, "},  // (was CLI11's unit list)
+           {"1.5qb", "'1.5qb' is not a size: its unit 'qb' is none of "},            // (was '.5qb')
            {"1.5GB", "'1.5GB' is not a size (4GB, 500MB, 1024: a whole number, then a unit)"},
            {"99999999999GB", "'99999999999GB' bytes is more than 2^64 - 1"}}) {
     out.clear();
@@ -1957,6 +1958,7 @@ TEST_CASE("bad input: a command's option given before its command or to another 
            // Before (fresh-user trial, forty-second session): "goes after the command", where it did.
            {"info --backend emu", "metrale info does not take --backend; the commands that take it: replay, "},
            {"bench --report x", "metrale bench does not take --report; the commands that take it: conform"},
+           {"case --backend emu", "--backend goes after the command (metrale case run --backend ...)"},
            {"--only wgmma conform",
             "--only goes after the command (metrale conform --only ...); the commands that "
             "take it: conform, bench"}}) {
@@ -2188,7 +2190,7 @@ TEST_CASE("bench --only matches a row's kernel and shape as the table prints the
   // Before: the K3 rows' names for --only lacked the dq and dv their printed shape has.
   std::string out;
   CHECK(run_cli("bench --backend emu --only 'dq=192 dv=128'", out) == 0);
-  CHECK_THAT(out, Catch::Matchers::Matches(R"((.|\n)*k3_sdpa_gate \(seed\) +heads=8 seq=256 dq=192 dv=128 (.|\n)*)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("heads=8 seq=256 dq=192 dv=128 "));
   CHECK_THAT(out, Catch::Matchers::Contains("k3_sdpa_gate (split)"));
   CHECK_THAT(out, !Catch::Matchers::Contains("batched_gemv"));
 }

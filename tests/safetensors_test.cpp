@@ -545,6 +545,11 @@ TEST_CASE("a signal removes the staged files not yet in place and ends the proce
       metrale::remove_staged_files_on_signals();
       metrale::StagedFile kept(dir / "kept.txt", std::string_view("kept"));
       kept.commit();
+      // Swapped into place by commit_all: its staged name now holds the old file, which the
+      // signal leaves (commit_all's way back, were a later file to fail, needs it).
+      metrale::write_file(dir / "swapped.txt", std::as_bytes(std::span(std::string_view("old"))));
+      metrale::StagedFile swapped(dir / "swapped.txt", std::string_view("new"));
+      metrale::StagedFile::commit_all({swapped});
       metrale::StagedFile staged(dir / "staged.txt", std::string_view("half"));
       ::raise(sig);
       std::_Exit(3);  // not reached where the signal ended it
@@ -554,8 +559,17 @@ TEST_CASE("a signal removes the staged files not yet in place and ends the proce
     CHECK(WIFSIGNALED(status));
     CHECK((WIFSIGNALED(status) ? WTERMSIG(status) : -1) == sig);
     CHECK(TempFolder::slurp(dir / "kept.txt") == "kept");  // what was put in place stays
-    CHECK(scratch.entries() == 1);                         // and nothing staged is left
-    std::filesystem::remove(dir / "kept.txt");
+    CHECK(TempFolder::slurp(dir / "swapped.txt") == "new");
+    CHECK_FALSE(std::filesystem::exists(dir / "staged.txt"));
+    std::vector<std::string> left;  // beside them only the swapped file's old bytes, never the half-written one
+    for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+    CHECK(left.size() == 3);
+    for (const auto& name : left)
+      if (name != "kept.txt" && name != "swapped.txt") {
+        CHECK(name.starts_with("swapped.txt.part-"));
+        CHECK(TempFolder::slurp(dir / name) == "old");
+      }
+    for (const auto& name : left) std::filesystem::remove(dir / name);
   }
 }
 

@@ -424,7 +424,10 @@ void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& to
   };
   // Without a matmul rate (no --torch, or one without matmul_tflops) the roofline counts the bytes
   // alone, so no fraction of it is printed (bench/sweep_table.py likewise).
-  if (mm == 0) fmt::print("no matmul rate (--torch FILE gives it): the roofline counts the bytes alone, no % of it\n");
+  if (mm == 0)
+    fmt::print(
+        "no matmul rate (a --torch FILE with matmul_tflops gives it): the roofline counts the bytes alone, no % of "
+        "it\n");
   fmt::print("{:<6} {:<8} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}\n",
              "cache", "layout", "B", "L", "H", "split us", "TFLOP/s", "GB/s", "roofline us", "% roof", "seed us",
              "x seed", "torch us", "x torch", "mma us", "x mma");

@@ -128,8 +128,10 @@ inline CLI::Validator size_in_bytes() {
             if (error.find("could not be converted") != std::string::npos)
               return "'" + given + "' is not a size (4GB, 500MB, 1024: a whole number, then a unit)";
             if (error.find("unit not recognized") != std::string::npos) {
-              const std::size_t unit = std::min(given.size(), given.find_first_not_of("0123456789 \t", at));
-              return "'" + given + "' is not a size: its unit '" + given.substr(unit) +
+              // The unit as CLI11 reads it: the letters at the end.
+              std::size_t end = given.find_last_not_of(" \t") + 1, unit = end;
+              while (unit > 0 && std::isalpha(static_cast<unsigned char>(given[unit - 1])) != 0) --unit;
+              return "'" + given + "' is not a size: its unit '" + given.substr(unit, end - unit) +
                      "' is none of B, KB or KiB, MB or MiB, GB or GiB, TB or TiB, PB or PiB, EB or EiB (any case, "
                      "the B optional: 4GB, 500m, 2GiB)";
             }

@@ -65,6 +65,10 @@ void say_where_options_go(const CLI::App& app) {
       cmd = cmd->get_subcommands().front();
       given += (given.empty() ? "" : " ") + cmd->get_name();
     }
+    // A group given (case) whose command takes it (case run): where it goes in that command.
+    const auto under = std::find_if(takers.begin(), takers.end(),
+                                    [&](const std::string& t) { return !given.empty() && t.starts_with(given + " "); });
+    if (under != takers.end()) given = *under;
     if (!given.empty() && std::find(takers.begin(), takers.end(), given) == takers.end())
       fmt::print(stderr, "metrale {} does not take {}; the commands that take it: {}\n", given, name,
                  fmt::join(takers, ", "));
