@@ -1,6 +1,7 @@
 #include "metrale/files.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
 #include <unistd.h>
@@ -34,7 +35,8 @@ struct StagedSlot {
 };
 constexpr int kStagedSlots = 64;
 StagedSlot g_staged[kStagedSlots];
-static_assert(std::atomic<int>::is_always_lock_free, "read from a signal handler");
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "read from a signal handler");
 
 // A slot holding `path`, not yet naming it (name_staged), or -1 where none is free or the path is
 // too long (such a file is then left to its destructor alone).
@@ -50,9 +52,18 @@ int reserve_staged(const std::filesystem::path& path) {
   return -1;
 }
 
-// The reserved slot's file created: from here a signal removes it.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};  // those remove_staged_files_on_signals handles
+
+// Set by the signal handler before it looks at the slots.
+std::atomic<bool> g_ending{false};
+
+// The reserved slot's file created: from here a signal removes it. A handler running on another
+// thread may have looked at the slot before: then this thread removes it.
 void name_staged(int slot) {
-  if (slot >= 0) g_staged[slot].state.store(kNamed, std::memory_order_release);
+  if (slot < 0) return;
+  g_staged[slot].state.store(kNamed);
+  int named = kNamed;
+  if (g_ending.load() && g_staged[slot].state.compare_exchange_strong(named, kRemoving)) ::unlink(g_staged[slot].path);
 }
 
 // The slot free again: the file put in place, removed, or kept as the user's.
@@ -63,6 +74,15 @@ void unname_staged(int& slot) {
     }
   }
   slot = -1;
+}
+
+// Every staged file named in a slot removed: async-signal-safe (atomics and unlink).
+void remove_staged_files() noexcept {
+  g_ending.store(true);  // a file named after the look below is removed by its own thread
+  for (StagedSlot& slot : g_staged) {
+    int named = kNamed;
+    if (slot.state.compare_exchange_strong(named, kRemoving)) ::unlink(slot.path);
+  }
 }
 
 void remove_staged_then_end(int sig) {
@@ -109,14 +129,21 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
   staged_ = target_.filename().native().size() + suffix.size() <= 255 ? std::filesystem::path(target_) += suffix
                                                                       : target_.parent_path() / (".metrale" + suffix);
+  // Created and named with the signals that remove staged files held back: one that came between
+  // the two (as they often do, on the return from open) would leave the file.
   slot_ = reserve_staged(staged_);
+  sigset_t held, before;
+  sigemptyset(&held);
+  for (const int sig : kStopSignals) sigaddset(&held, sig);
+  ::pthread_sigmask(SIG_BLOCK, &held, &before);
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
+  const int open_err = errno;
+  if (fd >= 0) name_staged(slot_);  // ours: a signal from here on removes it
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (fd < 0) {  // (EEXIST: another's file, which a signal must not remove either)
-    const int err = errno;
     unname_staged(slot_);
-    cannot_write(target_, err);
+    cannot_write(target_, open_err);
   }
-  name_staged(slot_);  // ours: a signal from here on removes it
   const auto* p = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
   int err = 0;
@@ -217,15 +244,8 @@ std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::
   return files;
 }
 
-void remove_staged_files() noexcept {
-  for (StagedSlot& slot : g_staged) {
-    int named = kNamed;
-    if (slot.state.compare_exchange_strong(named, kRemoving)) ::unlink(slot.path);
-  }
-}
-
 void remove_staged_files_on_signals() {
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+  for (const int sig : kStopSignals) {
     struct sigaction now {};
     if (::sigaction(sig, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;  // ignored or handled: left so
     struct sigaction act {};

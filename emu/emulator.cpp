@@ -4,6 +4,8 @@
 // launch log.
 #include "metrale/emu/emulator.hpp"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -265,6 +267,12 @@ class WorkerPool {
   }
 
   void worker_loop() {
+    // Ctrl-C and the like go to the program's own threads, not the pool's: a handler that removes
+    // half-written files (remove_staged_files_on_signals) then runs on the thread that writes them.
+    sigset_t stop;
+    sigemptyset(&stop);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
     std::uint64_t seen = 0;
     std::unique_lock lock(mutex_);
     for (;;) {

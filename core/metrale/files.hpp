@@ -44,17 +44,14 @@ class StagedFile {
  private:
   std::filesystem::path target_, staged_;
   bool done_ = false;
-  int slot_ = -1;  // where remove_staged_files finds it, or -1
+  int slot_ = -1;  // where the signal handler finds it (remove_staged_files_on_signals), or -1
 };
 
-/// Remove every file a StagedFile of this process has written and not yet put in place (its
-/// `.part` name; at most 64 at once are known, as a program has). Async-signal-safe (`unlink`
-/// alone): for a signal handler. Errors: none.
-void remove_staged_files() noexcept;
-
-/// For a program's main: on SIGINT, SIGTERM or SIGHUP, remove_staged_files, then end by the
-/// signal as before (its default action). A signal already ignored or handled is left as it is.
-/// Errors: none.
+/// For a program's main, before it starts threads: on SIGINT, SIGTERM or SIGHUP, remove every file
+/// a StagedFile of this process has written and not yet put in place (its `.part` name; at most
+/// 64 at once are known, as a program has; one created while the handler runs removes itself),
+/// then end by the signal as before (its default action). A signal already ignored or handled is
+/// left as it is. Errors: none.
 void remove_staged_files_on_signals();
 
 /// `StagedFile(path, bytes).commit()`: `path` then holds `bytes`, or, on an error, what it held.
