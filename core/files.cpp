@@ -132,10 +132,8 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   // Created and named with the signals that remove staged files held back: one that came between
   // the two (as they often do, on the return from open) would leave the file.
   slot_ = reserve_staged(staged_);
-  sigset_t held, before;
-  sigemptyset(&held);
-  for (const int sig : kStopSignals) sigaddset(&held, sig);
-  ::pthread_sigmask(SIG_BLOCK, &held, &before);
+  sigset_t before;
+  hold_staged_file_signals(&before);
   const int fd = ::open(staged_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // the umask applies
   const int open_err = errno;
   if (fd >= 0) name_staged(slot_);  // ours: a signal from here on removes it
@@ -242,6 +240,13 @@ std::vector<std::filesystem::path> safetensors_in_folder(const std::filesystem::
     if (it->path().extension() == ".safetensors") files.push_back(it->path());
   std::sort(files.begin(), files.end());
   return files;
+}
+
+void hold_staged_file_signals(sigset_t* before) {
+  sigset_t held;
+  sigemptyset(&held);
+  for (const int sig : kStopSignals) sigaddset(&held, sig);
+  ::pthread_sigmask(SIG_BLOCK, &held, before);
 }
 
 void remove_staged_files_on_signals() {

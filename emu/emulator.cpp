@@ -4,8 +4,6 @@
 // launch log.
 #include "metrale/emu/emulator.hpp"
 
-#include <pthread.h>
-#include <signal.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -30,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "metrale/error.hpp"
+#include "metrale/files.hpp"
 #include "metrale/mla_fast.hpp"
 #include "recorder.hpp"
 
@@ -269,10 +268,7 @@ class WorkerPool {
   void worker_loop() {
     // Ctrl-C and the like go to the program's own threads, not the pool's: a handler that removes
     // half-written files (remove_staged_files_on_signals) then runs on the thread that writes them.
-    sigset_t stop;
-    sigemptyset(&stop);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    hold_staged_file_signals();
     std::uint64_t seen = 0;
     std::unique_lock lock(mutex_);
     for (;;) {
@@ -306,12 +302,11 @@ T positive_env(const char* name, std::type_identity_t<T> fallback, std::string_v
   if (env == nullptr) return fallback;
   T n = 0;
   const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
-  if (ec == std::errc::result_out_of_range && *end == '\0')  // digits, past T
-    fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
-  if (ec != std::errc{} || *end != '\0' || n == 0)
+  const bool past_type = ec == std::errc::result_out_of_range && *end == '\0';  // digits, past T
+  if (!past_type && (ec != std::errc{} || *end != '\0' || n == 0))
     fail(Errc::invalid_argument, "{}='{}' is not a positive {}-bit integer (unset: {})", name, env, 8 * sizeof(T),
          unset);
-  if (n > max)
+  if (past_type || n > max)
     fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
   return n;
 }

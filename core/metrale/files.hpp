@@ -3,6 +3,8 @@
 // linked into place.
 #pragma once
 
+#include <signal.h>
+
 #include <cstddef>
 #include <filesystem>
 #include <functional>
@@ -53,6 +55,11 @@ class StagedFile {
 /// then end by the signal as before (its default action). A signal already ignored or handled is
 /// left as it is. Errors: none.
 void remove_staged_files_on_signals();
+
+/// Hold back, in the calling thread, the signals remove_staged_files_on_signals handles (for a
+/// worker thread, so that they go to the program's own threads); `before`, where given, receives
+/// the thread's mask as it was (pthread_sigmask). Errors: none.
+void hold_staged_file_signals(sigset_t* before = nullptr);
 
 /// `StagedFile(path, bytes).commit()`: `path` then holds `bytes`, or, on an error, what it held.
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
