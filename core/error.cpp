@@ -64,6 +64,14 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+std::string excerpt(std::string_view text) {
+  if (text.size() <= kExcerptBytes) return printable(text);
+  std::size_t cut = kExcerptBytes;
+  // Not inside a character (a UTF-8 character's continuation bytes are at most three).
+  for (int back = 0; back < 3 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80; ++back) --cut;
+  return fmt::format("{}... ({} bytes)", printable(text.substr(0, cut)), text.size());
+}
+
 Error::Error(Errc code, std::string message) : code_(code), message_(printable(message)) { rebuild(); }
 
 Error& Error::add_context(std::string frame) {

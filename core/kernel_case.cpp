@@ -415,7 +415,7 @@ const std::vector<Adapter>& adapters() {
 const Adapter& adapter(std::string_view module, std::string_view entry) {
   for (const auto& a : adapters())
     if (a.module == module && a.entry == entry) return a;
-  fail(Errc::not_found, "no launcher for kernel {}.{}", module, entry);
+  fail(Errc::not_found, "no launcher for kernel {}.{}", excerpt(module), excerpt(entry));
 }
 
 // The element type of each pointer parameter as the kernel declares it (emu/, kernels/), so that
@@ -486,7 +486,9 @@ std::uint32_t& dim_of(Dim3& v, char d) { return d == 'x' ? v.x : d == 'y' ? v.y 
 
 // "x,y,z", three decimal u32 and nothing else (sscanf would take "-1" and "1,1,1junk").
 Dim3 parse_dims(const std::string& text, const std::string& what) {
-  auto bad = [&] { fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, text); };
+  auto bad = [&] {
+    fail(Errc::invalid_argument, "{} '{}' is not x,y,z (three unsigned 32-bit integers)", what, excerpt(text));
+  };
   Dim3 d;
   const char* p = text.data();
   const char* const e = text.data() + text.size();
@@ -533,7 +535,8 @@ KernelArg parse_scalar(const std::string& case_name, const std::string& name, co
   const char* b = text.data();
   const char* e = text.data() + text.size();
   auto bad = [&] {
-    fail(Errc::invalid_argument, "case {}: scalar {} = '{}' is not a {}", case_name, name, text, to_string(kind));
+    fail(Errc::invalid_argument, "case {}: scalar {} = '{}' is not a {}", case_name, name, excerpt(text),
+         to_string(kind));
   };
   if (kind == ArgKind::f32) {
     float v = 0;
@@ -627,8 +630,9 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
          : is_format_tables(f) ? " (the number-format tables, which the formats tests read)"
                                : "");
   KernelCase c;
-  // The name goes into reports and logs: its control characters escaped (a name cannot fake a line).
-  c.name = printable(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));
+  // The name goes into reports and logs: its control characters escaped (a name cannot fake a line),
+  // and cut short.
+  c.name = excerpt(f.metadata.count("case") != 0 ? f.meta("case") : std::move(name));
   c.module = f.meta("module");
   c.entry = f.meta("entry");
   const Adapter& a = adapter(c.module, c.entry);
@@ -687,29 +691,30 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
       continue;
     }
     if (std::none_of(a.fields.scalars.begin(), a.fields.scalars.end(), [&](const auto& s) { return s.first == key; }))
-      fail(Errc::invalid_argument, "case {}: metadata {} = '{}' is not a scalar parameter of {}", c.name, key, value,
-           c.entry);
+      fail(Errc::invalid_argument, "case {}: metadata {} = '{}' is not a scalar parameter of {}", c.name, excerpt(key),
+           excerpt(value), c.entry);
   }
   // The wgmma entries' block follows from the entry: a recorded block that differs is not theirs.
   const std::uint32_t threads = wgmma_block(a.entry).threads;
   if (a.module == kMlaWgmmaModule && has_block && c.block != Dim3{threads, 1, 1})
     fail(Errc::invalid_argument, "case {}: block ({},{},{}) but {} runs blocks of {} threads", c.name, c.block.x,
          c.block.y, c.block.z, a.entry, threads);
-  for (const auto& [tname, t] : f.tensors) {
-    if (tname.starts_with("expected.")) {
+  for (const auto& [tensor_name, t] : f.tensors) {
+    const std::string tname = excerpt(tensor_name);  // as the messages name it
+    if (tensor_name.starts_with("expected.")) {
       // check_output compares these dtypes; any other would fail only after the launch.
       constexpr std::array kComparable{Dtype::f64, Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i32, Dtype::u8};
       if (std::find(kComparable.begin(), kComparable.end(), t.dtype) == kComparable.end())
         fail(Errc::invalid_argument, "case {}: {} is {}; an expectation is F64, F32, BF16, F16, I32 or U8", c.name,
              tname, to_string(t.dtype));
-      c.expected[tname.substr(9)] = t;
-    } else if (tname.starts_with("tolerance.") || tname.starts_with("backend_tolerance.")) {
-      const bool backend = tname.starts_with("backend_");
-      (backend ? c.backend_tolerance : c.tolerance)[tname.substr(tname.find('.') + 1)] =
+      c.expected[tensor_name.substr(9)] = t;
+    } else if (tensor_name.starts_with("tolerance.") || tensor_name.starts_with("backend_tolerance.")) {
+      const bool backend = tensor_name.starts_with("backend_");
+      (backend ? c.backend_tolerance : c.tolerance)[tensor_name.substr(tensor_name.find('.') + 1)] =
           parse_tolerance(c.name, tname, t);
-    } else if (std::find(a.fields.pointers.begin(), a.fields.pointers.end(), tname) != a.fields.pointers.end()) {
+    } else if (std::find(a.fields.pointers.begin(), a.fields.pointers.end(), tensor_name) != a.fields.pointers.end()) {
       // The bytes go to the device as they are: a tensor of another dtype would be reinterpreted.
-      if (const auto want = pointer_dtype(c.module, c.entry, tname); want && t.dtype != *want)
+      if (const auto want = pointer_dtype(c.module, c.entry, tensor_name); want && t.dtype != *want)
         fail(Errc::invalid_argument, "case {}: tensor {} is {}, but parameter {} of {} is {}", c.name, tname,
              to_string(t.dtype), tname, c.entry, to_string(*want));
       // An empty tensor would reach the launcher as a null pointer: "is null" for a required one,
@@ -717,7 +722,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
       if (t.numel() == 0)
         fail(Errc::invalid_argument, "case {}: tensor {} has no elements (leave an optional pointer out instead)",
              c.name, tname);
-      c.inputs[tname] = t;
+      c.inputs[tensor_name] = t;
     } else {
       fail(Errc::invalid_argument, "case {}: tensor '{}' is not a pointer parameter of {}", c.name, tname, c.entry);
     }
@@ -725,9 +730,10 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto& [out, t] : c.expected) {
     if (const auto alias = c.aliases.find(out); alias != c.aliases.end())
       fail(Errc::invalid_argument, "case {}: expected.{}, but {} is an alias of {} (expect {}'s buffer instead)",
-           c.name, printable(out), printable(out), printable(alias->second), printable(alias->second));
+           c.name, excerpt(out), excerpt(out), excerpt(alias->second), excerpt(alias->second));
     if (c.inputs.count(out) == 0)
-      fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name, out);
+      fail(Errc::invalid_argument, "case {}: output {} has no initial tensor (its device buffer)", c.name,
+           excerpt(out));
     if (t.numel() != c.inputs.at(out).numel())  // else found only after the launch
       fail(Errc::invalid_argument, "case {}: expected.{} has {} values, its buffer {} {}", c.name, out, t.numel(), out,
            c.inputs.at(out).numel());
@@ -735,7 +741,8 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
   for (const auto* tolerances : {&c.tolerance, &c.backend_tolerance})
     for (const auto& [out, tol] : *tolerances)
       if (c.expected.count(out) == 0) {
-        fail(Errc::invalid_argument, "case {}: a tolerance for {}, which has no expected.{} tensor", c.name, out, out);
+        fail(Errc::invalid_argument, "case {}: a tolerance for {}, which has no expected.{} tensor", c.name,
+             excerpt(out), excerpt(out));
       } else if (const auto stored = pointer_dtype(c.module, c.entry, out); stored && tol.ulps > 0) {
         // check_output counts ULPs between two BF16 values only, where they would otherwise have
         // no effect: the output against its expectation (tolerance), or against another backend's
@@ -751,21 +758,21 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
       }
   const auto& pointers = a.fields.pointers;
   for (const auto& [param, target] : c.aliases) {
-    const std::string what = fmt::format("case {}: alias.{} = '{}'", c.name, printable(param), printable(target));
+    const std::string what = fmt::format("case {}: alias.{} = '{}'", c.name, excerpt(param), excerpt(target));
     if (std::find(pointers.begin(), pointers.end(), param) == pointers.end())
-      fail(Errc::invalid_argument, "{}: '{}' is not a pointer parameter of {}", what, printable(param), c.entry);
+      fail(Errc::invalid_argument, "{}: '{}' is not a pointer parameter of {}", what, excerpt(param), c.entry);
     if (c.inputs.count(target) == 0)
-      fail(Errc::invalid_argument, "{}: '{}' is not an input tensor of the case{}", what, printable(target),
+      fail(Errc::invalid_argument, "{}: '{}' is not an input tensor of the case{}", what, excerpt(target),
            c.aliases.count(target) != 0 ? " (it is an alias itself)" : "");
     if (c.inputs.count(param) != 0)
-      fail(Errc::invalid_argument, "{}: {} has a tensor of its own (an alias shares {}'s)", what, printable(param),
-           printable(target));
+      fail(Errc::invalid_argument, "{}: {} has a tensor of its own (an alias shares {}'s)", what, excerpt(param),
+           excerpt(target));
     // The buffer goes to the parameter as it is: another dtype would be reinterpreted (a U8 pool
     // read as BF16, an FP32 output read as a cache).
     const Dtype have = c.inputs.at(target).dtype;
     if (const auto want = pointer_dtype(c.module, c.entry, param); want && have != *want)
-      fail(Errc::invalid_argument, "{}: tensor {} is {}, but parameter {} of {} is {}", what, printable(target),
-           to_string(have), printable(param), c.entry, to_string(*want));
+      fail(Errc::invalid_argument, "{}: tensor {} is {}, but parameter {} of {} is {}", what, excerpt(target),
+           to_string(have), excerpt(param), c.entry, to_string(*want));
   }
   return c;
 }

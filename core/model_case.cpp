@@ -88,9 +88,10 @@ std::vector<Bf16> bf16_tensor(const SafeTensors& f, std::string_view name, std::
 float meta_float(const SafeTensors& f, std::string_view key) {
   const double v = f.meta_f64(key);
   if (std::isfinite(v) && std::fabs(v) > std::numeric_limits<float>::max())
-    fail(Errc::invalid_argument, "metadata {} = {} is beyond a float's range", key, f.meta(key));
+    fail(Errc::invalid_argument, "metadata {} = {} is beyond a float's range", key, excerpt(f.meta(key)));
   if (v != 0 && std::fabs(v) < std::numeric_limits<float>::denorm_min())  // a cast would make it 0
-    fail(Errc::invalid_argument, "metadata {} = {} is below a float's range (it would be 0)", key, f.meta(key));
+    fail(Errc::invalid_argument, "metadata {} = {} is below a float's range (it would be 0)", key,
+         excerpt(f.meta(key)));
   return static_cast<float>(v);
 }
 
@@ -274,6 +275,9 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   const auto gate = gated ? tensor(file, "gate", {H, dv}) : std::vector<float>{};
   const std::string metric = gated ? "attn_out_gated" : "attn_out";
   const auto want = tensor(file, metric, {H, dv});
+  // A gated case that holds the ungated output too has it checked as well (it had been ignored).
+  const bool also_ungated = gated && file.has("attn_out");
+  const auto want_ungated = also_ungated ? tensor(file, "attn_out", {H, dv}) : std::vector<float>{};
   ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, false, {}, {}, false};
   r.stages.emplace_back("load case", since(t0));
 
@@ -294,6 +298,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   const std::vector<float> no_gate(gate.size(), 0.0f);
   for (std::uint32_t t = 0; t + 1 < T; ++t) dec.decode(q, k_of(t), v_of(t), no_gate, t, theta);
   if (T > 1) r.stages.emplace_back(fmt::format("decode tokens 0..{} ({})", T - 2, where), since(t0));
+  const MlaKv prompt = also_ungated ? dec.history() : MlaKv{};  // the last token runs twice over it
 
   t0 = clock::now();
   for (std::size_t h = 0; h < H; ++h) {
@@ -306,6 +311,17 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   r.stages.emplace_back(fmt::format("decode token {} ({})", T - 1, where), since(t0));
 
   r.metrics.push_back(compare(metric, out, want, kKimiReplayTolerance));
+  if (also_ungated) {  // the last token again without the gate, over a copy of the prompt's history
+    t0 = clock::now();
+    MlaConfig ungated = cfg;
+    ungated.mla_use_output_gate = false;
+    MlaKv kv = prompt;
+    std::vector<float> k(k_of(T - 1).begin(), k_of(T - 1).end());
+    const auto plain = launch_k3_mla_decode_token(gpu, K3MlaDecodeKernels::resolve(gpu), q, k, v_of(T - 1), {}, kv,
+                                                  ungated, T - 1, theta);
+    r.stages.emplace_back(fmt::format("decode token {} again without the gate (host KV)", T - 1), since(t0));
+    r.metrics.push_back(compare("attn_out", plain, want_ungated, kKimiReplayTolerance));
+  }
   r.pass = std::all_of(r.metrics.begin(), r.metrics.end(), [](const CaseMetric& m) { return m.pass; });
   return r;
 }

@@ -155,7 +155,8 @@ class HeaderChecks final : public nlohmann::json_sax<Json> {
     return true;
   }
   bool key(string_t& k) override {
-    if (!keys_.back().insert(k).second) fail(Errc::invalid_argument, "{}: header has key '{}' twice", name_, k);
+    if (!keys_.back().insert(k).second)
+      fail(Errc::invalid_argument, "{}: header has key '{}' twice", name_, excerpt(k));
     return true;
   }
   bool end_object() override { return close(); }
@@ -217,7 +218,7 @@ std::map<std::string, std::string> parse_metadata(const Json& j, std::string_vie
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : j.items()) {
     if (!value.is_string())
-      fail(Errc::invalid_argument, "{}: __metadata__ value of '{}' is a json {}, not a string", name, key,
+      fail(Errc::invalid_argument, "{}: __metadata__ value of '{}' is a json {}, not a string", name, excerpt(key),
            value.type_name());
     out.emplace(key, value.get<std::string>());
   }
@@ -227,7 +228,7 @@ std::map<std::string, std::string> parse_metadata(const Json& j, std::string_vie
 // A JSON value for an error message, cut short: a hostile header can hold a
 // shape array of millions of entries.
 std::string brief(const Json& j) {
-  constexpr std::size_t kMax = 80;
+  constexpr std::size_t kMax = kExcerptBytes;
   std::string s;
   if (j.is_array()) {  // element by element, up to the cut: never the whole array
     s = "[";
@@ -249,7 +250,8 @@ struct Entry {
   std::uint64_t end = 0;
 };
 
-Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_size, std::string_view name) {
+Entry parse_entry(const std::string& tensor_name, const Json& j, std::uint64_t data_size, std::string_view name) {
+  const std::string tensor = excerpt(tensor_name);  // as the messages below name it
   if (!j.is_object())
     fail(Errc::invalid_argument, "{}: tensor '{}' is a json {}, not an object", name, tensor, j.type_name());
   for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -261,7 +263,8 @@ Entry parse_entry(const std::string& tensor, const Json& j, std::uint64_t data_s
     fail(Errc::invalid_argument, "{}: tensor '{}' dtype is a json {}, not a string", name, tensor, dtype.type_name());
   const auto parsed = parse_dtype(dtype.get<std::string>());
   if (!parsed)
-    fail(Errc::invalid_argument, "{}: tensor '{}' has unknown dtype '{}'", name, tensor, dtype.get<std::string>());
+    fail(Errc::invalid_argument, "{}: tensor '{}' has unknown dtype '{}'", name, tensor,
+         excerpt(dtype.get<std::string>()));
   e.tensor.dtype = *parsed;
 
   const Json& shape = j.at("shape");
@@ -317,11 +320,12 @@ void check_exact_cover(const std::map<std::string, Entry>& entries, std::uint64_
   for (std::size_t i = 0; i < sorted.size(); ++i) {
     const auto& [cur_name, cur] = sorted[i];
     if (cur->begin < covered)  // covered: the end of the tensor before
-      fail(Errc::invalid_argument, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", name, *sorted[i - 1].first,
-           sorted[i - 1].second->begin, sorted[i - 1].second->end, *cur_name, cur->begin, cur->end);
+      fail(Errc::invalid_argument, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", name,
+           excerpt(*sorted[i - 1].first), sorted[i - 1].second->begin, sorted[i - 1].second->end, excerpt(*cur_name),
+           cur->begin, cur->end);
     if (cur->begin > covered)
       fail(Errc::invalid_argument, "{}: bytes [{}, {}) of the data section belong to no tensor (before '{}')", name,
-           covered, cur->begin, *cur_name);
+           covered, cur->begin, excerpt(*cur_name));
     covered = cur->end;
   }
   if (covered != data_size)
@@ -554,13 +558,13 @@ bool SafeTensors::write_new(const std::filesystem::path& path) const {
 
 const Tensor& SafeTensors::at(std::string_view name) const {
   const auto it = tensors.find(std::string(name));
-  if (it == tensors.end()) fail(Errc::not_found, "no tensor named '{}'", name);
+  if (it == tensors.end()) fail(Errc::not_found, "no tensor named '{}'", excerpt(name));
   return it->second;
 }
 
 const std::string& SafeTensors::meta(std::string_view key) const {
   const auto it = metadata.find(std::string(key));
-  if (it == metadata.end()) fail(Errc::not_found, "no metadata key '{}'", key);
+  if (it == metadata.end()) fail(Errc::not_found, "no metadata key '{}'", excerpt(key));
   return it->second;
 }
 
@@ -569,7 +573,7 @@ double SafeTensors::meta_f64(std::string_view key) const {
   double v = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(v))
-    fail(Errc::invalid_argument, "metadata '{}' = '{}' is not a finite number", key, s);
+    fail(Errc::invalid_argument, "metadata '{}' = '{}' is not a finite number", excerpt(key), excerpt(s));
   return v;
 }
 
@@ -578,7 +582,7 @@ std::int64_t SafeTensors::meta_i64(std::string_view key) const {
   std::int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec != std::errc() || ptr != s.data() + s.size())
-    fail(Errc::invalid_argument, "metadata '{}' = '{}' is not a 64-bit integer", key, s);
+    fail(Errc::invalid_argument, "metadata '{}' = '{}' is not a 64-bit integer", excerpt(key), excerpt(s));
   return v;
 }
 

@@ -471,6 +471,56 @@ TEST_CASE("bad input: control characters from a case file are escaped in names a
   }
 }
 
+// A 10 MB metadata value, key, entry or tensor name was echoed whole in the error line and in
+// conform's report.
+TEST_CASE("bad input: a megabyte-long value from a case file is cut short in names and messages",
+          "[bad_input][kernel_case]") {
+  CHECK(excerpt(std::string(kExcerptBytes, 'a')) == std::string(kExcerptBytes, 'a'));
+  CHECK(excerpt(std::string(kExcerptBytes + 1, 'a')) == std::string(kExcerptBytes, 'a') + "... (81 bytes)");
+  // The cut falls before a character it would split (the euro sign's 3 bytes straddle byte 80).
+  const std::string euros = std::string(kExcerptBytes - 1, 'e') + "\xE2\x82\xAC" + "tail";
+  CHECK(excerpt(euros) == std::string(kExcerptBytes - 1, 'e') + "... (86 bytes)");
+  CHECK(excerpt("a\nb" + std::string(100, 'c')).starts_with("a\\x0Ab"));  // still printable()'s escapes
+  const std::string huge(1 << 20, '9');
+  const auto message_of = [](const SafeTensors& f) {
+    try {
+      (void)kernel_case_from(f, "c");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto check_short = [&](const SafeTensors& f, const std::string& wanted) {
+    const std::string m = message_of(f);
+    CHECK_THAT(m, Catch::Matchers::Contains(wanted));
+    CHECK_THAT(m, Catch::Matchers::Contains("... (1048576 bytes)"));
+    CHECK(m.size() < 600);
+  };
+  SafeTensors f = recorded_decode_case();
+  {
+    SafeTensors g = f;
+    g.metadata["k_scale"] = huge;  // a scalar's value
+    check_short(g, "scalar k_scale = '9999");
+    g = f;
+    g.metadata[huge] = "1";  // a key that is no scalar
+    check_short(g, "is not a scalar parameter");
+    g = f;
+    g.metadata["entry"] = huge;
+    check_short(g, "no launcher for kernel");
+    g = f;
+    g.metadata["grid"] = huge;
+    check_short(g, "grid '9999");
+    g = f;
+    g.tensors[huge] = g.tensors.begin()->second;  // a tensor that is no parameter
+    check_short(g, "is not a pointer parameter");
+    g = f;
+    g.metadata["alias." + huge] = "q";
+    check_short(g, "alias.9999");
+  }
+  f.metadata["case"] = huge;  // the name reports print
+  CHECK(kernel_case_from(f, "c").name == std::string(kExcerptBytes, '9') + "... (1048576 bytes)");
+}
+
 TEST_CASE("bad input: a kernel case scalar the recorded grid contradicts is refused", "[bad_input][kernel_case]") {
   SafeTensors f = recorded_decode_case();
   REQUIRE(f.meta("grid") == "8,1,1");  // [num_q_heads, num_seqs]
@@ -2234,6 +2284,13 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   }
   CHECK(broken);
   CHECK(renamed);
+  // --only that its file name does not match: its replays might have matched, so it is named
+  // (before: left out without a word).
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only x --golden " + golden.path.string() + " --cases " + cases.path.string(),
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("zq_broken.safetensors cannot be read, so --only 'x' cannot tell its "
+                                            "replays: error (invalid_argument)"));
 }
 
 TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {

@@ -787,14 +787,30 @@ TEST_CASE("K3 golden replay on both paths", "[mla_decode][replay]") {
   const auto file = SafeTensors::read(test::golden("k3_nope_gate_h8_t65.safetensors"));
   emu::EmulatorBackend gpu;
   const auto r = replay_kimi_case(gpu, file, "k3_nope_gate_h8_t65", device_path);
-  REQUIRE(r.metrics.size() == 1);
-  const auto& m = r.metrics[0];
-  INFO(m.name << " rel_l2 " << m.rel_l2 << " max_abs " << m.max_abs);
-  CHECK(m.name == "attn_out_gated");
-  CHECK(m.rel_l2 <= kKimiReplayTolerance);
-  CHECK(m.rel_l2 <= 1e-5);  // what FP32 reaches (≈ 2e-7 measured): a margin of 50x, not of 500x
+  // Both outputs the file holds: the gated one, and the ungated one (the last token again without
+  // the gate; before, forty-third session, a gated case's attn_out was never checked).
+  REQUIRE(r.metrics.size() == 2);
+  for (const auto& m : r.metrics) {
+    INFO(m.name << " rel_l2 " << m.rel_l2 << " max_abs " << m.max_abs);
+    CHECK(m.rel_l2 <= kKimiReplayTolerance);
+    CHECK(m.rel_l2 <= 1e-5);  // what FP32 reaches (≈ 2e-7 measured): a margin of 50x, not of 500x
+  }
+  CHECK(r.metrics[0].name == "attn_out_gated");
+  CHECK(r.metrics[1].name == "attn_out");
   CHECK(r.pass);
   CHECK(gpu.live_allocations().empty());
+
+  SECTION("a gated case's attn_out is checked: one edited value fails it") {
+    SafeTensors edited = file;
+    auto v = edited.at("attn_out").to_f32();
+    v[5] += 0.5f;
+    edited.tensors["attn_out"] = Tensor::from<float>(edited.at("attn_out").shape, v);
+    const auto e = replay_kimi_case(gpu, edited, "edited", device_path);
+    REQUIRE(e.metrics.size() == 2);
+    CHECK(e.metrics[0].pass);
+    CHECK_FALSE(e.metrics[1].pass);
+    CHECK_FALSE(e.pass);
+  }
 
   SECTION("without the gate the same chain reproduces attn_out") {
     SafeTensors ungated = file;
@@ -850,6 +866,7 @@ TEST_CASE("metrale replay --model kimi-k3 on both paths", "[mla_decode][replay][
   CHECK_FALSE(j.contains("block_size"));
   CHECK(j["pass"] == true);
   CHECK(j["metrics"]["attn_out_gated"]["rel_l2"].get<double>() <= 1e-4);
+  CHECK(j["metrics"]["attn_out"]["rel_l2"].get<double>() <= 1e-4);
 
   SECTION("--kv-cache does not apply to kimi-k3") {
     run_cli(std::string(METRALE_CLI) + " replay " + test::golden("k3_nope_gate_h8_t65.safetensors").string() +

@@ -410,6 +410,45 @@ TEST_CASE("safetensors rejects bad tensor entries", "[safetensors][malformed]") 
                     {"'t'", "overflows"});
 }
 
+// A header's names and strings can be megabytes long; a message echoes their start only.
+TEST_CASE("safetensors cuts long names and values short in its messages", "[safetensors][malformed]") {
+  const std::string huge(1 << 20, 'n');
+  const auto message_of = [](std::string_view header, std::size_t data_len) {
+    try {
+      parse(file_bytes(header, data_len));
+    } catch (const metrale::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (
+      const auto& [header, data_len, wanted] : std::vector<std::tuple<std::string, std::size_t, std::string>>{
+          {R"({")" + huge + R"(": {"dtype": "F7", "shape": [1], "data_offsets": [0, 1]}})", 1, "unknown dtype"},
+          {R"({"t": {"dtype": ")" + huge + R"(", "shape": [1], "data_offsets": [0, 1]}})", 1, "unknown dtype"},
+          {R"({")" + huge +
+               R"(": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
+           2, "overlap"},
+          {R"({"__metadata__": {")" + huge + R"(": 1}})", 0, "not a string"},
+      }) {
+    const std::string m = message_of(header, data_len);
+    CHECK_THAT(m, Catch::Matchers::Contains(wanted));
+    CHECK_THAT(m, Catch::Matchers::Contains("... (1048576 bytes)"));
+    CHECK(m.size() < 400);
+  }
+  SafeTensors f;
+  f.metadata["x"] = "1" + huge;
+  const auto m = [&] {
+    try {
+      (void)f.meta_i64("x");
+    } catch (const metrale::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  CHECK_THAT(m, Catch::Matchers::Contains("metadata 'x' = '1nnn"));
+  CHECK(m.size() < 400);
+}
+
 TEST_CASE("safetensors rejects bad data offsets", "[safetensors][malformed]") {
   // Past the data.
   require_malformed(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4,

@@ -145,7 +145,7 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   bool unwanted = false;
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const SafeTensors file = SafeTensors::read(path);  // its errors name the file
-    r.kernel = file.metadata.count("entry") != 0 ? printable(file.meta("entry")) : "kernel case file";
+    r.kernel = file.metadata.count("entry") != 0 ? excerpt(file.meta("entry")) : "kernel case file";
     const KernelCase c = read_kernel_case(file, path);
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
@@ -189,7 +189,11 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
   SafeTensors file;
   CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
   if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
-    if (wanted(read.kernel, read.name)) out.push_back(std::move(read));
+    if (wanted(read.kernel, read.name))
+      out.push_back(std::move(read));
+    else  // its replays' names are unknown, so --only might have picked some of them
+      fmt::print(stderr, "note: conform: golden file {} cannot be read, so --only '{}' cannot tell its replays: {}\n",
+                 printable(path.string()), excerpt(only), read.error);
     return out;
   }
   if (!is_model_case(file)) {  // said where --only would have picked the file (its name), else noise

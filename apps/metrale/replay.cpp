@@ -37,12 +37,12 @@ void print_table(const ReplayResult& r, const KvDescription& kv) {
                kv.kv_path == "device" ? "K3_CUDA_MLA=0 selects the host path" : "K3_CUDA_MLA=0");
   }
   // rel_l2 beside its tolerance (the check); max_abs after the result, for information
-  fmt::print("{:<12} {:>11} {:>18}  {:<6} {:>11}\n", "tensor", "rel_l2", "rel_l2 tolerance", "result", "max_abs");
+  fmt::print("{:<14} {:>11} {:>18}  {:<6} {:>11}\n", "tensor", "rel_l2", "rel_l2 tolerance", "result", "max_abs");
   for (const auto& m : r.metrics)
-    fmt::print("{:<12} {:>11.3e} {:>18.1e}  {:<6} {:>11.3e}\n", m.name, m.rel_l2, m.tolerance, m.pass ? "ok" : "FAIL",
+    fmt::print("{:<14} {:>11.3e} {:>18.1e}  {:<6} {:>11.3e}\n", m.name, m.rel_l2, m.tolerance, m.pass ? "ok" : "FAIL",
                m.max_abs);
-  fmt::print("\n{:<48} {:>10}\n", "stage", "ms");
-  for (const auto& [stage, ms] : r.stages) fmt::print("{:<48} {:>10.2f}\n", stage, ms);
+  fmt::print("\n{:<52} {:>10}\n", "stage", "ms");
+  for (const auto& [stage, ms] : r.stages) fmt::print("{:<52} {:>10.2f}\n", stage, ms);
   fmt::print("\n{}\n", r.pass ? "PASS" : "FAIL");
 }
 
@@ -113,7 +113,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
     if (!kimi && file.has("gate"))
       spdlog::warn("{} has an output gate: --model deepseek ignores it (--model kimi-k3 applies it)", opts->file);
     auto gpu = make_backend(opts->backend);
-    const std::string name = printable(  // printed: its control characters escaped
+    const std::string name = excerpt(  // printed: its control characters escaped, cut short
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string());
     ReplayResult r;
     KvDescription kv{opts->model, "", "", 0, ""};

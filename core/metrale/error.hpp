@@ -36,6 +36,14 @@ std::string_view to_string(Errc code);
 /// through it.
 std::string printable(std::string_view text);
 
+/// The longest value, in bytes, that excerpt() writes whole.
+inline constexpr std::size_t kExcerptBytes = 80;
+
+/// `text` for a message, as printable() writes it, cut after kExcerptBytes bytes (at a character
+/// boundary) with "... (N bytes)" after the cut: a value read from a file (a metadata value, a
+/// tensor or case name) can be megabytes long, and an error line or report echoes its start only.
+std::string excerpt(std::string_view text);
+
 class Error : public std::exception {
  public:
   /// `message` as printable() writes it.
