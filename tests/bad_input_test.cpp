@@ -1796,11 +1796,17 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
            {"1zb", "'1zb' is not a size: its unit 'zb' is none of B, KB or KiB, "},  // (was CLI11's unit list)
            {"1.5qb", "'1.5qb' is not a size: its unit 'qb' is none of "},            // (was '.5qb')
            {"1.5GB", "'1.5GB' is not a size (4GB, 500MB, 1024: a whole number, then a unit)"},
-           {"99999999999GB", "'99999999999GB' bytes is more than 2^64 - 1"}}) {
+           {"99999999999GB", "'99999999999GB' bytes is more than 2^64 - 1"},
+           // a space before or after, as the whole-number options refuse " 16" (both were taken)
+           {" 5MB", "' 5MB' is not a size (4GB, 500MB, 1024: digits first, nothing after the unit)"},
+           {"5MB ", "'5MB ' is not a size (4GB, 500MB, 1024: digits first, nothing after the unit)"}}) {
     out.clear();
-    CHECK(run_cli(fmt::format("--record-limit {} {}", bad, run), out) > 100);
+    CHECK(run_cli(fmt::format("--record-limit '{}' {}", bad, run), out) > 100);
     CHECK_THAT(out, Catch::Matchers::Contains("--record-limit") && Catch::Matchers::Contains(why));
   }
+  out.clear();
+  CHECK(run_cli("--record-limit '2 GiB' info", out) == 0);  // a space between number and unit: CLI11's form
+  CHECK_THAT(out, Catch::Matchers::Contains("case files (--record) at most 2147483648 bytes a run (--record-limit)"));
   out.clear();
   CHECK(run_cli(run, out, "METRALE_RECORD_LIMIT=4GB") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_RECORD_LIMIT='4GB' is not a positive 64-bit integer"));

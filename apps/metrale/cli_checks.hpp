@@ -108,13 +108,16 @@ inline CLI::Validator decimal_number() {
 
 /// The check and conversion of a size option: a whole number with an optional unit ("4GB", "2 GiB",
 /// "1024"), converted by CLI::AsSizeValue (1000-based units, "Ki"-style 1024-based), rewritten as
-/// decimal bytes, positive and within 64 bits. The number must come first: AsSizeValue reads a
-/// bare unit ("MB") as one of it.
+/// decimal bytes, positive and within 64 bits. The number must come first (AsSizeValue reads a
+/// bare unit, "MB", as one of it), and nothing may follow the unit (" 5MB" and "5MB " are refused,
+/// as the whole-number options refuse " 16").
 inline CLI::Validator size_in_bytes() {
   return {[](std::string& s) {
-            const std::size_t at = s.find_first_not_of(" \t");
-            if (at == std::string::npos || std::isdigit(static_cast<unsigned char>(s[at])) == 0)
-              return "'" + s + "' is not a size (4GB, 500MB, 1024)";
+            // Digits first and last a digit or a letter, as the whole-number options take them (a
+            // space between number and unit is CLI11's: "2 GiB").
+            if (s.empty() || std::isdigit(static_cast<unsigned char>(s.front())) == 0 ||
+                std::isalnum(static_cast<unsigned char>(s.back())) == 0)
+              return "'" + s + "' is not a size (4GB, 500MB, 1024: digits first, nothing after the unit)";
             const std::string given = s;
             // CLI11's own words (thrown or returned) for a bad unit, a fraction ("Value 1.5 could
             // not be converted to UINT") or an overflow: ours instead, naming the value.
