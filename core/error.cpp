@@ -1,5 +1,7 @@
 #include "metrale/error.hpp"
 
+#include <cstdint>
+
 #include <fmt/format.h>
 
 namespace metrale {
@@ -45,6 +47,23 @@ std::size_t utf8_sequence(std::string_view text) {
   return length;
 }
 
+// The code point of the well-formed UTF-8 sequence `text` (utf8_sequence's length).
+char32_t code_point(std::string_view text) {
+  const auto at = [&](std::size_t i) { return static_cast<char32_t>(static_cast<unsigned char>(text[i])); };
+  if (text.size() == 1) return at(0);
+  char32_t cp = at(0) & (0x7F >> text.size());
+  for (std::size_t i = 1; i < text.size(); ++i) cp = (cp << 6) | (at(i) & 0x3F);
+  return cp;
+}
+
+// A character that moves or hides what a terminal shows after it: the C1 controls, the line and
+// paragraph separators, and the bidirectional marks, embeddings, overrides and isolates (U+202E
+// shows the rest of the line reversed).
+bool unsafe_to_show(char32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x200E || cp == 0x200F || (cp >= 0x2028 && cp <= 0x202E) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
 }  // namespace
 
 std::string printable(std::string_view text) {
@@ -56,6 +75,9 @@ std::string printable(std::string_view text) {
     if (byte < 0x20 || byte == 0x7F || sequence == 0) {
       out += fmt::format("\\x{:02X}", byte);
       ++i;
+    } else if (const char32_t cp = code_point(text.substr(i, sequence)); unsafe_to_show(cp)) {
+      out += fmt::format("\\u{:04X}", static_cast<std::uint32_t>(cp));
+      i += sequence;
     } else {
       out.append(text.substr(i, sequence));
       i += sequence;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -124,6 +125,10 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
          "cannot write {} ({}, not a regular file; the file is written whole and renamed "
          "into place, which would replace it)",
          target_.string(), describe_type(type));
+  // A file it replaces keeps its permissions (the new file's are the umask's: a private 0600 report
+  // would become world-readable).
+  struct stat replaced {};
+  const bool replaces = type == std::filesystem::file_type::regular && ::stat(target_.c_str(), &replaced) == 0;
   // Beside the target under its name and a suffix, or, where that would pass the file-name limit
   // (255 bytes) that the target's own name keeps, under a short hidden name.
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
@@ -144,7 +149,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   }
   const auto* p = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
-  int err = 0;
+  int err = replaces && ::fchmod(fd, replaced.st_mode & 07777) != 0 ? errno : 0;
   while (left > 0 && err == 0) {
     const ssize_t n = ::write(fd, p, left);
     if (n < 0 && errno != EINTR) err = errno;

@@ -315,9 +315,9 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
     t0 = clock::now();
     MlaConfig ungated = cfg;
     ungated.mla_use_output_gate = false;
-    MlaKv kv = prompt;
+    MlaKv history = prompt;
     std::vector<float> k(k_of(T - 1).begin(), k_of(T - 1).end());
-    const auto plain = launch_k3_mla_decode_token(gpu, K3MlaDecodeKernels::resolve(gpu), q, k, v_of(T - 1), {}, kv,
+    const auto plain = launch_k3_mla_decode_token(gpu, K3MlaDecodeKernels::resolve(gpu), q, k, v_of(T - 1), {}, history,
                                                   ungated, T - 1, theta);
     r.stages.emplace_back(fmt::format("decode token {} again without the gate (host KV)", T - 1), since(t0));
     r.metrics.push_back(compare("attn_out", plain, want_ungated, kKimiReplayTolerance));

@@ -171,7 +171,8 @@ void CaseRecorder::make_folder() {
     const bool link = std::filesystem::is_symlink(bad, unused);
     remove_made();
     if (attempt < 3 && missing && !link && !std::filesystem::exists(bad, unused)) continue;
-    if (ec && !missing)
+    // (A folder there that refuses the new one with ENOENT, as /proc does: its own reason.)
+    if (ec && (!missing || std::filesystem::is_directory(bad, unused)))
       fail(Errc::invalid_argument, "recorder: cannot create {}{}: {}", printable(dir_.string()),
            p == dir_ ? "" : fmt::format(" (at {})", printable(p.string())), ec.message());
     fail(Errc::invalid_argument, "recorder: cannot record into {}: {} is not a folder{}", printable(dir_.string()),

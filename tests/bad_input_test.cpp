@@ -457,6 +457,13 @@ TEST_CASE("bad input: control characters from a case file are escaped in names a
   CHECK(printable("a\xFF\xC3(b") == "a\\xFF\\xC3(b");
   CHECK(printable("\x80x\xE2\x82") == "\\x80x\\xE2\\x82");
   CHECK(printable("\xC0\xAF\xED\xA0\x80\xF4\x90\x80\x80") == "\\xC0\\xAF\\xED\\xA0\\x80\\xF4\\x90\\x80\\x80");
+  // A character that reorders or hides the rest of the line (U+202E shows it reversed), a C1
+  // control and a line separator: written as \uNNNN (they had reached the terminal raw).
+  CHECK(printable("etc/passwd\xE2\x80\xAE.txt") == "etc/passwd\\u202E.txt");
+  CHECK(printable("\xC2\x9B"
+                  "2J \xE2\x80\xA8 \xE2\x81\xA6x\xE2\x81\xA9 \xE2\x80\x8F") ==
+        "\\u009B2J \\u2028 \\u2066x\\u2069 \\u200F");
+  CHECK(printable("\xE2\x80\x94 \xC2\xA0") == "\xE2\x80\x94 \xC2\xA0");  // an em dash, a no-break space
   SafeTensors f = recorded_decode_case();
   f.metadata["case"] = "x\nPASS all";
   const KernelCase c = kernel_case_from(f, "c");
@@ -1755,6 +1762,11 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   };
   CHECK(record_nothing(dir.path / "a" / "b") == 2);
   CHECK(std::filesystem::is_empty(dir.path));
+  // A folder that refuses a new one with ENOENT (/proc): its reason, not "/proc is not a folder".
+  if (std::filesystem::is_directory("/proc/self")) {
+    CHECK(record_nothing("/proc/metrale_no_such") == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("recorder: cannot create /proc/metrale_no_such: No such file"));
+  }
   // Only the folders it made, however the path reaches them: `made/..` makes `made` (removed) and
   // then leads to folders that were there, and a link to a folder that holds files (kept). It had
   // taken everything after a missing component for its own, and removed the user's folders and link.

@@ -19,7 +19,8 @@ namespace metrale {
 /// A file written beside `target` (same folder, named `<target>.part-<pid>-<n>`, or
 /// `.metrale.part-<pid>-<n>` where that name would pass 255 bytes, so that two processes or
 /// threads writing one target never share it) holding `bytes`, then put in place by
-/// `commit` or `commit_new`; the destructor removes it when neither ran. Errors:
+/// `commit` or `commit_new`; the destructor removes it when neither ran. A file it replaces keeps
+/// its permission bits (the new file has them from the start); a new one has the umask's. Errors:
 /// `invalid_argument` "cannot write <target> (<reason>)" when it cannot be created or written,
 /// or when something other than a regular file is at the target (a symbolic link, a FIFO, a
 /// device: the rename would replace it); nothing is then left behind.
