@@ -45,7 +45,8 @@ void warn_unknown_log_levels() {
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
 // command given before the command, name the commands that take it (on stderr, after CLI11's
 // "not expected" line).
-void say_where_options_go(const CLI::App& app) {
+std::vector<std::string> where_options_go(const CLI::App& app) {
+  std::vector<std::string> lines;
   for (const std::string& word : app.remaining()) {
     const std::string name = word.substr(0, word.find('='));
     if (name.size() < 2 || name[0] != '-' || app.get_option_no_throw(name) != nullptr) continue;
@@ -70,12 +71,13 @@ void say_where_options_go(const CLI::App& app) {
                                     [&](const std::string& t) { return !given.empty() && t.starts_with(given + " "); });
     if (under != takers.end()) given = *under;
     if (!given.empty() && std::find(takers.begin(), takers.end(), given) == takers.end())
-      fmt::print(stderr, "metrale {} does not take {}; the commands that take it: {}\n", given, name,
-                 fmt::join(takers, ", "));
+      lines.push_back(fmt::format("metrale {} does not take {}; the commands that take it: {}", given, name,
+                                  fmt::join(takers, ", ")));
     else
-      fmt::print(stderr, "{} goes after the command (metrale {} {} ...); the commands that take it: {}\n", name,
-                 given.empty() ? takers.front() : given, name, fmt::join(takers, ", "));
+      lines.push_back(fmt::format("{} goes after the command (metrale {} {} ...); the commands that take it: {}", name,
+                                  given.empty() ? takers.front() : given, name, fmt::join(takers, ", ")));
   }
+  return lines;
 }
 
 }  // namespace
@@ -130,11 +132,32 @@ int main(int argc, char** argv) {
     while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
     const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
     const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
-    const int code = (last->get_require_subcommand_min() > 0 || required) && !extra.empty()
-                         ? app.exit(CLI::ExtrasError(extra))
-                         : app.exit(e);
-    say_where_options_go(app);
-    return code;
+    const bool extras = (last->get_require_subcommand_min() > 0 || required) && !extra.empty();
+    // Where an option goes, or what the commands are, said in place of CLI11's line (which named
+    // the words it did not expect, last first: "emu --backend").
+    std::vector<std::string> hints = where_options_go(app);
+    const bool failed = e.get_exit_code() != static_cast<int>(CLI::ExitCodes::Success);  // not --help
+    if (failed && last->get_require_subcommand_min() > 0) {  // metrale, or a group (case): its commands
+      std::string path = "metrale";
+      for (const CLI::App* cmd = &app; cmd != last;) {
+        cmd = cmd->get_subcommands().front();
+        path += " " + cmd->get_name();
+      }
+      std::vector<std::string> commands;
+      for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
+      if (!extra.empty() && !extra.front().starts_with("-")) {
+        hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path,
+                                    metrale::printable(extra.front()), fmt::join(commands, ", ")));
+      } else if (hints.empty()) {  // none given, or an option before it: CLI11's line, then the commands
+        hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());
+        hints.push_back(
+            fmt::format("The commands of {}: {} ({} COMMAND --help)", path, fmt::join(commands, ", "), path));
+      }
+    }
+    if (hints.empty()) return extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
+    for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
+    fmt::print(stderr, "Run with --help for more information.\n");
+    return extras ? static_cast<int>(CLI::ExitCodes::ExtrasError) : e.get_exit_code();
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
