@@ -479,8 +479,9 @@ struct EmulatorBackend::Impl {
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
     if (options.record_limit_bytes == 0)  // read whether or not it records, so that `info` checks it too
-      options.record_limit_bytes =
-          positive_env<std::uint64_t>("METRALE_RECORD_LIMIT", kDefaultRecordLimit, "4000000000 bytes, 4 GB");
+      options.record_limit_bytes = positive_env<std::uint64_t>(
+          "METRALE_RECORD_LIMIT", kDefaultRecordLimit,
+          "4000000000 bytes, 4 GB; bytes in digits: units such as 4GB are --record-limit's");
   }
 
   EmulatorOptions options;

@@ -1238,7 +1238,11 @@ TEST_CASE("bad input: a file named twice runs once, an empty filter is refused, 
   CHECK(run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / "b").string(),
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("case-sensitive"));
   CHECK_FALSE(std::filesystem::exists(root));
+  out.clear();  // upper case: the match is case-sensitive, which the error says (fresh-user trial)
+  CHECK(run_cli("conform --backend emu --no-golden --only WGMMA16", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'WGMMA16' (the match is case-sensitive"));
   // Before: "a/../b" created a as well, and the cleanup, measuring the normal path, left it.
   out.clear();
   CHECK(
@@ -1861,6 +1865,12 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("case run --backend emu " + std::string(METRALE_SOURCE_DIR) + "/cases/golden/dsv3_h16_t37.safetensors",
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("(a model case: run it with metrale replay)"));
+  out.clear();  // given to conform as a case file: pointed to --golden (it said "run it with metrale replay")
+  CHECK(run_cli("conform --backend emu --no-golden --only dsv3_h16 --cases " + std::string(METRALE_SOURCE_DIR) +
+                    "/cases/golden",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("dsv3_h16_t37.safetensors: a model case, not a kernel case: conform "
+                                            "replays those from --golden DIR"));
   out.clear();  // the golden folder's number-format tables, given to case run and to replay
   const std::string tables = test::golden("quant_codecs.safetensors").string();
   CHECK(run_cli("case run --backend emu " + tables, out) == 2);
@@ -2245,7 +2255,14 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
                               json.path.string()),
                   out) == 2);
     CHECK_THAT(out, !Catch::Matchers::Contains("bench --torch"));
-    CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device"));
+    CHECK_THAT(out, Catch::Matchers::Contains("bench --sweep needs a device (backend emu"));
+    // and why CUDA is not it (fresh-user trial, forty-third session: it did not say)
+#ifdef METRALE_WITH_CUDA
+    if (!CudaBackend::available())
+      CHECK_THAT(out, Catch::Matchers::Contains("; cuda cannot run here: " + CudaBackend::unavailable_reason()));
+#else
+    CHECK_THAT(out, Catch::Matchers::Contains("; cuda cannot run here: "));
+#endif
   }
   // A group under blocking queues all its launches behind the held stream: refused past 100, before
   // any backend is made.

@@ -868,6 +868,15 @@ TEST_CASE("metrale replay --model kimi-k3 on both paths", "[mla_decode][replay][
   CHECK(j["metrics"]["attn_out_gated"]["rel_l2"].get<double>() <= 1e-4);
   CHECK(j["metrics"]["attn_out"]["rel_l2"].get<double>() <= 1e-4);
 
+  SECTION("a bad K3_CUDA_MLA is named as the variable's, not the file's") {
+    const std::string err =
+        run_cli("K3_CUDA_MLA=yes " + std::string(METRALE_CLI) + " replay " +
+                    test::golden("k3_nope_gate_h8_t65.safetensors").string() + " --model kimi-k3 --backend emu 2>&1",
+                status);
+    CHECK(WEXITSTATUS(status) == 2);
+    // (it had read "error (invalid_argument): <file>: K3_CUDA_MLA 'yes' ...")
+    CHECK_THAT(err, Catch::Matchers::Contains("error (invalid_argument): K3_CUDA_MLA 'yes' is not 0 (host KV)"));
+  }
   SECTION("--kv-cache does not apply to kimi-k3") {
     run_cli(std::string(METRALE_CLI) + " replay " + test::golden("k3_nope_gate_h8_t65.safetensors").string() +
                 " --model kimi-k3 --kv-cache nvfp4 2>/dev/null",

@@ -488,7 +488,9 @@ void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "time the decode kernels against the device's copy bandwidth");
   cmd->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
       ->check(backend_name());
-  cmd->add_option("--json", opts->json, "also write the rows to this JSON file")->check(non_empty_path());
+  cmd->add_option("--json", opts->json, "also write the rows to this JSON file")
+      ->option_text("FILE")
+      ->check(non_empty_path());
   auto* sweep_flag =
       cmd->add_flag("--sweep", opts->sweep,
                     "the decode sweep against the roofline (needs a GPU): --cache x --batch x --context x --heads");
@@ -507,7 +509,8 @@ void add_bench(CLI::App& app) {
   axis("--batch", opts->axes.batch, "batch sizes", integer_in(1, 1024));
   axis("--context", opts->axes.context, "context lengths in tokens", integer_in(1, 1u << 20));
   axis("--heads", opts->axes.heads, "query head counts", integer_in(1, 1024));
-  cmd->add_option("--only", opts->only, "run only the rows whose name contains this text")->check(non_empty_filter());
+  cmd->add_option("--only", opts->only, "run only the rows whose name contains this text (case-sensitive)")
+      ->check(non_empty_filter());
   cmd->add_option("--group", opts->group,
                   fmt::format("time each launch as a group of this many back to back (default: as many as take 100 "
                               "us, at most 50, or 1 under --timing blocking; the GEMV rows 50, as the DeepSeek step "
@@ -522,7 +525,10 @@ void add_bench(CLI::App& app) {
                   "no grouping by length)")
       ->capture_default_str()
       ->check(one_of({"blocking", "flush", "lone"}));
-  cmd->add_option("--torch", opts->torch, "sweep: ceilings and PyTorch baseline from bench/torch_baseline.py (JSON)")
+  cmd->add_option("--torch", opts->torch,
+                  "the ceilings and PyTorch baseline rows that bench/torch_baseline.py wrote (JSON), set beside "
+                  "the sweep's")
+      ->option_text("FILE (with --sweep)")
       ->check(non_empty_path())
       ->needs(sweep_flag);
   cmd->callback([opts] {
@@ -579,8 +585,12 @@ void add_bench(CLI::App& app) {
              opts->torch, t, torch.contains("timing") ? "" : " (no \"timing\" key: a file from before the setting)",
              opts->timing);
     }
-    if (opts->sweep && !bench.on_device())
-      fail(Errc::unsupported, "bench --sweep needs a device (backend {})", gpu->name());
+    if (opts->sweep && !bench.on_device()) {
+      std::string why;  // why the emulator: what CUDA lacks here, as `metrale info` says
+      for (const auto& b : backend_status())
+        if (b.name == "cuda" && !b.can_run) why = "; cuda cannot run here: " + b.detail;
+      fail(Errc::unsupported, "bench --sweep needs a device (backend {}{})", gpu->name(), why);
+    }
     // An unwritable path fails before anything runs; an existing file stays until the end.
     if (!opts->json.empty()) with_context("bench --json", [&] { check_writable(opts->json); });
     // The rows, named before anything runs, so that --only can pick one (for a profiler, say) and

@@ -146,6 +146,9 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   CaseResult result = guarded("file", "", printable(path.filename().string()), [&](CaseResult& r) {
     const SafeTensors file = SafeTensors::read(path);  // its errors name the file
     r.kernel = file.metadata.count("entry") != 0 ? excerpt(file.meta("entry")) : "kernel case file";
+    if (is_model_case(file))  // (read_kernel_case would say "run it with metrale replay")
+      fail(Errc::invalid_argument, "{}: a model case, not a kernel case: conform replays those from --golden DIR",
+           path.string());
     const KernelCase c = read_kernel_case(file, path);
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
@@ -396,7 +399,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       ->excludes(golden);
   cmd->add_option("--only", opts->only,
                   "run only the cases whose kernel or name contains this text (sweep, recorded files and golden "
-                  "replays alike; e.g. an entry such as wgmma16, or a case file's name)")
+                  "replays alike, case-sensitive; e.g. an entry such as wgmma16, or a case file's name)")
       ->option_text("TEXT")
       ->check(non_empty_filter());
   cmd->callback([opts, set_exit] {
@@ -491,7 +494,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       results.insert(results.end(), g.begin(), g.end());
     }
     if (results.empty() && skipped == 0 && !opts->only.empty())
-      fail(Errc::not_found, "conform: no case matches --only '{}'", opts->only);
+      fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
+           std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
+               ? " (the match is case-sensitive: entries and case names are lower case)"
+               : "");
     if (results.empty() && skipped > 0)  // nothing checked is not a PASS
       fail(Errc::unsupported, "conform: the device ({}) cannot run {}: nothing was checked", gpu->name(),
            skipped == 1 ? std::string("the one case selected") : fmt::format("any of the {} cases selected", skipped));

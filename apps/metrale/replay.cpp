@@ -117,9 +117,10 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
         file.metadata.count("case") != 0 ? file.meta("case") : std::filesystem::path(opts->file).stem().string());
     ReplayResult r;
     KvDescription kv{opts->model, "", "", 0, ""};
+    // (read outside the file's context: a bad K3_CUDA_MLA is no fault of the file)
+    const bool device_path = kimi && mla_kv_placement_from_env() == MlaKvPlacement::device;
     with_context(opts->file, [&] {  // what the file lacks or holds wrong, named with the file
       if (kimi) {
-        const bool device_path = mla_kv_placement_from_env() == MlaKvPlacement::device;
         r = replay_kimi_case(*gpu, file, name, device_path);
         kv.kv_cache = "f32";
         kv.kv_path = device_path ? "device" : "host";
