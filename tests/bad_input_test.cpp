@@ -1404,9 +1404,27 @@ TEST_CASE("bad input: a case run's summary counts the files that had nothing to 
   TempPath tmp(".safetensors");
   f.write(tmp.path);
   std::string out;
-  CHECK(run_cli("case run --backend emu " + tmp.path.string(), out) == 0);  // a run without a check passes
+  // A run that compared nothing is no PASS (adversarial trial, forty-third session: it was one).
+  CHECK(run_cli("case run --backend emu " + tmp.path.string(), out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("ran (no expectation)"));
-  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 ran with no expectation to check): PASS"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 ran with no expectation to check): NOTHING CHECKED"));
+  CHECK_THAT(out, Catch::Matchers::Contains("case run: the file run has no expected.<output> tensor, so no output was "
+                                            "compared; the emulator's memory checks passed"));
+  // Beside a file that compares its output: a PASS, the line counting the other.
+  out.clear();
+  const std::string compared =
+      std::string(METRALE_SOURCE_DIR) + "/cases/kernels/" + "dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors";
+  CHECK(run_cli("case run --backend emu " + tmp.path.string() + " " + compared, out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("2 files on emu (1 ran with no expectation to check): PASS"));
+  // conform, which checks outputs, fails the file (it had passed it).
+  TempPath dir("_noexp");
+  std::filesystem::create_directories(dir.path);
+  f.write(dir.path / "zq_noexp.safetensors");
+  out.clear();
+  CHECK(run_cli("conform --backend emu --no-golden --only zq_noexp --cases " + dir.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("zq_noexp.safetensors: no expected.<output> tensor, so nothing to "
+                                            "compare (it ran, and the emulator's memory checks passed)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 case, 1 failed"));
 }
 
 // Before: a case file without a tolerance for an output failed `case run` (an exact compare) and

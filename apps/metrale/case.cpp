@@ -71,7 +71,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     // Rows are labelled by file, its stem (two formats' recordings of one launch share the case's
     // name); a file name cannot fake a row.
     fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", "case file", "output", "max_abs", "bad", "result");
-    int failed = 0, errors = 0, skipped = 0, unchecked = 0;
+    int failed = 0, errors = 0, skipped = 0, unchecked = 0, compared = 0;
     const auto label_of = [](const std::filesystem::path& path) { return printable(path.stem().string()); };
     const auto error_row = [&](const std::filesystem::path& path) {  // inside a catch block
       ++errors;
@@ -97,6 +97,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
           fmt::print("{:<56} {:<20} {:>11.3e} {:>9}  {}\n", label, param, r.max_abs,
                      fmt::format("{}/{}", r.bad, r.count), r.pass ? "ok" : "FAIL " + r.worst);
           failed += r.pass ? 0 : 1;
+          ++compared;
         }
       } catch (const Error&) {
         error_row(path);
@@ -108,11 +109,13 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<std::string> notes;
     if (skipped > 0) notes.push_back(fmt::format("{} skipped: the device cannot run them", skipped));
     if (unchecked > 0) notes.push_back(fmt::format("{} ran with no expectation to check", unchecked));
-    // Every file skipped checks nothing: not a PASS (a folder of some runnable files is one).
+    // Every file skipped, or run with nothing to compare, checks nothing: not a PASS (a folder
+    // with one file compared is one).
     const bool none_ran = skipped > 0 && static_cast<std::size_t>(skipped) == files.size();
+    const bool none_compared = !none_ran && compared == 0 && errors == 0;
     fmt::print("\n{} file{} on {}{}: {}\n", files.size(), files.size() == 1 ? "" : "s", gpu->name(),
                notes.empty() ? std::string() : fmt::format(" ({})", fmt::join(notes, "; ")),
-               none_ran ? std::string("NOTHING CHECKED")
+               none_ran || none_compared ? std::string("NOTHING CHECKED")
                : failed == 0 && errors == 0
                    ? std::string("PASS")
                    : fmt::format("FAIL: {} output{} out of tolerance, {} file{} in error", failed,
@@ -124,6 +127,12 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     if (none_ran)
       fail(Errc::unsupported, "case run: the device ({}) cannot run {}: nothing was checked", gpu->name(),
            files.size() == 1 ? std::string("the one file") : fmt::format("any of the {} files", files.size()));
+    if (none_compared)
+      fail(Errc::invalid_argument,
+           "case run: {} no expected.<output> tensor, so no output was compared{} (a case file holds one for "
+           "each output it checks; --record writes them)",
+           files.size() - skipped == 1 ? std::string("the file run has") : std::string("none of the files run has"),
+           gpu->name() == "emu" ? "; the emulator's memory checks passed" : "");
     set_exit(failed == 0 ? 0 : 1);
   });
 }
