@@ -43,8 +43,8 @@ void warn_unknown_log_levels() {
 }
 
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
-// command given before the command, name the commands that take it (on stderr, after CLI11's
-// "not expected" line).
+// command given before the command, a line naming the commands that take it (main prints them in
+// place of CLI11's "not expected" line).
 std::vector<std::string> where_options_go(const CLI::App& app) {
   std::vector<std::string> lines;
   for (const std::string& word : app.remaining()) {
