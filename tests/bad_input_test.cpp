@@ -2360,6 +2360,9 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
                 out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("zq_broken.safetensors cannot be read, so --only 'x' cannot tell its "
                                             "replays: error (invalid_argument)"));
+  // Where the run is, on the log (fresh-user trial: nothing came before the summary).
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: 1 case file to pick from on emu ("));
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: 1 golden file to pick from on emu ("));
 }
 
 TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "backends.hpp"
@@ -481,7 +482,17 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     const auto wanted = [&only = opts->only](std::string_view kernel, std::string_view name) {
       return only.empty() || kernel.find(only) != std::string_view::npos || name.find(only) != std::string_view::npos;
     };
-    for (const auto& c : gen::conformance_sweep(opts->seed)) {
+    // Where the run is, on the log (stderr): a run under a sanitizer takes many minutes, and the
+    // summary comes only at its end.
+    const auto phase = [&](std::string_view what, std::size_t n) {
+      if (n > 0)
+        spdlog::info("conform: {} {}{}{} on {} ({} case{} done)", n, what, n == 1 ? "" : "s",
+                     opts->only.empty() ? "" : " to pick from", gpu->name(), results.size(),
+                     results.size() == 1 ? "" : "s");
+    };
+    const auto sweep = gen::conformance_sweep(opts->seed);
+    phase("generated case", sweep.size());
+    for (const auto& c : sweep) {
       if (!wanted(c.entry, c.name)) continue;
       if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
         fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
@@ -490,8 +501,10 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       }
       results.push_back(sweep_case(*gpu, emu, c));
     }
+    phase("case file", case_files.size());
     for (const auto& f : case_files)
       if (auto r = file_case(*gpu, f, wanted, skipped)) results.push_back(std::move(*r));
+    phase("golden file", golden_files.size());
     for (const auto& f : golden_files) {
       auto g = golden_cases(*gpu, f, wanted, opts->only);
       results.insert(results.end(), g.begin(), g.end());
