@@ -149,7 +149,10 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   }
   const auto* p = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
-  int err = replaces && ::fchmod(fd, replaced.st_mode & 07777) != 0 ? errno : 0;
+  // (best effort: a file system without modes, FUSE or vfat, refuses it and the file stays as made;
+  // the permission bits only, not set-user-ID, set-group-ID or sticky)
+  if (replaces) (void)::fchmod(fd, replaced.st_mode & 0777);
+  int err = 0;
   while (left > 0 && err == 0) {
     const ssize_t n = ::write(fd, p, left);
     if (n < 0 && errno != EINTR) err = errno;

@@ -134,7 +134,7 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
                            meta_u32(file, "qk_nope_head_dim"), meta_u32(file, "v_head_dim")}};
   const std::string& rope = file.meta("rope");
   if (rope != "pairs(2i,2i+1)" && rope != "none")
-    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
+    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", excerpt(rope));
   const DeepseekMlaConfig cfg{c.heads, c.dims, meta_float(file, "softmax_scale"), meta_float(file, "rope_theta"),
                               rope != "none"};
   const MlaDims& d = c.dims;
@@ -234,7 +234,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
                       kv_lora = meta_u32(file, "kv_lora_rank");
   const std::string& rope = file.meta("rope");
   if (rope != "pairs(2i,2i+1)" && rope != "none")
-    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", rope);
+    fail(Errc::unsupported, "rope layout '{}' (expected pairs(2i,2i+1) or none)", excerpt(rope));
   const bool gated = file.has("gate");
   // An expectation of the gated output without the gate could not be checked: refused, not passed over.
   if (!gated && file.has("attn_out_gated"))

@@ -294,18 +294,19 @@ class WorkerPool {
 
 // The environment variable `name` as a positive integer of type T (32 or 64 bits), or `fallback`
 // when it is unset. Errors: `invalid_argument` naming the variable and its value (`unset` says
-// what the default is), also when the value is above `max`.
+// what the default is; `form`, when given, follows a value that is not a number), also when the
+// value is above `max`.
 template <class T = std::uint32_t>
 T positive_env(const char* name, std::type_identity_t<T> fallback, std::string_view unset,
-               std::type_identity_t<T> max = std::numeric_limits<T>::max()) {
+               std::type_identity_t<T> max = std::numeric_limits<T>::max(), std::string_view form = "") {
   const char* env = std::getenv(name);
   if (env == nullptr) return fallback;
   T n = 0;
   const auto [end, ec] = std::from_chars(env, env + std::strlen(env), n);
   const bool past_type = ec == std::errc::result_out_of_range && *end == '\0';  // digits, past T
   if (!past_type && (ec != std::errc{} || *end != '\0' || n == 0))
-    fail(Errc::invalid_argument, "{}='{}' is not a positive {}-bit integer (unset: {})", name, env, 8 * sizeof(T),
-         unset);
+    fail(Errc::invalid_argument, "{}='{}' is not a positive {}-bit integer (unset: {}){}", name, env, 8 * sizeof(T),
+         unset, form);
   if (past_type || n > max)
     fail(Errc::invalid_argument, "{}='{}' is above the largest allowed, {} (unset: {})", name, env, max, unset);
   return n;
@@ -479,9 +480,10 @@ struct EmulatorBackend::Impl {
     if (options.max_block_accesses == 0) options.max_block_accesses = default_block_accesses();
     if (options.max_launch_accesses == 0) options.max_launch_accesses = default_launch_accesses();
     if (options.record_limit_bytes == 0)  // read whether or not it records, so that `info` checks it too
-      options.record_limit_bytes = positive_env<std::uint64_t>(
-          "METRALE_RECORD_LIMIT", kDefaultRecordLimit,
-          "4000000000 bytes, 4 GB; bytes in digits: units such as 4GB are --record-limit's");
+      options.record_limit_bytes =
+          positive_env<std::uint64_t>("METRALE_RECORD_LIMIT", kDefaultRecordLimit, "4000000000 bytes, 4 GB",
+                                      std::numeric_limits<std::uint64_t>::max(),
+                                      "; it takes bytes in digits, where --record-limit takes units (4GB)");
   }
 
   EmulatorOptions options;

@@ -2,11 +2,13 @@
 // (against the float64 reference and against the emulator running the same case), recorded
 // kernel case files, and the golden model replays — with report.json and report.md.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -186,21 +188,48 @@ void add_metrics(CaseResult& r, const ReplayResult& replay) {
         {m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, tolerance_used(m), m.pass ? 0u : 1u, 1, "", m.pass});
 }
 
-// The replays of one golden file that `wanted(kernel, name)` picks (a file that cannot be read is
-// one failed case, picked by its kernel "model case file" or its name). `only` is --only's text.
+// One replay of a golden file: its kernel and name for --only (they follow from the file's name,
+// so a file that cannot be read is still matched by them), and the run.
+struct GoldenReplay {
+  std::string kernel, name;
+  std::function<ReplayResult(const SafeTensors&)> run;
+};
+
+// Every golden file's replays: both formats at three block sizes over a K and a V pool, and at 16
+// over one latent pool, through the DeepSeek step; and the K3 decode on both KV paths.
+std::vector<GoldenReplay> golden_replays(GpuBackend& gpu, const std::string& name) {
+  std::vector<GoldenReplay> out;
+  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
+    for (const auto& [bs, latent] : {std::pair{1u, false}, {16u, false}, {64u, false}, {16u, true}})
+      out.push_back({"deepseek decode step",
+                     fmt::format("{} {} block {}{}", name, to_string(f), bs, latent ? " latent" : ""),
+                     [&gpu, name, f, bs, latent](const SafeTensors& file) {
+                       return replay_deepseek_case(gpu, file, name, {f, bs, latent});
+                     }});
+  for (bool device_path : {true, false})
+    out.push_back({"kimi k3 decode", fmt::format("{} {} KV", name, device_path ? "device" : "host"),
+                   [&gpu, name, device_path](const SafeTensors& file) {
+                     return replay_kimi_case(gpu, file, name, device_path);
+                   }});
+  return out;
+}
+
+// The replays of one golden file that `wanted(kernel, name)` picks. A file that cannot be read is
+// one failed case where --only picks it (kernel "model case file" or its name) or any replay it
+// would have had. `only` is --only's text.
 template <class Wanted>
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted,
                                      std::string_view only) {
   std::vector<CaseResult> out;
   const std::string name = printable(path.stem().string());
+  const auto replays = golden_replays(gpu, name);
   SafeTensors file;
   CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
   if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
-    if (wanted(read.kernel, read.name))
+    // (its replays' names too: one of them picked and left unchecked would pass unseen)
+    if (wanted(read.kernel, read.name) ||
+        std::any_of(replays.begin(), replays.end(), [&](const auto& g) { return wanted(g.kernel, g.name); }))
       out.push_back(std::move(read));
-    else  // its replays' names are unknown, so --only might have picked some of them
-      fmt::print(stderr, "note: conform: golden file {} cannot be read, so --only '{}' cannot tell its replays: {}\n",
-                 printable(path.string()), excerpt(only), read.error);
     return out;
   }
   if (!is_model_case(file)) {  // said where --only would have picked the file (its name), else noise
@@ -216,23 +245,9 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     }
     return out;
   }
-  // Both formats at three block sizes over a K and a V pool, and at 16 over one latent pool.
-  for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4})
-    for (const auto& [bs, latent] : {std::pair{1u, false}, {16u, false}, {64u, false}, {16u, true}}) {
-      const std::string kernel = "deepseek decode step",
-                        replay = fmt::format("{} {} block {}{}", name, to_string(f), bs, latent ? " latent" : "");
-      if (wanted(kernel, replay))
-        out.push_back(guarded("golden", kernel, replay, [&](CaseResult& r) {
-          add_metrics(r, replay_deepseek_case(gpu, file, name, {f, bs, latent}));
-        }));
-    }
-  for (bool device_path : {true, false}) {
-    const std::string kernel = "kimi k3 decode",
-                      replay = fmt::format("{} {} KV", name, device_path ? "device" : "host");
-    if (wanted(kernel, replay))
-      out.push_back(guarded("golden", kernel, replay,
-                            [&](CaseResult& r) { add_metrics(r, replay_kimi_case(gpu, file, name, device_path)); }));
-  }
+  for (const auto& g : replays)
+    if (wanted(g.kernel, g.name))
+      out.push_back(guarded("golden", g.kernel, g.name, [&](CaseResult& r) { add_metrics(r, g.run(file)); }));
   return out;
 }
 
@@ -512,7 +527,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
-               ? " (the match is case-sensitive: entries and case names are lower case)"
+               ? " (the match is case-sensitive)"
                : "");
     if (results.empty() && skipped > 0)  // nothing checked is not a PASS
       fail(Errc::unsupported, "conform: the device ({}) cannot run {}: nothing was checked", gpu->name(),

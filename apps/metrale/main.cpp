@@ -133,11 +133,12 @@ int main(int argc, char** argv) {
     const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
     const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
     const bool extras = (last->get_require_subcommand_min() > 0 || required) && !extra.empty();
-    // Where an option goes, or what the commands are, said in place of CLI11's line (which named
-    // the words it did not expect, last first: "emu --backend").
+    // Where an option goes, or what the commands are, said in place of CLI11's "not expected" line
+    // (which named the words last first: "emu --backend"); after any other error's line, and after
+    // --help's text not at all.
     std::vector<std::string> hints = where_options_go(app);
-    const bool failed = e.get_exit_code() != static_cast<int>(CLI::ExitCodes::Success);  // not --help
-    if (failed && last->get_require_subcommand_min() > 0) {  // metrale, or a group (case): its commands
+    const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+    if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
       std::string path = "metrale";
       for (const CLI::App* cmd = &app; cmd != last;) {
         cmd = cmd->get_subcommands().front();
@@ -154,7 +155,12 @@ int main(int argc, char** argv) {
             fmt::format("The commands of {}: {} ({} COMMAND --help)", path, fmt::join(commands, ", "), path));
       }
     }
-    if (hints.empty()) return extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
+    if (hints.empty() || !(not_expected || required)) {
+      const int code = extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
+      if (code != 0)
+        for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
+      return code;
+    }
     for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
     fmt::print(stderr, "Run with --help for more information.\n");
     return extras ? static_cast<int>(CLI::ExitCodes::ExtrasError) : e.get_exit_code();
