@@ -119,7 +119,8 @@ const char* describe_type(std::filesystem::file_type type) {
 StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> bytes) : target_(std::move(target)) {
   // The rename would put a regular file where a link, a FIFO or a device was: refused instead.
   std::error_code ec;
-  const auto type = std::filesystem::symlink_status(target_, ec).type();
+  const auto status = std::filesystem::symlink_status(target_, ec);
+  const auto type = status.type();
   if (!ec && type != std::filesystem::file_type::not_found && type != std::filesystem::file_type::regular)
     fail(Errc::invalid_argument,
          "cannot write {} ({}, not a regular file; the file is written whole and renamed "
@@ -127,8 +128,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
          target_.string(), describe_type(type));
   // A file it replaces keeps its permissions (the new file's are the umask's: a private 0600 report
   // would become world-readable).
-  struct stat replaced {};
-  const bool replaces = type == std::filesystem::file_type::regular && ::stat(target_.c_str(), &replaced) == 0;
+  const bool replaces = !ec && type == std::filesystem::file_type::regular;
   // Beside the target under its name and a suffix, or, where that would pass the file-name limit
   // (255 bytes) that the target's own name keeps, under a short hidden name.
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
@@ -151,7 +151,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   std::size_t left = bytes.size();
   // (best effort: a file system without modes, FUSE or vfat, refuses it and the file stays as made;
   // the permission bits only, not set-user-ID, set-group-ID or sticky)
-  if (replaces) (void)::fchmod(fd, replaced.st_mode & 0777);
+  if (replaces) (void)::fchmod(fd, static_cast<mode_t>(status.permissions() & std::filesystem::perms::all));
   int err = 0;
   while (left > 0 && err == 0) {
     const ssize_t n = ::write(fd, p, left);

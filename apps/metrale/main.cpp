@@ -42,6 +42,16 @@ void warn_unknown_log_levels() {
   }
 }
 
+// The commands given on the line, as words ("case run"; "" for none).
+std::string given_commands(const CLI::App& app) {
+  std::string given;
+  for (const CLI::App* cmd = &app; !cmd->get_subcommands().empty();) {
+    cmd = cmd->get_subcommands().front();
+    given += (given.empty() ? "" : " ") + cmd->get_name();
+  }
+  return given;
+}
+
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
 // command given before the command, a line naming the commands that take it (main prints them in
 // place of CLI11's "not expected" line).
@@ -61,11 +71,7 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
     };
     look(app, "");
     if (takers.empty()) continue;
-    std::string given;  // the command on the line, as the example where it takes the option
-    for (const CLI::App* cmd = &app; !cmd->get_subcommands().empty();) {
-      cmd = cmd->get_subcommands().front();
-      given += (given.empty() ? "" : " ") + cmd->get_name();
-    }
+    std::string given = given_commands(app);  // as the example where it takes the option
     // A group given (case) whose command takes it (case run): where it goes in that command.
     const auto under = std::find_if(takers.begin(), takers.end(),
                                     [&](const std::string& t) { return !given.empty() && t.starts_with(given + " "); });
@@ -139,11 +145,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> hints = where_options_go(app);
     const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
     if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
-      std::string path = "metrale";
-      for (const CLI::App* cmd = &app; cmd != last;) {
-        cmd = cmd->get_subcommands().front();
-        path += " " + cmd->get_name();
-      }
+      const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
       std::vector<std::string> commands;
       for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
       if (!extra.empty() && !extra.front().starts_with("-")) {
