@@ -57,10 +57,10 @@ char32_t code_point(std::string_view text) {
 }
 
 // A character that moves or hides what a terminal shows after it: the C1 controls, the line and
-// paragraph separators, and the bidirectional marks, embeddings, overrides and isolates (U+202E
-// shows the rest of the line reversed).
+// paragraph separators, and the bidirectional marks (U+061C, U+200E, U+200F), embeddings,
+// overrides and isolates (U+202E shows the rest of the line reversed).
 bool unsafe_to_show(char32_t cp) {
-  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x200E || cp == 0x200F || (cp >= 0x2028 && cp <= 0x202E) ||
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F || (cp >= 0x2028 && cp <= 0x202E) ||
          (cp >= 0x2066 && cp <= 0x2069);
 }
 

@@ -105,7 +105,10 @@ void check_position(const SafeTensors& f, std::uint32_t tokens) {
 }
 
 // The K3 replay holds every token's K and V rows per head, on the host and on the device: a
-// bound on their size keeps a small file with large metadata from asking for terabytes.
+// bound on their size keeps a small file with large metadata from asking for terabytes. At the
+// bound each copy is 1 GiB (FP32): the projected rows (host) and the decoder's history (host or
+// device), and for a gated case that also holds attn_out the history copied for the ungated run
+// of the last token (host) and its upload (device): 2–4 GiB in all.
 constexpr std::uint64_t kMaxKimiReplayKvValues = std::uint64_t{1} << 28;
 
 // Each token of the K3 replay attends to all before it: T(T + 1)/2 keys a head in all, each

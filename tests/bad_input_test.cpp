@@ -463,6 +463,8 @@ TEST_CASE("bad input: control characters from a case file are escaped in names a
   CHECK(printable("\xC2\x9B"
                   "2J \xE2\x80\xA8 \xE2\x81\xA6x\xE2\x81\xA9 \xE2\x80\x8F") ==
         "\\u009B2J \\u2028 \\u2066x\\u2069 \\u200F");
+  CHECK(printable("a\xD8\x9C"
+                  "b") == "a\\u061Cb");  // the Arabic letter mark, another bidirectional mark
   CHECK(printable("\xE2\x80\x94 \xC2\xA0") == "\xE2\x80\x94 \xC2\xA0");  // an em dash, a no-break space
   SafeTensors f = recorded_decode_case();
   f.metadata["case"] = "x\nPASS all";
@@ -2020,7 +2022,14 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
            // none given: CLI11's line and the commands
            {"", "A subcommand is required\nThe commands of metrale: replay, info, case, conform, bench"},
            {"case", "A subcommand is required\nThe commands of metrale case: run (metrale case COMMAND --help)"},
-           {"--bogus", "not expected: --bogus\nThe commands of metrale: replay, "}}) {
+           {"--bogus", "not expected: --bogus\nThe commands of metrale: replay, "},
+           // An option's value is not the command, and the command after it is named too (carried
+           // since the forty-third session: only the option was).
+           {"--backend emu bogus",
+            "(metrale replay --backend ...); the commands that take it: replay, case run, conform, bench\n"
+            "metrale: unknown command 'bogus'; the commands: replay, "},
+           {"--backend=emu case bogus", "\nmetrale case: unknown command 'bogus'; the commands: run"},
+           {"--sweep bogus", "\nmetrale: unknown command 'bogus'"}}) {
     INFO(args);
     std::string out;
     CHECK(run_cli(args, out) > 100);

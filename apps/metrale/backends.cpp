@@ -91,4 +91,12 @@ std::vector<BackendStatus> backend_status() {
   return out;
 }
 
+std::string cuda_unusable_reason() {
+#ifdef METRALE_WITH_CUDA
+  return CudaBackend::unavailable_reason();
+#else
+  return kNotBuilt;
+#endif
+}
+
 }  // namespace metrale::cli

@@ -43,5 +43,8 @@ struct BackendStatus {
 };
 /// Every backend this binary knows, whether it was built and whether it runs here.
 std::vector<BackendStatus> backend_status();
+/// Why the CUDA backend cannot run here ("" where a device answers), without making one (no
+/// context on the GPU): for the commands that need a device to say why they have none.
+std::string cuda_unusable_reason();
 
 }  // namespace metrale::cli

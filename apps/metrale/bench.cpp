@@ -516,7 +516,8 @@ void add_bench(CLI::App& app) {
                               "us, at most 50, or 1 under --timing blocking; the GEMV rows 50, as the DeepSeek step "
                               "runs them; at most {} under --timing blocking)",
                               kMaxBlockingGroup))
-      ->transform(integer_in(1, 1000));
+      ->transform(integer_in(1, 1000))
+      ->type_name("UINT");  // as the other counts (its int showed "INT:INT")
   cmd->add_option("--timing", opts->timing,
                   "how a timed run starts on a device: lone (its start event on an idle stream, the host's launch "
                   "latency in the time), flush (behind a 256 MiB memset, as triton.testing.do_bench: that latency "
@@ -585,11 +586,12 @@ void add_bench(CLI::App& app) {
              opts->torch, t, torch.contains("timing") ? "" : " (no \"timing\" key: a file from before the setting)",
              opts->timing);
     }
-    if (opts->sweep && !bench.on_device()) {
-      std::string why;  // why the emulator: what CUDA lacks here, as `metrale info` says
-      for (const auto& b : backend_status())
-        if (b.name == "cuda" && !b.can_run) why = "; cuda cannot run here: " + b.detail;
-      fail(Errc::unsupported, "bench --sweep needs a device (backend {}{})", gpu->name(), why);
+    if (opts->sweep && !bench.on_device()) {  // why the emulator: what CUDA lacks here, or the choice
+      const std::string cuda = cuda_unusable_reason();
+      fail(Errc::unsupported, "bench --sweep needs a device (backend {}; {})", gpu->name(),
+           recorder_made() ? "--record runs every command on the emulator"
+           : cuda.empty()  ? "--backend cuda runs it on this machine's GPU"
+                           : "cuda cannot run here: " + cuda);
     }
     // An unwritable path fails before anything runs; an existing file stays until the end.
     if (!opts->json.empty()) with_context("bench --json", [&] { check_writable(opts->json); });

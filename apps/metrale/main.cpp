@@ -52,6 +52,46 @@ std::string given_commands(const CLI::App& app) {
   return given;
 }
 
+// The commands under `app` that take the option `name` ("case run"), in the order --help lists them.
+std::vector<std::string> commands_taking(const CLI::App& app, const std::string& name) {
+  std::vector<std::string> takers;
+  const std::function<void(const CLI::App&, const std::string&)> look = [&](const CLI::App& cmd,
+                                                                            const std::string& path) {
+    for (const CLI::App* sub : cmd.get_subcommands({})) {
+      const std::string full = path.empty() ? sub->get_name() : path + " " + sub->get_name();
+      if (sub->get_option_no_throw(name) != nullptr) takers.push_back(full);
+      look(*sub, full);
+    }
+  };
+  look(app, "");
+  return takers;
+}
+
+// Whether the option `word` ("--backend", not "--backend=emu") takes the word after it as its value,
+// in the first command that takes it.
+bool takes_value(const CLI::App& app, const std::string& word) {
+  const std::vector<std::string> takers = commands_taking(app, word);
+  if (takers.empty()) return false;
+  const CLI::App* cmd = &app;
+  std::string path = takers.front();
+  for (std::size_t at = 0; at != std::string::npos;) {  // walk "case run" down from the top
+    const std::size_t space = path.find(' ', at);
+    cmd = cmd->get_subcommand(path.substr(at, space == std::string::npos ? space : space - at));
+    at = space == std::string::npos ? space : space + 1;
+  }
+  return cmd->get_option_no_throw(word)->get_items_expected_min() > 0;
+}
+
+// The first of the words left over that is neither an option nor an option's value ("metrale
+// --backend emu bogus": bogus), or "" where there is none.
+std::string first_plain_word(const CLI::App& app, const std::vector<std::string>& words) {
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    if (!words[i].starts_with("-")) return words[i];
+    if (words[i].find('=') == std::string::npos && takes_value(app, words[i])) ++i;
+  }
+  return "";
+}
+
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
 // command given before the command, a line naming the commands that take it (main prints them in
 // place of CLI11's "not expected" line).
@@ -60,16 +100,7 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
   for (const std::string& word : app.remaining()) {
     const std::string name = word.substr(0, word.find('='));
     if (name.size() < 2 || name[0] != '-' || app.get_option_no_throw(name) != nullptr) continue;
-    std::vector<std::string> takers;
-    const std::function<void(const CLI::App&, const std::string&)> look = [&](const CLI::App& cmd,
-                                                                              const std::string& path) {
-      for (const CLI::App* sub : cmd.get_subcommands({})) {
-        const std::string full = path.empty() ? sub->get_name() : path + " " + sub->get_name();
-        if (sub->get_option_no_throw(name) != nullptr) takers.push_back(full);
-        look(*sub, full);
-      }
-    };
-    look(app, "");
+    const std::vector<std::string> takers = commands_taking(app, name);
     if (takers.empty()) continue;
     std::string given = given_commands(app);  // as the example where it takes the option
     // A group given (case) whose command takes it (case run): where it goes in that command.
@@ -148,9 +179,10 @@ int main(int argc, char** argv) {
       const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
       std::vector<std::string> commands;
       for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
-      if (!extra.empty() && !extra.front().starts_with("-")) {
-        hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path,
-                                    metrale::printable(extra.front()), fmt::join(commands, ", ")));
+      // (An option's value is not the command: "metrale --backend emu bogus" names bogus.)
+      if (const std::string word = first_plain_word(app, extra); !word.empty()) {
+        hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path, metrale::printable(word),
+                                    fmt::join(commands, ", ")));
       } else if (hints.empty()) {  // none given, or an option before it: CLI11's line, then the commands
         hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());
         hints.push_back(
