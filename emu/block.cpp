@@ -1,5 +1,8 @@
 // The port-side half of the emulator (port.hpp): how a checked access that
 // fails is reported, the common block rule and the registry lookup.
+#include <algorithm>
+#include <functional>
+
 #include <fmt/format.h>
 
 #include "metrale/emu/port.hpp"
@@ -18,6 +21,27 @@ namespace detail {
 std::string describe(const Allocation& alloc) {
   return fmt::format("allocation #{}: {} bytes at {:#x}, allocated at {}", alloc.serial, alloc.bytes, alloc.base.addr,
                      alloc.site);
+}
+
+std::size_t merge_ranges(std::vector<AccessRange>& log) {
+  std::sort(log.begin(), log.end(), [](const AccessRange& a, const AccessRange& b) {
+    if (a.alloc != b.alloc) return a.alloc->serial < b.alloc->serial;
+    if (a.param != b.param) return std::less<const char*>{}(a.param, b.param);
+    return a.begin < b.begin;
+  });
+  std::size_t kept = 0;
+  for (const AccessRange& r : log) {
+    if (kept > 0) {
+      AccessRange& last = log[kept - 1];
+      if (last.alloc == r.alloc && last.param == r.param && r.begin <= last.end) {
+        last.end = std::max(last.end, r.end);
+        continue;
+      }
+    }
+    log[kept++] = r;
+  }
+  log.resize(kept);
+  return kept;
 }
 
 }  // namespace detail

@@ -557,10 +557,11 @@ struct EmulatorBackend::Impl {
       blk.count_start();
       e.run(blk, args, e.params);
       blk.report_accesses();  // the accesses since its last batch
-      if (blk.writes().empty() && blk.reads().empty()) return;
+      const auto &writes = blk.writes(), &reads = blk.reads();
+      if (writes.empty() && reads.empty()) return;
       std::lock_guard lock(ranges_mutex);
-      for (const auto& w : blk.writes()) ranges.push_back({w, i, true});
-      for (const auto& r : blk.reads()) ranges.push_back({r, i, false});
+      for (const auto& w : writes) ranges.push_back({w, i, true});
+      for (const auto& r : reads) ranges.push_back({r, i, false});
     });
     if (options.detect_races) check_races(ranges, e.entry, grid);
   }

@@ -73,6 +73,17 @@ void next_block(Block& blk, Global<const float> in, Global<float> out, std::uint
   });
 }
 
+// Block b writes bytes [b·row, b·row + n) of a and of b_out, thread t bytes t, t + 32, ... of each
+// in turn, as the cache store's threads do: no write touches the last one logged.
+void strided_pair(Block& blk, Global<std::uint8_t> a, Global<std::uint8_t> b_out, std::uint32_t n, std::uint32_t row) {
+  blk.threads([&](std::uint32_t t) {
+    for (std::uint32_t e = t; e < n; e += blk.num_threads()) {
+      a[std::uint64_t{blk.blockIdx.x} * row + e] = 1;
+      b_out[std::uint64_t{blk.blockIdx.x} * row + e] = 2;
+    }
+  });
+}
+
 // out[linear block * threads + t] = x << 24 | y << 16 | z << 8 | t. Grid, block: any.
 void where_am_i(Block& blk, Global<std::uint32_t> out) {
   const Dim3 b = blk.blockIdx, g = blk.gridDim;
@@ -100,6 +111,7 @@ void add_test_ports(Registry& r) {
   r.add<&same_slot>("test", "same_slot", {"out"}, block_is({32, 1, 1}));
   r.add<&overlap>("test", "overlap", {"out"}, block_is({32, 1, 1}));
   r.add<&next_block>("test", "next_block", {"in", "out", "n"}, block_is({32, 1, 1}));
+  r.add<&strided_pair>("test", "strided_pair", {"a", "b", "n", "row"}, block_is({32, 1, 1}));
   r.add<&where_am_i>("test", "where_am_i", {"out"}, {});
   r.add<&poke_peek>("test", "poke_peek", {"pool", "index", "value", "out"}, block_is({1, 1, 1}));
   r.add<&kinds>("test", "kinds", {"p", "u", "i", "f", "w"}, {});
@@ -427,6 +439,52 @@ TEST_CASE("emu: a block reading bytes another block writes is a race, reading it
     gpu.launch("copy_n").grid({1, 1, 1}).block({32, 1, 1}).arg_ptr(buf.ptr()).arg_ptr(buf.ptr()).arg_u32(128).launch();
     CHECK(buf.to_host<float>() == iota_floats(128));
   }
+}
+
+TEST_CASE("emu: a block's logged ranges are merged per allocation and parameter", "[emu]") {
+  // Before (adversarial trial, forty-fourth session): a range was merged only into the last one
+  // logged, so a strided loop over two rows logged a range a byte, and a 350 MB cache-store case
+  // took 7.3 GB.
+  emu::detail::Allocation x, y;
+  x.serial = 1, y.serial = 2;
+  const char *p = "p", *q = "q";
+  std::vector<emu::detail::AccessRange> ranges;
+  for (std::uint64_t t = 0; t < 4; ++t)
+    for (std::uint64_t e = t; e < 64; e += 4) ranges.push_back({&x, e, e + 1, p}), ranges.push_back({&y, e, e + 1, p});
+  ranges.push_back({&x, 100, 104, p});  // apart from [0, 64): kept
+  ranges.push_back({&x, 64, 66, q});    // touches it through another parameter: kept
+  ranges.push_back({&y, 60, 70, p});    // overlaps y's [0, 64)
+  REQUIRE(emu::detail::merge_ranges(ranges) == 4);
+  const auto is = [](const emu::detail::AccessRange& r, const emu::detail::Allocation* a, std::uint64_t b,
+                     std::uint64_t e,
+                     const char* param) { return r.alloc == a && r.begin == b && r.end == e && r.param == param; };
+  CHECK(std::count_if(ranges.begin(), ranges.end(), [&](const auto& r) { return is(r, &x, 0, 64, p); }) == 1);
+  CHECK(std::count_if(ranges.begin(), ranges.end(), [&](const auto& r) { return is(r, &x, 100, 104, p); }) == 1);
+  CHECK(std::count_if(ranges.begin(), ranges.end(), [&](const auto& r) { return is(r, &x, 64, 66, q); }) == 1);
+  CHECK(std::count_if(ranges.begin(), ranges.end(), [&](const auto& r) { return is(r, &y, 0, 70, p); }) == 1);
+}
+
+TEST_CASE("emu: strided writes past the merge threshold still find a race and only a race", "[emu]") {
+  // 3 blocks x 2 rows x 8192 bytes, a range a byte as logged: past the first merge at 4096 ranges.
+  Gpu gpu;
+  DeviceBuffer a(gpu.backend, 3 * 8192), b(gpu.backend, 3 * 8192);
+  const auto run = [&](std::uint32_t row) {
+    gpu.launch("strided_pair")
+        .grid({3, 1, 1})
+        .block({32, 1, 1})
+        .arg_ptr(a.ptr())
+        .arg_ptr(b.ptr())
+        .arg_u32(8192)
+        .arg_u32(row)
+        .launch();
+  };
+  run(8192);  // rows apart: no race
+  CHECK(a.to_host<std::uint8_t>() == std::vector<std::uint8_t>(3 * 8192, 1));
+  CHECK(b.to_host<std::uint8_t>() == std::vector<std::uint8_t>(3 * 8192, 2));
+  // rows 8191 bytes apart: each block's last byte is the next block's first
+  const Error e = error_of([&] { run(8191); });
+  require_fault(e, {"write race in strided_pair: blocks (0,0,0) and (1,0,0) both write bytes [8191, 8192) of "
+                    "parameter a"});
 }
 
 // ---- leaks ----------------------------------------------------------------------

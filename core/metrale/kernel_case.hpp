@@ -60,6 +60,10 @@ struct LauncherFields {
 const LauncherFields& launcher_fields(std::string_view module, std::string_view entry);
 /// Every (module, entry) that has a launcher.
 std::vector<std::pair<std::string, std::string>> launchable_kernels();
+/// Whether kernel (or launcher-level path) `entry` of `module` stores through its pointer
+/// parameter `param`: an output (its port's Global of non-const T). A case's expectation must be
+/// of one. False for a parameter or kernel it does not know.
+bool kernel_writes(std::string_view module, std::string_view entry, std::string_view param);
 
 /// The case as a safetensors file: metadata kind=kernel, module, entry, grid,
 /// block, each scalar by name and `alias.<param>` = its input's name; tensors

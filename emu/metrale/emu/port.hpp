@@ -68,6 +68,10 @@ struct AccessRange {
   const char* param;
 };
 
+/// Sort `log` by allocation, parameter and start, and merge the ranges of one allocation and
+/// parameter that touch or overlap; returns the ranges left.
+std::size_t merge_ranges(std::vector<AccessRange>& log);
+
 }  // namespace detail
 
 template <class T>
@@ -160,8 +164,14 @@ class Block {
       }
     }
     writes_.push_back({alloc, begin, end, param});
+    if (writes_.size() >= compact_writes_at_) compact_writes_at_ = compact(writes_);
   }
-  std::vector<detail::AccessRange>& writes() { return writes_; }
+  /// The block's writes, each allocation's and parameter's touching ranges merged (call it once
+  /// the block has run).
+  std::vector<detail::AccessRange>& writes() {
+    compact(writes_);
+    return writes_;
+  }
   /// Log reads of these allocations too (those the launch's writable parameters point into): a
   /// block reading bytes another block writes is a race, as two writing them are.
   void watch_reads(std::span<const detail::Allocation* const> allocs) { watched_ = allocs; }
@@ -175,8 +185,13 @@ class Block {
       }
     }
     reads_.push_back({alloc, begin, end, param});
+    if (reads_.size() >= compact_reads_at_) compact_reads_at_ = compact(reads_);
   }
-  std::vector<detail::AccessRange>& reads() { return reads_; }
+  /// The block's logged reads, merged as writes() merges.
+  std::vector<detail::AccessRange>& reads() {
+    compact(reads_);
+    return reads_;
+  }
   std::string_view kernel() const { return kernel_; }
 
  private:
@@ -199,9 +214,21 @@ class Block {
   [[noreturn]] void over_budget() const;
   [[noreturn]] void over_launch_budget() const;
   std::uint32_t thread_ = kNoThread;
+  // The logs merge a range into the last when they touch; a strided loop (thread t writing bytes
+  // t, t + 256, ... of two rows in turn, as the cache store does) touches none of the last, and
+  // logged a range a byte: about 100 bytes of log a byte written, 7 GB for a 350 MB case file
+  // (adversarial trial, forty-fourth session). So a log is sorted and merged whenever it reaches
+  // twice what the last merge left (kCompactFirst at first).
+  static constexpr std::size_t kCompactFirst = 4096;
+  /// merge_ranges(log); the size at which to merge it again.
+  static std::size_t compact(std::vector<detail::AccessRange>& log) {
+    return std::max(kCompactFirst, 2 * detail::merge_ranges(log));
+  }
   std::vector<detail::AccessRange> writes_;
+  std::size_t compact_writes_at_ = kCompactFirst;
   std::span<const detail::Allocation* const> watched_;
   std::vector<detail::AccessRange> reads_;
+  std::size_t compact_reads_at_ = kCompactFirst;
 };
 
 /// A checked device pointer to T (const T for read-only parameters), with the
