@@ -2241,16 +2241,23 @@ TEST_CASE("bad input: conform --seed past 2^64 - 1 is refused, and the report ho
                                  check.at("tolerance_used").get<double>())));
 }
 
-TEST_CASE("bad input: conform says a golden folder's file that is not a model case is skipped", "[bad_input][cli]") {
-  // Before: a named --golden folder holding only a kernel case passed with no word of it.
+TEST_CASE("bad input: conform fails a named golden folder that holds no model case", "[bad_input][cli]") {
+  // Before: a named --golden folder holding only a kernel case passed with no word of it; then
+  // (adversarial trial, forty-fourth session) with only a note that its file was skipped.
   TempPath golden("_kernel_golden");
   std::filesystem::create_directories(golden.path);
   recorded_decode_case().write(golden.path / "zq_kernel.safetensors");
+  const std::string dir = golden.path.string();
   std::string out;
-  CHECK(run_cli("conform --backend emu --only zq --cases " + golden.path.string() + " --golden " + golden.path.string(),
-                out) == 0);
+  CHECK(run_cli("conform --backend emu --only zq --cases " + dir + " --golden " + dir, out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("zq_kernel.safetensors is not a model case (no q_nope tensor or heads "
                                             "metadata), skipped"));
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --golden " + dir +
+                                            " holds no model case: its one .safetensors file is not one"));
+  CHECK_THAT(out, Catch::Matchers::Contains("1 failed"));
+  out.clear();  // the same folder through METRALE_GOLDEN_DIR, named as such
+  CHECK(run_cli("conform --backend emu --only zq --cases " + dir, out, "METRALE_GOLDEN_DIR=" + dir) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR " + dir + " holds no model case"));
 }
 
 TEST_CASE("conform --only runs the cases whose kernel or name holds the text, and refuses one that matches none",

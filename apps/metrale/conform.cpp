@@ -216,15 +216,17 @@ std::vector<GoldenReplay> golden_replays(GpuBackend& gpu, const std::string& nam
 
 // The replays of one golden file that `wanted(kernel, name)` picks. A file that cannot be read is
 // one failed case where --only picks it (kernel "model case file" or its name) or any replay it
-// would have had. `only` is --only's text.
+// would have had. `only` is --only's text; `model_case` is set when the file is a model case or
+// could not be read (it may be one).
 template <class Wanted>
-std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted,
-                                     std::string_view only) {
+std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::string_view only,
+                                     bool& model_case) {
   std::vector<CaseResult> out;
   const std::string name = printable(path.stem().string());
   const auto replays = golden_replays(gpu, name);
   SafeTensors file;
   CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
+  model_case = !read.pass() || is_model_case(file);
   if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
     // (its replays' names too: one of them picked and left unchecked would pass unseen)
     if (wanted(read.kernel, read.name) ||
@@ -232,7 +234,7 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
       out.push_back(std::move(read));
     return out;
   }
-  if (!is_model_case(file)) {  // said where --only would have picked the file (its name), else noise
+  if (!model_case) {               // said where --only would have picked the file (its name), else noise
     if (is_format_tables(file)) {  // said only when named
       if (!only.empty() && name.find(only) != std::string::npos)
         fmt::print(stderr,
@@ -474,13 +476,15 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         golden_dirs.emplace(from_source_tree ? golden_dirs.begin() : golden_dirs.end(), env, true,
                             "METRALE_GOLDEN_DIR");
     }
-    std::vector<fs::path> case_files, golden_files;
+    std::vector<fs::path> case_files;
+    std::vector<std::pair<fs::path, std::size_t>> golden_files;  // and the index of its folder
     std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
     for (const auto& dir : case_dirs)
       for (auto& f : safetensors_in(dir, named_cases, missing))
         if (case_seen.insert(file_key(f)).second) case_files.push_back(std::move(f));
     std::map<std::string, fs::path> seen;  // a golden case's file name: the file that runs
-    for (const auto& [dir, named, variable] : golden_dirs) {
+    for (std::size_t i = 0; i < golden_dirs.size(); ++i) {
+      const auto& [dir, named, variable] = golden_dirs[i];
       const auto list = [&] { return safetensors_in(dir, named, missing); };
       for (auto& f : variable == nullptr ? list() : with_context(variable, list)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
@@ -491,7 +495,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
           continue;
         }
         seen.emplace(f.filename().string(), f);
-        golden_files.push_back(std::move(f));
+        golden_files.emplace_back(std::move(f), i);
       }
     }
     const auto wanted = [&only = opts->only](std::string_view kernel, std::string_view name) {
@@ -520,10 +524,26 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& f : case_files)
       if (auto r = file_case(*gpu, f, wanted, skipped)) results.push_back(std::move(*r));
     phase("golden file", golden_files.size());
-    for (const auto& f : golden_files) {
-      auto g = golden_cases(*gpu, f, wanted, opts->only);
+    std::vector<std::size_t> model_cases(golden_dirs.size(), 0), files_in(golden_dirs.size(), 0);
+    for (const auto& [f, dir] : golden_files) {
+      bool model_case = false;
+      auto g = golden_cases(*gpu, f, wanted, opts->only, model_case);
       results.insert(results.end(), g.begin(), g.end());
+      ++files_in[dir], model_cases[dir] += model_case ? 1 : 0;
     }
+    // A golden folder the user named that holds no model case replays nothing: a failed case, not
+    // a PASS (adversarial trial, forty-fourth session: kernel case files given as --golden passed).
+    for (std::size_t i = 0; i < golden_dirs.size(); ++i)
+      if (const auto& [dir, named, variable] = golden_dirs[i]; named && files_in[i] > 0 && model_cases[i] == 0)
+        results.push_back(
+            {"golden",
+             "model case file",
+             printable(dir),
+             {},
+             fmt::format("{}{} holds no model case: {} (kernel case files go to --cases)",
+                         variable == nullptr ? "conform --golden " : std::string(variable) + " ", printable(dir),
+                         files_in[i] == 1 ? std::string("its one .safetensors file is not one")
+                                          : fmt::format("none of its {} .safetensors files is one", files_in[i]))});
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
