@@ -56,7 +56,8 @@ const Tensor& shaped(const SafeTensors& f, std::string_view name, std::initializ
   const Tensor& t = f.at(name);
   if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end(),
                   [](std::int64_t a, std::size_t b) { return a >= 0 && static_cast<std::uint64_t>(a) == b; }))
-    fail(Errc::invalid_argument, "tensor {} has shape [{}], expected [{}]", name, fmt::join(t.shape, ", "),
+    fail(Errc::invalid_argument, "tensor {} has shape {}, expected [{}]", name,
+         excerpt(fmt::format("[{}]", fmt::join(t.shape, ", "))),  // (a header may give a million dims)
          fmt::join(shape, ", "));
   return t;
 }

@@ -297,6 +297,14 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"tensor q_nope has shape [128, 16], expected [16, 128]"});
   }
+  SECTION("q_nope with a hundred thousand leading dims of 1") {  // (adversarial trial, forty-fourth
+    Tensor& q = f.tensors["q_nope"];                             // session: the line was 300 KB)
+    std::vector<std::int64_t> shape(100000, 1);
+    shape.insert(shape.end(), q.shape.begin(), q.shape.end());
+    q.shape = shape;
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor q_nope has shape [1, 1, 1, ", "1... (300009 bytes), expected [16, 128]"});
+  }
   SECTION("an Inf in kv_latent") {
     auto values = f.at("kv_latent").to_f32();
     values[7] = std::numeric_limits<float>::infinity();
@@ -1697,8 +1705,8 @@ TEST_CASE("bad input: conform --only reports a broken case file of the kernel it
 // with exit 0.
 TEST_CASE("bad input: a command whose standard output cannot be written fails", "[bad_input][cli]") {
   TempPath err("_stdout_err");
-  const auto status_of = [&](const std::string& redirect) {
-    const std::string cmd = std::string(METRALE_CLI) + " info " + redirect + " 2>" + err.path.string();
+  const auto status_of = [&](const std::string& redirect, const std::string& args = "info") {
+    const std::string cmd = std::string(METRALE_CLI) + " " + args + " " + redirect + " 2>" + err.path.string();
     const int status = std::system(cmd.c_str());
     REQUIRE(WIFEXITED(status));
     std::ifstream in(err.path);
@@ -1711,8 +1719,16 @@ TEST_CASE("bad input: a command whose standard output cannot be written fails", 
     const auto [full, full_err] = status_of(">/dev/full");
     CHECK(full == 2);
     CHECK_THAT(full_err, Catch::Matchers::Contains("cannot write standard output (No space left on device)"));
+    // --help and --version too (adversarial and fresh-user trials, forty-fourth session: exit 0)
+    for (const std::string args : {"--help", "--version", "case --help"}) {
+      INFO(args);
+      const auto [code, text] = status_of(">/dev/full", args);
+      CHECK(code == 2);
+      CHECK_THAT(text, Catch::Matchers::Contains("cannot write standard output ("));
+    }
   }
   CHECK(status_of(">/dev/null").first == 0);
+  CHECK(status_of(">/dev/null", "--help").first == 0);
 }
 
 // An error row named its file with the extension, every other row by its stem.

@@ -193,7 +193,8 @@ int main(int argc, char** argv) {
       const int code = extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
       if (code != 0)
         for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
-      return code;
+      // --help and --version (code 0) printed to stdout: a full disk is an error there too
+      return code == 0 ? metrale::cli::with_output_written(0) : code;
     }
     for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
     fmt::print(stderr, "Run with --help for more information.\n");
