@@ -158,7 +158,15 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   pc.free_list_seed = 0x5EED;  // non-contiguous physical blocks, as in a long-running server
   // Per-tensor FP8 calibration: the largest K value (a rotated pair can grow by √2) and V value map to 448.
   const float latent_max = std::max(amax(kv_latent), 1e-30f);
-  pc.k_scale = std::max(latent_max, std::sqrt(2.0f) * amax(k_rope)) / kE4m3Max;
+  // (A k_rope value whose rotation can pass FP32's range had the cache refuse the scale, "k_scale
+  // inf", a name the file does not hold: adversarial trial, forty-fourth session.)
+  const double rope_max = std::sqrt(2.0) * amax(k_rope);
+  if (rope_max > std::numeric_limits<float>::max())
+    fail(Errc::invalid_argument,
+         "tensor k_rope holds {} in magnitude; rotated, a pair can grow by √2 to {:.6g}, past FP32's range, so no "
+         "cache scale covers it",
+         amax(k_rope), rope_max);
+  pc.k_scale = static_cast<float>(std::max<double>(latent_max, rope_max) / kE4m3Max);
   pc.v_scale = options.latent ? pc.k_scale : latent_max / kE4m3Max;
   pc.latent = options.latent;
 

@@ -305,6 +305,14 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
                   {"tensor q_nope has shape [1, 1, 1, ", "1... (300009 bytes), expected [16, 128]"});
   }
+  SECTION("a k_rope value whose rotation passes FP32's range") {  // (was "k_scale inf", a name the
+    auto values = f.at("k_rope").to_f32();                        // file does not hold)
+    values[3] = -3.4e38f;
+    f.tensors["k_rope"] = Tensor::from<float>(f.at("k_rope").shape, values);
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"tensor k_rope holds 3.4e+38 in magnitude; rotated, a pair can grow by √2 to 4.80833e+38, past "
+                   "FP32's range"});
+  }
   SECTION("an Inf in kv_latent") {
     auto values = f.at("kv_latent").to_f32();
     values[7] = std::numeric_limits<float>::infinity();
