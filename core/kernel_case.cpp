@@ -615,6 +615,22 @@ bool kernel_writes(std::string_view module, std::string_view entry, std::string_
   return false;
 }
 
+std::optional<std::string> case_unavailable(const GpuBackend& gpu, const KernelCase& c) {
+  if (auto why = entry_unavailable(gpu, c.module, c.entry)) return why;
+  const auto u32 = [&](const char* name) {
+    const auto it = c.scalars.find(name);
+    return it == c.scalars.end() ? 0u : it->second.as_u32();
+  };
+  const std::uint32_t limit = gpu.max_shared_bytes_per_block(), dim = u32("kv_cache_dim");
+  std::uint32_t bytes = 0;
+  if (c.module == kMlaFastModule && c.entry.starts_with("mla_paged_decode_split"))
+    bytes = split_shared_bytes(u32("rows_per_block"), dim, 0);
+  else if (c.entry.ends_with("_split_path") && c.module == kMlaFastModule && !split_fits(limit, dim))
+    bytes = split_shared_bytes(16, dim, 0);  // (its smallest block: 16 heads)
+  if (bytes <= limit) return std::nullopt;
+  return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", c.entry, bytes, limit);
+}
+
 std::vector<std::pair<std::string, std::string>> launchable_kernels() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& a : adapters()) out.emplace_back(a.module, a.entry);

@@ -1380,6 +1380,32 @@ TEST_CASE("the launcher property families hold on the devices the emulator plays
     }
 }
 
+// Fresh-user trial, forty-fourth session: under a small shared memory conform failed the mma.sync
+// split entries' cases and the split paths' ("the device's 49152 bytes ... are too few"), which
+// it skips for the wgmma entries; case run the same.
+TEST_CASE("conform and case run skip the split cases whose blocks do not fit the device's shared memory", "[cli]") {
+  std::string out;
+  CHECK(run_cli("conform --backend emu --no-golden --only split", out, "METRALE_EMU_SHARED_BYTES=49152") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      "skipped (paged_decode_fp8_split_path needs 59904 bytes of shared memory per block, the device "
+                      "allows 49152)"));
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      "skipped (mla_paged_decode_split16_fp8 needs 59904 bytes of shared memory per block"));
+  CHECK_THAT(out, Catch::Matchers::Contains(", 0 failed"));
+  const auto dir = test::scratch_dir("metrale_split_small_shared");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.seq_lens = {40}, p.num_blocks = 4, p.max_blocks_per_seq = 4;
+  to_safetensors(gen::split_path_case(p)).write(dir / "split_path.safetensors");
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + dir.string(), out, "METRALE_EMU_SHARED_BYTES=49152") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("skipped: paged_decode_fp8_split_path needs 59904 bytes"));
+  out.clear();  // where it fits, it runs and passes
+  CHECK(run_cli("case run --backend emu " + dir.string(), out) == 0);
+  std::filesystem::remove_all(dir);
+}
+
 // Twenty-seventh and thirty-third sessions: --out under /proc passed the check as root (access()
 // says yes; mkdir there fails), and the run went on. The check now makes and removes a probe folder.
 // Before: "Value abc not in range 0.001000 to 10000000.000000" for text that is no number, and

@@ -81,7 +81,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
         const std::string label = label_of(path);
-        if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {  // mla_wgmma off sm_90, ...
+        if (const auto why = case_unavailable(*gpu, c)) {  // mla_wgmma off sm_90, too little shared memory
           fmt::print("{:<56} {:<20} {:>11} {:>9}  skipped: {}\n", label, "-", "-", "-", *why);
           ++skipped;
           continue;

@@ -156,7 +156,7 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";
     if ((unwanted = !wanted(c.entry, latent ? r.name + " latent" : r.name))) return;
-    if ((skip = entry_unavailable(gpu, c.module, c.entry))) return;
+    if ((skip = case_unavailable(gpu, c))) return;
     const auto out = run_kernel_case(gpu, c);
     if (c.expected.empty())  // nothing compared is no pass (it had counted as one)
       fail(Errc::invalid_argument, "{}: no expected.<output> tensor, so nothing to compare{}", path.string(),
@@ -513,7 +513,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     phase("generated case", sweep.size());
     for (const auto& c : sweep) {
       if (!wanted(c.entry, c.name)) continue;
-      if (const auto why = entry_unavailable(*gpu, c.module, c.entry)) {
+      if (const auto why = case_unavailable(*gpu, c)) {
         fmt::print(stderr, "note: conform: {} skipped ({})\n", c.name, *why);
         ++skipped;
         continue;

@@ -65,6 +65,13 @@ std::vector<std::pair<std::string, std::string>> launchable_kernels();
 /// of one. False for a parameter or kernel it does not know.
 bool kernel_writes(std::string_view module, std::string_view entry, std::string_view param);
 
+/// Why `gpu` cannot run case `c` (it would fail to launch), or nothing when it can:
+/// entry_unavailable (the module or a wgmma block), or the shared memory of an mla_fast split
+/// block (split_shared_bytes of its rows_per_block and kv_cache_dim, loaded directly as a replay
+/// loads) or of a split path's smallest block (split_fits) past
+/// GpuBackend::max_shared_bytes_per_block. `conform` and `case run` skip such a case with this note.
+std::optional<std::string> case_unavailable(const GpuBackend& gpu, const KernelCase& c);
+
 /// The case as a safetensors file: metadata kind=kernel, module, entry, grid,
 /// block, each scalar by name and `alias.<param>` = its input's name; tensors
 /// named after pointer parameters,
