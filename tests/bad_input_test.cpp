@@ -1383,7 +1383,8 @@ TEST_CASE("the launcher property families hold on the devices the emulator plays
 // Fresh-user trial, forty-fourth session: under a small shared memory conform failed the mma.sync
 // split entries' cases and the split paths' ("the device's 49152 bytes ... are too few"), which
 // it skips for the wgmma entries; case run the same.
-TEST_CASE("conform and case run skip the split cases whose blocks do not fit the device's shared memory", "[cli]") {
+TEST_CASE("conform, case run and bench skip the split cases whose blocks do not fit the device's shared memory",
+          "[cli]") {
   std::string out;
   CHECK(run_cli("conform --backend emu --no-golden --only split", out, "METRALE_EMU_SHARED_BYTES=49152") == 0);
   CHECK_THAT(out, Catch::Matchers::Contains(
@@ -1404,6 +1405,15 @@ TEST_CASE("conform and case run skip the split cases whose blocks do not fit the
   out.clear();  // where it fits, it runs and passes
   CHECK(run_cli("case run --backend emu " + dir.string(), out) == 0);
   std::filesystem::remove_all(dir);
+  // bench: the split rows said and left out, the others run (the first had failed the run)
+  out.clear();
+  CHECK(run_cli("bench --backend emu --only paged_decode_fp8", out, "METRALE_EMU_SHARED_BYTES=49152") == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("bench: paged_decode_fp8 (split) B=1 L=256 H=16 skipped: its smallest "
+                                            "split block needs 59904 bytes of shared memory, the device allows 49152"));
+  CHECK_THAT(out, Catch::Matchers::Contains("\npaged_decode_fp8 (seed) "));
+  out.clear();
+  CHECK(run_cli("bench --backend emu --only 'paged_decode_fp8 (split)'", out, "METRALE_EMU_SHARED_BYTES=49152") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("bench: backend emu can run none of the rows selected"));
 }
 
 // Twenty-seventh and thirty-third sessions: --out under /proc passed the check as root (access()
