@@ -1743,6 +1743,9 @@ TEST_CASE("bad input: conform --only reports a broken case file of the kernel it
   CHECK(run_cli(run + "rope_pairs", out) == 2);
   CHECK_THAT(out, !Catch::Matchers::Contains("zz_bad"));
   CHECK_THAT(out, Catch::Matchers::Contains("FAIL file zz_unreadable.safetensors"));
+  // its summary row names it (fresh-user trial, forty-fourth session: the kernel column was blank)
+  CHECK_THAT(out,
+             Catch::Matchers::Contains("\nfile     unreadable file                                     1      1\n"));
 }
 
 // The thirty-first session's adversarial run: output to a full disk or a closed stream was lost
@@ -2164,11 +2167,18 @@ TEST_CASE("info lists the mla_wgmma blocks a played device runs, and says once w
 TEST_CASE("each command's --help names the top's options it takes too", "[bad_input][cli]") {
   // Before (fresh-user trial, forty-second session): only `metrale --help` listed --record, which
   // `metrale replay FILE --record DIR` takes.
-  for (const std::string cmd : {"replay", "info", "case run", "conform", "bench"}) {
+  for (const std::string cmd : {"replay", "case run", "conform", "bench"}) {
     INFO(cmd);
     std::string out;
     CHECK(run_cli(cmd + " --help", out) == 0);
     CHECK_THAT(out, Catch::Matchers::Contains("Also taken here, as before the command: --record DIR, --record-limit"));
+  }
+  // Not where no kernel runs (fresh-user trial, forty-fourth session): info, and the group case.
+  for (const std::string cmd : {"info", "case"}) {
+    INFO(cmd);
+    std::string out;
+    CHECK(run_cli(cmd + " --help", out) == 0);
+    CHECK_THAT(out, !Catch::Matchers::Contains("Also taken here"));
   }
 }
 

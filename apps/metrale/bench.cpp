@@ -491,9 +491,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--json", opts->json, "also write the rows to this JSON file")
       ->option_text("FILE")
       ->check(non_empty_path());
-  auto* sweep_flag =
-      cmd->add_flag("--sweep", opts->sweep,
-                    "the decode sweep against the roofline (needs a GPU): --cache x --batch x --context x --heads");
+  auto* sweep_flag = cmd->add_flag(
+      "--sweep", opts->sweep,
+      "the decode sweep against the roofline (needs a GPU): --cache x --layout x --batch x --context x --heads");
   // A sweep axis: a comma-separated list, each value checked, only with --sweep.
   auto axis = [&](const char* name, auto& values, const char* what, const CLI::Validator& check) {
     cmd->add_option(name, values, fmt::format("sweep: {}", what))

@@ -147,10 +147,12 @@ int main(int argc, char** argv) {
   metrale::cli::add_case(app, [&](int code) { exit_code = code; });
   metrale::cli::add_conform(app, [&](int code) { exit_code = code; });
   metrale::cli::add_bench(app);
-  // The top's options a command takes too (fallthrough), named in each command's --help.
+  // The top's options a command that launches kernels takes too (fallthrough), named in its --help
+  // (not in info's, nor a group's: they launch none).
   const std::function<void(CLI::App&)> name_top_options = [&](CLI::App& cmd) {
     for (CLI::App* sub : cmd.get_subcommands({})) {
-      sub->footer("Also taken here, as before the command: --record DIR, --record-limit SIZE (metrale --help).");
+      if (sub->get_subcommands({}).empty() && sub->get_name() != "info")
+        sub->footer("Also taken here, as before the command: --record DIR, --record-limit SIZE (metrale --help).");
       name_top_options(*sub);
     }
   };

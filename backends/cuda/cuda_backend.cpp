@@ -57,7 +57,10 @@ const Driver& driver() {
     Driver r;
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-      r.error = std::string("cannot load libcuda.so.1: ") + dlerror();
+      // (dlerror names the library first: said once)
+      std::string why = dlerror();
+      if (why.starts_with("libcuda.so.1: ")) why.erase(0, 14);
+      r.error = "cannot load libcuda.so.1: " + why;
       return r;
     }
     using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
