@@ -2367,39 +2367,50 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
   // Before: a row without B (or best_us) was looked up past the end of its JSON object (undefined
   // behaviour; on the H200 the row's baseline silently went missing).
   TempPath json("_torch.json");
-  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"matmul_tflops": 700, "rows": [{"L": 1024}]})", "rows[0] has no unsigned integer B"},
-           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3}]})",
-            "rows[1] has no best_us (a number or null)"},
-           {R"({"matmul_tflops": "fast"})",
-            "matmul_tflops (a json string) is not a matmul rate from 1 to 1000000 TFLOP/s"},
-           {R"({"matmul_tflops": -2.5})", "matmul_tflops -2.5 is not a matmul rate"},
-           {R"({"matmul_tflops": 1e308})", "matmul_tflops 1e+308 is not a matmul rate"},
-           // Before: both were taken (a roofline 10^300 times too long; a rate given in FLOP/s).
-           {R"({"matmul_tflops": 1e-300})", "matmul_tflops 1e-300 is not a matmul rate"},
-           {R"({"matmul_tflops": 7.9e14})", "matmul_tflops 790000000000000.0 is not a matmul rate"},
-           // Before: the last of two keys was taken without a word.
-           {R"({"rows": [], "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})", "key 'rows' twice in one object"},
-           {R"({"rows": [{"B": 1, "L": 2, "B": 4, "H": 3, "best_us": 1.5}]})", "key 'B' twice in one object"},
-           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": -5}]})", "rows[0] best_us -5 is not a positive time"},
-           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 0}]})",
-            "rows[1] best_us 0 is not a positive time"},
-           // Before: a SIGSEGV (the value dumped into the message recursed off the stack).
-           {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
-            "JSON nests deeper than 8 levels"},
-           {R"({"rows": {}})", "rows is not an array"},
-           // Before: the first of two rows of one shape was taken without a word; a B past 2^64 − 1
-           // was "no unsigned integer B" (35th session's helper).
-           {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 2}]})",
-            "rows[1] repeats rows[0]'s B 1, L 2, H 3"},
-           {R"({"rows": [{"B": 18446744073709551616, "L": 2, "H": 3, "best_us": 1.5}]})",
-            "rows[0] B is 1.8446744073709552e+19, not an unsigned 64-bit integer"},
-           {R"([1, 2])", "not a JSON object"},
-           // Rows timed otherwise than this run (--timing lone, the default) would move its ratios by
-           // the host's launch latency (a file without "timing" predates the setting: lone).
-           {R"({"timing": 5})", R"(timing 5 is not "blocking", "flush" or "lone")"},
-           {R"({"timing": "flush", "rows": []})", "its rows were timed flush, this run times lone (--timing)"},
-           {R"({"timing": "blocking", "rows": []})", "its rows were timed blocking, this run times lone (--timing)"}}) {
+  for (
+      const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+          {R"({"matmul_tflops": 700, "rows": [{"L": 1024}]})", "rows[0] has no unsigned integer B"},
+          {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3}]})",
+           "rows[1] has no best_us (a number or null)"},
+          {R"({"matmul_tflops": "fast"})",
+           "matmul_tflops (a json string) is not a matmul rate from 1 to 1000000 TFLOP/s"},
+          {R"({"matmul_tflops": -2.5})", "matmul_tflops -2.5 is not a matmul rate"},
+          {R"({"matmul_tflops": 1e308})", "matmul_tflops 1e+308 is not a matmul rate"},
+          // Before: both were taken (a roofline 10^300 times too long; a rate given in FLOP/s).
+          {R"({"matmul_tflops": 1e-300})", "matmul_tflops 1e-300 is not a matmul rate"},
+          {R"({"matmul_tflops": 7.9e14})", "matmul_tflops 790000000000000.0 is not a matmul rate"},
+          // Before: the last of two keys was taken without a word.
+          {R"({"rows": [], "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})", "key 'rows' twice in one object"},
+          {R"({"rows": [{"B": 1, "L": 2, "B": 4, "H": 3, "best_us": 1.5}]})", "key 'B' twice in one object"},
+          {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": -5}]})",
+           "rows[0] best_us -5 is not a positive time"},
+          {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 0}]})",
+           "rows[1] best_us 0 is not a positive time"},
+          // No baseline, or bench's own output (fresh-user trial, forty-fourth session: both passed).
+          {R"({})", "no matmul_tflops: not the JSON bench/torch_baseline.py writes"},
+          {R"({"matmul_tflops": 700})", "no rows: not the JSON bench/torch_baseline.py writes"},
+          {R"({"matmul_tflops": 700, "rows": []})", "rows is empty: no baseline"},
+          {R"({"backend": "cuda", "copy_gbps": 3000, "rows": [{"kernel": "x"}]})",
+           "metrale bench's own --json output, not the baseline"},
+          {R"({"backend": "cuda", "copy_gbps": 3000, "sweep": []})", "metrale bench's own --json output"},
+          // Before: a SIGSEGV (the value dumped into the message recursed off the stack).
+          {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
+           "JSON nests deeper than 8 levels"},
+          {R"({"matmul_tflops": 700, "rows": {}})", "rows is not an array"},
+          // Before: the first of two rows of one shape was taken without a word; a B past 2^64 − 1
+          // was "no unsigned integer B" (35th session's helper).
+          {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 2}]})",
+           "rows[1] repeats rows[0]'s B 1, L 2, H 3"},
+          {R"({"matmul_tflops": 700, "rows": [{"B": 18446744073709551616, "L": 2, "H": 3, "best_us": 1.5}]})",
+           "rows[0] B is 1.8446744073709552e+19, not an unsigned 64-bit integer"},
+          {R"([1, 2])", "not a JSON object"},
+          // Rows timed otherwise than this run (--timing lone, the default) would move its ratios by
+          // the host's launch latency (a file without "timing" predates the setting: lone).
+          {R"({"timing": 5})", R"(timing 5 is not "blocking", "flush" or "lone")"},
+          {R"({"timing": "flush", "matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})",
+           "its rows were timed flush, this run times lone (--timing)"},
+          {R"({"timing": "blocking", "matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})",
+           "its rows were timed blocking, this run times lone (--timing)"}}) {
     INFO(text);
     std::ofstream(json.path) << text;
     std::string out;
@@ -2409,8 +2420,9 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
   // The same timing both ways (and a file without one, lone): the file passes, and the sweep is
   // refused for want of a GPU.
   for (const char* timing : {"blocking", "flush", "lone", ""}) {
-    std::ofstream(json.path) << (*timing != '\0' ? fmt::format(R"({{"timing": "{}", "rows": []}})", timing)
-                                                 : std::string(R"({"rows": []})"));
+    const std::string rest = R"("matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}])";
+    std::ofstream(json.path) << (*timing != '\0' ? fmt::format(R"({{"timing": "{}", {}}})", timing, rest)
+                                                 : "{" + rest + "}");
     std::string out;
     CHECK(run_cli(fmt::format("bench --backend emu --sweep --timing {} --torch {}", *timing != '\0' ? timing : "lone",
                               json.path.string()),

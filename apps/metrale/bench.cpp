@@ -377,8 +377,16 @@ void check_torch_json(const ordered_json& torch, const std::string& path) {
     fail(Errc::invalid_argument, "bench --torch {}: matmul_tflops {} is not a matmul rate from {} to {} TFLOP/s", path,
          it->is_number() ? it->dump() : fmt::format("(a json {})", it->type_name()), kLeastTflops,
          kMostTflops);  // a number shown
-  if (!torch.contains("rows")) return;
+  // A file with no baseline would have the sweep run without one, unsaid (fresh-user trial,
+  // forty-fourth session: {} passed; bench's own --json was "rows[0] has no unsigned integer B").
+  if (torch.contains("sweep") || (torch.contains("backend") && torch.contains("copy_gbps")))
+    fail(Errc::invalid_argument,
+         "bench --torch {}: metrale bench's own --json output, not the baseline bench/torch_baseline.py writes", path);
+  for (const char* key : {"matmul_tflops", "rows"})
+    if (!torch.contains(key))
+      fail(Errc::invalid_argument, "bench --torch {}: no {}: not the JSON bench/torch_baseline.py writes", path, key);
   if (!torch["rows"].is_array()) fail(Errc::invalid_argument, "bench --torch {}: rows is not an array", path);
+  if (torch["rows"].empty()) fail(Errc::invalid_argument, "bench --torch {}: rows is empty: no baseline", path);
   std::size_t i = 0;
   std::map<std::array<std::uint64_t, 3>, std::size_t> seen;  // (B, L, H) -> its row
   for (const auto& r : torch["rows"]) {
