@@ -238,7 +238,8 @@ KimiRows project_kimi_rows(const MlaConfig& cfg, std::size_t T, std::size_t kv_l
 
 }  // namespace
 
-ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path) {
+ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path,
+                              const std::function<void(std::uint32_t done, std::uint32_t tokens)>& progress) {
   using clock = std::chrono::steady_clock;
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   auto t0 = clock::now();
@@ -308,7 +309,10 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   t0 = clock::now();
   std::vector<float> q(H * dq, 0.0f);
   const std::vector<float> no_gate(gate.size(), 0.0f);
-  for (std::uint32_t t = 0; t + 1 < T; ++t) dec.decode(q, k_of(t), v_of(t), no_gate, t, theta);
+  for (std::uint32_t t = 0; t + 1 < T; ++t) {
+    dec.decode(q, k_of(t), v_of(t), no_gate, t, theta);
+    if (progress) progress(t + 1, T);
+  }
   if (T > 1) r.stages.emplace_back(fmt::format("decode tokens 0..{} ({})", T - 2, where), since(t0));
   MlaKv prompt = also_ungated ? dec.history() : MlaKv{};  // the last token runs twice over it
 
@@ -320,6 +324,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
                 q.begin() + static_cast<std::ptrdiff_t>(h * dq + nope));
   }
   const auto out = dec.decode(q, k_of(T - 1), v_of(T - 1), gate, T - 1, theta);
+  if (progress) progress(T, T);
   r.stages.emplace_back(fmt::format("decode token {} ({})", T - 1, where), since(t0));
 
   r.metrics.push_back(compare(metric, out, want, kKimiReplayTolerance));

@@ -786,7 +786,11 @@ TEST_CASE("K3 golden replay on both paths", "[mla_decode][replay]") {
   INFO((device_path ? "device" : "host") << " path");
   const auto file = SafeTensors::read(test::golden("k3_nope_gate_h8_t65.safetensors"));
   emu::EmulatorBackend gpu;
-  const auto r = replay_kimi_case(gpu, file, "k3_nope_gate_h8_t65", device_path);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> calls;  // the progress reported, token by token
+  const auto r = replay_kimi_case(gpu, file, "k3_nope_gate_h8_t65", device_path,
+                                  [&](std::uint32_t done, std::uint32_t tokens) { calls.emplace_back(done, tokens); });
+  REQUIRE(calls.size() == 65);
+  for (std::uint32_t t = 0; t < 65; ++t) CHECK(calls[t] == std::pair<std::uint32_t, std::uint32_t>{t + 1, 65});
   // Both outputs the file holds: the gated one, and the ungated one (the last token again without
   // the gate; before, forty-third session, a gated case's attn_out was never checked).
   REQUIRE(r.metrics.size() == 2);

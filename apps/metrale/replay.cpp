@@ -3,6 +3,7 @@
 // host under K3_CUDA_MLA=0, SPEC §4).
 #include "commands.hpp"
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 
@@ -121,7 +122,16 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
     const bool device_path = kimi && mla_kv_placement_from_env() == MlaKvPlacement::device;
     with_context(opts->file, [&] {  // what the file lacks or holds wrong, named with the file
       if (kimi) {
-        r = replay_kimi_case(*gpu, file, name, device_path);
+        // Where it is, every 10 s on the log (fresh-user trial, forty-fourth session: a replay near
+        // its work bound ran six minutes without a word).
+        auto last = std::chrono::steady_clock::now();
+        r = replay_kimi_case(*gpu, file, name, device_path, [&](std::uint32_t done, std::uint32_t tokens) {
+          if (const auto now = std::chrono::steady_clock::now();
+              now - last >= std::chrono::seconds(10) && done < tokens) {
+            last = now;
+            spdlog::info("replay: {} of {} tokens decoded", done, tokens);
+          }
+        });
         kv.kv_cache = "f32";
         kv.kv_path = device_path ? "device" : "host";
       } else {

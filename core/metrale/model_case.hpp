@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,7 +87,10 @@ inline constexpr double kKimiReplayTolerance = 1e-4;
 /// metadata key, or tokens × heads × (qk_head_dim + v_head_dim) past 2^28 (the
 /// K and V values the replay holds, checked before any tensor is read);
 /// `unsupported` for another rope layout or a softmax_scale that is not
-/// 1/√(qk_nope_head_dim + qk_rope_head_dim) (the kernel's); the decode's.
-ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path);
+/// 1/√(qk_nope_head_dim + qk_rope_head_dim) (the kernel's); the decode's. `progress`, when
+/// given, is called after each token with the tokens decoded and the file's token count (a
+/// replay near its work bound runs for minutes: the caller can say how far it is).
+ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name, bool device_path,
+                              const std::function<void(std::uint32_t done, std::uint32_t tokens)>& progress = {});
 
 }  // namespace metrale
