@@ -32,7 +32,7 @@ std::string_view to_string(Errc code);
 /// `text` with its control characters (bytes below 0x20, and 0x7F) and every byte that is not
 /// part of well-formed UTF-8 written as \xNN, and the characters that move or hide what follows
 /// them on a terminal (the C1 controls, U+2028/U+2029, the bidirectional marks, embeddings,
-/// overrides and isolates: U+200E, U+200F, U+202A–U+202E, U+2066–U+2069) as \uNNNN, so that a
+/// overrides and isolates: U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069) as \uNNNN, so that a
 /// value read from a file (a case name, a metadata value, a JSON parser's excerpt of it) cannot
 /// start, fake or reorder a line of output, and the output stays UTF-8; every other byte as it is. An Error's message
 /// and context frames go through it.

@@ -62,7 +62,8 @@ const LauncherFields& launcher_fields(std::string_view module, std::string_view 
 std::vector<std::pair<std::string, std::string>> launchable_kernels();
 /// Whether kernel (or launcher-level path) `entry` of `module` stores through its pointer
 /// parameter `param`: an output (its port's Global of non-const T). A case's expectation must be
-/// of one. False for a parameter or kernel it does not know.
+/// of one. False for a name that is not one of its pointer parameters. Errors: `not_found` for a
+/// kernel without a launcher (launcher_fields).
 bool kernel_writes(std::string_view module, std::string_view entry, std::string_view param);
 
 /// Why `gpu` cannot run case `c` (it would fail to launch), or nothing when it can:
