@@ -459,7 +459,7 @@ std::uint64_t host_memory_bytes() {
 
 }  // namespace
 
-SafeTensors SafeTensors::read(const std::filesystem::path& path) {
+SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found)
@@ -507,11 +507,13 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path) {
         // 230 MB). Past the host's memory an allocation may still succeed (overcommit) and the
         // process be killed as it fills it.
         const std::uint64_t host = host_memory_bytes();
-        if (host != 0 && end > host / 8)
+        const bool model = use == Use::model_case;
+        if (host != 0 && end > host / (model ? 8 : 4))
           fail(Errc::out_of_memory,
-               "{}: its tensors hold {} bytes, more than an eighth of this host's {} bytes of memory (reading them "
-               "takes twice that, a case run on the emulator three times, a replay about six times)",
-               name, end, host);
+               "{}: its tensors hold {} bytes, more than {} of this host's {} bytes of memory (reading them takes "
+               "twice that, {})",
+               name, end, model ? "an eighth" : "a quarter", host,
+               model ? "a replay about six times" : "a case run on the emulator three times");
         read_up_to(8 + header_len + end);
       }
     }

@@ -139,17 +139,17 @@ TEST_CASE("bad input: a sparse terabyte file behind a small header is refused wi
                 {fmt::format("the data section has {} bytes, its tensors cover 12", (std::uint64_t{1} << 40) - head)});
 }
 
-TEST_CASE("bad input: a safetensors file of more than an eighth of the host's memory is refused before reading",
+TEST_CASE("bad input: a safetensors file of more than a quarter of the host's memory is refused before reading",
           "[bad_input][safetensors]") {
   // Before: read() took the bytes and then the tensors' copies; past the host's memory the
   // allocations succeeded (overcommit) and the process was killed filling them. At half the
   // host's memory, a case run on the emulator (the tensors, each device byte and its written
-  // mark: three times) was killed the same way; at a quarter, a replay (about six times:
-  // adversarial trial, forty-fourth session).
+  // mark: three times) was killed the same way; a replay (about six times: adversarial trial,
+  // forty-fourth session) at a quarter, so a model case stops at an eighth.
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   REQUIRE(pages > 0);
   const std::uint64_t host = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
-  const std::uint64_t n = host / 8 + 64;  // one U8 tensor of n bytes
+  const std::uint64_t n = host / 4 + 64;  // one U8 tensor of n bytes
   std::string header = fmt::format(R"({{"x":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}})", n, n);
   header.append((8 - header.size() % 8) % 8, ' ');
   TempPath tmp(".safetensors");
@@ -166,7 +166,23 @@ TEST_CASE("bad input: a safetensors file of more than an eighth of the host's me
   }
   require_error(
       [&] { (void)SafeTensors::read(tmp.path); }, Errc::out_of_memory,
-      {fmt::format("its tensors hold {} bytes, more than an eighth of this host's {} bytes of memory", n, host)});
+      {fmt::format("its tensors hold {} bytes, more than a quarter of this host's {} bytes of memory", n, host)});
+  // A model case (its replay holds about six times its file) at an eighth.
+  std::filesystem::resize_file(tmp.path, 0);
+  const std::uint64_t m = host / 8 + 64;
+  std::string small = fmt::format(R"({{"x":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}})", m, m);
+  small.append((8 - small.size() % 8) % 8, ' ');
+  {
+    std::ofstream out(tmp.path, std::ios::binary);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((small.size() >> (8 * i)) & 0xFF));
+    out << small;
+  }
+  std::filesystem::resize_file(tmp.path, 8 + small.size() + m, ec);
+  REQUIRE(!ec);
+  require_error(
+      [&] { (void)SafeTensors::read(tmp.path, SafeTensors::Use::model_case); }, Errc::out_of_memory,
+      {fmt::format("its tensors hold {} bytes, more than an eighth of this host's {} bytes of memory", m, host),
+       "a replay about six times"});
 }
 
 TEST_CASE("bad input: safetensors data no tensor covers is refused", "[bad_input][safetensors]") {
@@ -488,6 +504,29 @@ TEST_CASE("kernel_writes agrees with the emulator's ports on every kernel's outp
   CHECK_FALSE(kernel_writes("mla_fast", "paged_decode_fp8_split_path", "k_cache"));
   CHECK(kernel_writes("k3_fast", "k3_sdpa_split_path", "out"));
   CHECK_FALSE(kernel_writes("k3_fast", "k3_sdpa_split_path", "q"));
+}
+
+// A split case too large for the device's shared memory is skipped (case_unavailable), but one
+// whose shape the launcher refuses is not: a skip would hide the broken file (the diff review:
+// rows_per_block 1000 and kv_cache_dim 4096 were "skipped").
+TEST_CASE("case_unavailable skips a split case the device cannot hold, not one the launcher refuses", "[kernel_case]") {
+  emu::EmulatorOptions o;
+  o.max_shared_bytes_per_block = 49152;
+  emu::EmulatorBackend small(o);
+  gen::PagedSpec p;
+  p.q_head_dim = p.kv_cache_dim = 576, p.seq_lens = {40}, p.num_blocks = 4, p.max_blocks_per_seq = 4;
+  KernelCase c = gen::split_kernel_case(p, 1, gen::SplitEntry::split16);
+  const auto why = case_unavailable(small, c);
+  REQUIRE(why.has_value());
+  CHECK_THAT(*why, Catch::Matchers::Contains("needs 59904 bytes of shared memory per block, the device allows 49152"));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::uint32_t>>{
+           {"rows_per_block", 1000}, {"kv_cache_dim", 4096}, {"kv_cache_dim", 100}}) {
+    INFO(key << " " << value);
+    KernelCase bad = c;
+    bad.scalars[key] = KernelArg::u32(value);
+    CHECK_FALSE(case_unavailable(small, bad).has_value());
+    require_error([&] { (void)run_kernel_case(small, bad); }, Errc::invalid_argument, {key});
+  }
 }
 
 // A split path's launches are the dispatcher's: a grid in its file was once ignored without a word.
@@ -2136,7 +2175,9 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
             "(metrale replay --backend ...); the commands that take it: replay, case run, conform, bench\n"
             "metrale: unknown command 'bogus'; the commands: replay, "},
            {"--backend=emu case bogus", "\nmetrale case: unknown command 'bogus'; the commands: run"},
-           {"--sweep bogus", "\nmetrale: unknown command 'bogus'"}}) {
+           {"--sweep bogus", "\nmetrale: unknown command 'bogus'"},
+           // --json is replay's flag and bench's FILE: its value skipped (the diff review)
+           {"--json out.json bogus", "\nmetrale: unknown command 'bogus'"}}) {
     INFO(args);
     std::string out;
     CHECK(run_cli(args, out) > 100);
@@ -2146,6 +2187,15 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
   std::string out;  // --help is no error: no list after it
   CHECK(run_cli("--help", out) == 0);
   CHECK_THAT(out, !Catch::Matchers::Contains("The commands of"));
+  // An option's values are not a command: no unknown command in these (the diff review: 'out.json'
+  // and '8' were named)
+  for (const std::string args : {"--json out.json", "--batch 1 8 bogus", "--cases a b"}) {
+    INFO(args);
+    out.clear();
+    CHECK(run_cli(args, out) > 100);
+    CHECK_THAT(out, Catch::Matchers::Contains("goes after the command"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("unknown command"));
+  }
 }
 
 TEST_CASE("info lists the mla_wgmma blocks a played device runs, and says once why none", "[cli]") {

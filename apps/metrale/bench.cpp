@@ -362,10 +362,10 @@ constexpr int kMaxTorchJsonDepth = 8;
 // (FLOP/s would be 10^12 times it) or a typing slip.
 constexpr double kLeastTflops = 1, kMostTflops = 1e6;
 
-// bench/torch_baseline.py's output as the sweep reads it: an object; matmul_tflops, when there, a
-// number from kLeastTflops to kMostTflops; rows, when there, an array of objects with unsigned B,
-// L and H and best_us a positive number or null. Errors: `invalid_argument` naming the file, the
-// row and the key.
+// bench/torch_baseline.py's output as the sweep reads it: an object (not bench's own --json);
+// matmul_tflops a number from kLeastTflops to kMostTflops; rows a non-empty array of objects with
+// unsigned B, L and H, each shape once, and best_us a positive number or null; timing, when there,
+// a --timing name. Errors: `invalid_argument` naming the file, the row and the key.
 void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("timing");

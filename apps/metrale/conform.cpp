@@ -227,7 +227,8 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
   const std::string name = printable(path.stem().string());
   const auto replays = golden_replays(gpu, name);
   SafeTensors file;
-  CaseResult read = guarded("golden", "model case file", name, [&](CaseResult&) { file = SafeTensors::read(path); });
+  CaseResult read = guarded("golden", "model case file", name,
+                            [&](CaseResult&) { file = SafeTensors::read(path, SafeTensors::Use::model_case); });
   model_case = !read.pass() || is_model_case(file);
   if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
     // (its replays' names too: one of them picked and left unchecked would pass unseen)

@@ -67,27 +67,32 @@ std::vector<std::string> commands_taking(const CLI::App& app, const std::string&
   return takers;
 }
 
-// Whether the option `word` ("--backend", not "--backend=emu") takes the word after it as its value,
-// in the first command that takes it.
-bool takes_value(const CLI::App& app, const std::string& word) {
-  const std::vector<std::string> takers = commands_taking(app, word);
-  if (takers.empty()) return false;
-  const CLI::App* cmd = &app;
-  std::string path = takers.front();
-  for (std::size_t at = 0; at != std::string::npos;) {  // walk "case run" down from the top
-    const std::size_t space = path.find(' ', at);
-    cmd = cmd->get_subcommand(path.substr(at, space == std::string::npos ? space : space - at));
-    at = space == std::string::npos ? space : space + 1;
-  }
-  return cmd->get_option_no_throw(word)->get_items_expected_min() > 0;
+// How many words after the option `word` ("--backend", not "--backend=emu") may be its values, in
+// whichever command takes the most (--json is replay's flag and bench's FILE): 0, 1, or more
+// (a list: --batch 1 8, --cases DIR DIR).
+int values_taken(const CLI::App& app, const std::string& word) {
+  int most = 0;
+  const std::function<void(const CLI::App&)> look = [&](const CLI::App& cmd) {
+    for (const CLI::App* sub : cmd.get_subcommands({})) {
+      if (const CLI::Option* o = sub->get_option_no_throw(word); o != nullptr)
+        most = std::max(most, o->get_items_expected_max());
+      look(*sub);
+    }
+  };
+  look(app);
+  return most;
 }
 
 // The first of the words left over that is neither an option nor an option's value ("metrale
-// --backend emu bogus": bogus), or "" where there is none.
+// --backend emu bogus": bogus), or "" where there is none. (After a list option every word up to
+// the next option counts as its values.)
 std::string first_plain_word(const CLI::App& app, const std::vector<std::string>& words) {
   for (std::size_t i = 0; i < words.size(); ++i) {
     if (!words[i].starts_with("-")) return words[i];
-    if (words[i].find('=') == std::string::npos && takes_value(app, words[i])) ++i;
+    if (words[i].find('=') != std::string::npos) continue;
+    const int n = values_taken(app, words[i]);
+    if (n == 1) ++i;
+    while (n > 1 && i + 1 < words.size() && !words[i + 1].starts_with("-")) ++i;
   }
   return "";
 }

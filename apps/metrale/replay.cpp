@@ -104,7 +104,7 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
       if (kimi && o->count() != 0)
         throw CLI::ValidationError(o->get_name(),
                                    fmt::format("applies to --model deepseek (its paged cache), not {}", opts->model));
-    const SafeTensors file = SafeTensors::read(opts->file);
+    const SafeTensors file = SafeTensors::read(opts->file, SafeTensors::Use::model_case);
     if (!is_model_case(file))
       fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
            file.metadata.count("kind") != 0 && file.meta("kind") == "kernel"

@@ -70,7 +70,9 @@ bool kernel_writes(std::string_view module, std::string_view entry, std::string_
 /// entry_unavailable (the module or a wgmma block), or the shared memory of an mla_fast split
 /// block (split_shared_bytes of its rows_per_block and kv_cache_dim, loaded directly as a replay
 /// loads) or of a split path's smallest block (split_fits) past
-/// GpuBackend::max_shared_bytes_per_block. `conform` and `case run` skip such a case with this note.
+/// GpuBackend::max_shared_bytes_per_block. A shape the launcher refuses (rows_per_block not 16,
+/// 32, 48 or 64; kv_cache_dim not a multiple of 64 up to 576) is not called unavailable: the
+/// launch names it. `conform` and `case run` skip such a case with this note.
 std::optional<std::string> case_unavailable(const GpuBackend& gpu, const KernelCase& c);
 
 /// The case as a safetensors file: metadata kind=kernel, module, entry, grid,

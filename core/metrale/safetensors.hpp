@@ -64,10 +64,12 @@ class SafeTensors {
   /// malformed (header length, JSON, a key twice in one object, dtype,
   /// shape/offset disagreement, overlapping or out-of-file data, bytes of
   /// the data section no tensor covers: the format allows no holes),
-  /// `out_of_memory` when the referenced data is more than a quarter of the host's memory
-  /// (reading takes twice it, a kernel case run on the emulator three times: the tensors, each
-  /// device byte and its written mark).
-  static SafeTensors read(const std::filesystem::path& path);
+  /// `out_of_memory` when the referenced data is more than a quarter of the host's memory for a
+  /// kernel case (reading takes twice it, a case run on the emulator three times: the tensors,
+  /// each device byte and its written mark), an eighth for a model case (a replay holds about six
+  /// times its file: the tensors as FP32 and BF16 beside them, and the caches).
+  enum class Use { kernel_case, model_case };
+  static SafeTensors read(const std::filesystem::path& path, Use use = Use::kernel_case);
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
   /// Write, tensors in name order, data 8-byte aligned, through a file beside `path` renamed over

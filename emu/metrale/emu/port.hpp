@@ -158,8 +158,8 @@ class Block {
     if (!log_writes_) return;
     if (!writes_.empty()) {
       auto& last = writes_.back();
-      if (last.alloc == alloc && last.end == begin) {
-        last.end = end;
+      if (last.alloc == alloc && last.end == begin && last.param == param) {  // (as merge_ranges: a race
+        last.end = end;                                                       // names the parameter)
         return;
       }
     }
