@@ -629,7 +629,7 @@ std::optional<std::string> case_unavailable(const GpuBackend& gpu, const KernelC
   if (c.entry.starts_with("mla_paged_decode_split") && rows % 16 == 0 && rows >= 16 && rows <= 64)
     bytes = split_shared_bytes(rows, dim, 0);
   else if (c.entry.ends_with("_split_path") && !split_fits(limit, dim))
-    bytes = split_shared_bytes(16, dim, 0);  // (its smallest block: 16 heads)
+    bytes = split_least_shared_bytes(dim);
   if (bytes <= limit) return std::nullopt;
   return fmt::format("{} needs {} bytes of shared memory per block, the device allows {}", c.entry, bytes, limit);
 }

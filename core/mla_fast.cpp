@@ -370,8 +370,12 @@ std::uint32_t combine_dim_blocks(const CombineArgs& a, std::uint32_t multiproces
   return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((slots + heads - 1) / heads, 1, std::max(1u, tiles)));
 }
 
+std::uint32_t split_least_shared_bytes(std::uint32_t kv_cache_dim) {
+  return split_shared_bytes(kGroupRows, kv_cache_dim, 0);
+}
+
 bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim) {
-  return split_shared_bytes(kGroupRows, kv_cache_dim, 0) <= max_shared_bytes;
+  return split_least_shared_bytes(kv_cache_dim) <= max_shared_bytes;
 }
 
 SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::uint32_t comp_block_count,
@@ -379,7 +383,7 @@ SplitPlan plan_split_decode(const PagedDecodeCommon& a, KvFormat format, std::ui
                             std::span<const std::uint32_t> fused_clusters) {
   if (!split_fits(max_shared_bytes, a.kv_cache_dim))
     fail(Errc::unsupported, "split decode: a 16-head block needs {} bytes of shared memory, the device allows {}",
-         split_shared_bytes(kGroupRows, a.kv_cache_dim, 0), max_shared_bytes);
+         split_least_shared_bytes(a.kv_cache_dim), max_shared_bytes);
   SplitPlan p;
   p.wgmma = wgmma && wgmma_applies(a, format, max_shared_bytes, comp_block_count, multiprocessors);
   std::uint32_t R = std::clamp((a.num_q_heads + kGroupRows - 1) / kGroupRows, 1u, 4u);

@@ -160,12 +160,13 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   const float latent_max = std::max(amax(kv_latent), 1e-30f);
   // (A k_rope value whose rotation can pass FP32's range had the cache refuse the scale, "k_scale
   // inf", a name the file does not hold: adversarial trial, forty-fourth session.)
-  const double rope_max = std::sqrt(2.0) * amax(k_rope);
+  const float rope_amax = amax(k_rope);
+  const double rope_max = std::sqrt(2.0) * rope_amax;
   if (rope_max > std::numeric_limits<float>::max())
     fail(Errc::invalid_argument,
          "tensor k_rope holds {} in magnitude; rotated, a pair can grow by √2 to {:.6g}, past FP32's range, so no "
          "cache scale covers it",
-         amax(k_rope), rope_max);
+         rope_amax, rope_max);
   pc.k_scale = static_cast<float>(std::max<double>(latent_max, rope_max) / kE4m3Max);
   pc.v_scale = options.latent ? pc.k_scale : latent_max / kE4m3Max;
   pc.latent = options.latent;

@@ -619,7 +619,7 @@ void add_bench(CLI::App& app) {
           cannot_run.emplace_back(std::move(name),
                                   fmt::format("its smallest split block needs {} bytes of shared memory, the device "
                                               "allows {}",
-                                              split_shared_bytes(16, PagedProblem::kDim, 0), limit));
+                                              split_least_shared_bytes(PagedProblem::kDim), limit));
         else
           plan.emplace_back(std::move(name),
                             [&bench, &gpu, f, B, L, H, split] { return bench_paged(bench, *gpu, f, B, L, H, split); });

@@ -52,14 +52,15 @@ std::string given_commands(const CLI::App& app) {
   return given;
 }
 
-// The commands under `app` that take the option `name` ("case run"), in the order --help lists them.
-std::vector<std::string> commands_taking(const CLI::App& app, const std::string& name) {
-  std::vector<std::string> takers;
+// The commands under `app` that take the option `name` ("case run"), in the order --help lists
+// them, each with its option.
+std::vector<std::pair<std::string, const CLI::Option*>> commands_taking(const CLI::App& app, const std::string& name) {
+  std::vector<std::pair<std::string, const CLI::Option*>> takers;
   const std::function<void(const CLI::App&, const std::string&)> look = [&](const CLI::App& cmd,
                                                                             const std::string& path) {
     for (const CLI::App* sub : cmd.get_subcommands({})) {
       const std::string full = path.empty() ? sub->get_name() : path + " " + sub->get_name();
-      if (sub->get_option_no_throw(name) != nullptr) takers.push_back(full);
+      if (const CLI::Option* o = sub->get_option_no_throw(name); o != nullptr) takers.emplace_back(full, o);
       look(*sub, full);
     }
   };
@@ -72,14 +73,8 @@ std::vector<std::string> commands_taking(const CLI::App& app, const std::string&
 // (a list: --batch 1 8, --cases DIR DIR).
 int values_taken(const CLI::App& app, const std::string& word) {
   int most = 0;
-  const std::function<void(const CLI::App&)> look = [&](const CLI::App& cmd) {
-    for (const CLI::App* sub : cmd.get_subcommands({})) {
-      if (const CLI::Option* o = sub->get_option_no_throw(word); o != nullptr)
-        most = std::max(most, o->get_items_expected_max());
-      look(*sub);
-    }
-  };
-  look(app);
+  for (const auto& [command, option] : commands_taking(app, word))
+    most = std::max(most, option->get_items_expected_max());
   return most;
 }
 
@@ -105,7 +100,8 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
   for (const std::string& word : app.remaining()) {
     const std::string name = word.substr(0, word.find('='));
     if (name.size() < 2 || name[0] != '-' || app.get_option_no_throw(name) != nullptr) continue;
-    const std::vector<std::string> takers = commands_taking(app, name);
+    std::vector<std::string> takers;
+    for (const auto& [command, option] : commands_taking(app, name)) takers.push_back(command);
     if (takers.empty()) continue;
     std::string given = given_commands(app);  // as the example where it takes the option
     // A group given (case) whose command takes it (case run): where it goes in that command.

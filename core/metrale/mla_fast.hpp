@@ -229,8 +229,11 @@ WgmmaBlock wgmma_block(std::string_view entry);
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t kv_cache_dim);
 /// Bytes of dynamic shared memory a split block needs; `raw_pitch` 0 for an unstaged block.
 std::uint32_t split_shared_bytes(std::uint32_t rows_per_block, std::uint32_t kv_cache_dim, std::uint32_t raw_pitch);
-/// Whether a direct 16-head split block of `kv_cache_dim` rows fits `max_shared_bytes` of shared
-/// memory a block: the paged dispatchers take the seed kernel when not.
+/// Bytes of dynamic shared memory the smallest split block needs: a direct 16-head block of
+/// `kv_cache_dim` rows.
+std::uint32_t split_least_shared_bytes(std::uint32_t kv_cache_dim);
+/// Whether that block fits `max_shared_bytes` of shared memory a block: the paged dispatchers take
+/// the seed kernel when not.
 bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim);
 
 /// mla_paged_decode_wgmma16_rs_combine_fp8 (module mla_wgmma, sm_90a): mla_paged_decode_wgmma16_rs_fp8
