@@ -11,6 +11,7 @@
 
 namespace metrale {
 
+using detail::kLog2e;
 using detail::kMaxKeys;
 using detail::validate_block_offsets;
 using detail::validate_comp_offsets;
@@ -42,7 +43,7 @@ void validate_paged_decode(const Validator& v, const PagedDecodeCommon& a) {
   if (a.kv_cache_dim > kMaxKvCacheDim)
     fail(Errc::unsupported, "{}: kv_cache_dim {} exceeds the kernel's limit {}", v.kernel, a.kv_cache_dim,
          kMaxKvCacheDim);
-  v.check(std::isfinite(a.inv_sqrt_d), "inv_sqrt_d {} is not finite", a.inv_sqrt_d);
+  v.logit_scale("inv_sqrt_d", a.inv_sqrt_d);
   // Key indices are 32-bit in the kernels: the table's capacity must leave room for them.
   v.check(std::uint64_t{a.max_blocks_per_seq} * a.block_size <= kMaxKeys,
           "max_blocks_per_seq {} x block_size {} keys exceed {}", a.max_blocks_per_seq, a.block_size, kMaxKeys);
@@ -271,11 +272,12 @@ void validate(const PagedDecodeFp8Args& a) {
   v.positive_finite("k_scale", a.k_scale);
   v.positive_finite("v_scale", a.v_scale);
   // Every path works in FP32: the largest code (448) times a scale, and the softmax scale times
-  // the K scale (the split path's logit scale), must be finite, else the step is inf and NaN.
+  // the K scale (the split path's logit scale) times log2(e), must be finite, else the step is inf and NaN.
   for (const auto& [name, scale] : {std::pair{"k_scale", a.k_scale}, {"v_scale", a.v_scale}})
     v.check(std::isfinite(kE4m3Max * scale), "{} {} times the largest E4M3 code ({}) is past FP32's range", name, scale,
             kE4m3Max);
-  v.check(std::isfinite(a.inv_sqrt_d * a.k_scale), "inv_sqrt_d {} times k_scale {} is past FP32's range", a.inv_sqrt_d,
+  v.check(std::isfinite(a.inv_sqrt_d * a.k_scale * kLog2e),
+          "inv_sqrt_d {} times k_scale {} (the logit scale) times log2(e) is past FP32's range", a.inv_sqrt_d,
           a.k_scale);
   v.check(a.cache_stride >= std::uint64_t{a.num_kv_heads} * a.kv_cache_dim,
           "cache_stride {} < row width {} (num_kv_heads {} x kv_cache_dim {})", a.cache_stride,

@@ -92,7 +92,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
           "rows_per_block {} is not 16, 32, 48 or 64", a.rows_per_block);
   v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,
           "keys_per_split {} is not a positive multiple of 32", a.keys_per_split);
-  v.check(std::isfinite(a.logit_scale), "logit_scale {} is not finite", a.logit_scale);
+  v.logit_scale("logit_scale", a.logit_scale);
   v.check((std::uint64_t{a.num_q_heads} + a.rows_per_block - 1) / a.rows_per_block <= detail::kMaxGridYZ,
           "num_q_heads {} needs more than {} blocks of rows_per_block {} (the grid's y)", a.num_q_heads,
           detail::kMaxGridYZ, a.rows_per_block);

@@ -697,6 +697,11 @@ void common_decode_rules(Case& c, Args& a, const char* kn) {
       a.inv_sqrt_d = x;
       reject(bad, {kn, text});
     }
+    // Finite, but not times log2(e) in FP32, the kernels' base-2 logits: every logit inf, o NaN.
+    a.inv_sqrt_d = 3e38f;
+    reject(bad, {kn, "inv_sqrt_d 3e+38 times log2(e)", "past FP32's range"});
+    a.inv_sqrt_d = 2e38f;  // times log2(e) 2.9e38: finite
+    c.require_accepted_dry([&] { c.launch(a); });
   }
 }
 
@@ -761,6 +766,12 @@ TEST_CASE("mla_paged_decode_fp8: every validation rule", "[validation]") {
       a.v_scale = x;
       reject(bad, {kn, "v_scale " + text});
     }
+  }
+  SECTION("inv_sqrt_d times k_scale past FP32's range") {  // each finite, the split path's logit scale not
+    a.inv_sqrt_d = 1e30f, a.k_scale = 1e20f;
+    reject(bad, {kn, "inv_sqrt_d 1e+30 times k_scale 1e+20 (the logit scale) times log2(e) is past FP32's range"});
+    a.k_scale = 2e8f;  // 2e38 times log2(e): finite
+    c.require_accepted_dry([&] { c.launch(a); });
   }
   SECTION("cache_stride < row width") {
     a.cache_stride = 63;  // row width 2 x 32

@@ -725,6 +725,19 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     test::require_error([&] { mla_paged_decode_wgmma_nvfp4(gpu, fast.wgmma_latent_nvfp4, n); }, Errc::invalid_argument,
                         {"mla_paged_decode_wgmma_latent_nvfp4", "num_splits 2147483648"});
   }
+  SECTION("logit_scale not finite, or not times log2(e) in FP32") {
+    for (const auto& [x, text] : std::vector<std::pair<float, std::string>>{
+             {std::numeric_limits<float>::infinity(), "logit_scale inf is not finite"},
+             {std::nanf(""), "logit_scale nan is not finite"},
+             {-3e38f, "logit_scale -3e+38 times log2(e) (the kernels' base-2 logits) is past FP32's range"}}) {
+      INFO(text);
+      a.logit_scale = x;
+      test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,
+                          {"mla_paged_decode_wgmma_fp8", text});
+      test::require_error([&] { mla_paged_decode_split_fp8(gpu, fast.split_fp8, a); }, Errc::invalid_argument,
+                          {"mla_paged_decode_split_fp8", text});
+    }
+  }
   SECTION("keys_per_split") {
     a.keys_per_split = 96;
     test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,

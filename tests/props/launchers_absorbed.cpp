@@ -302,6 +302,14 @@ std::vector<std::function<BrokenRule(A&)>> common_rules(const char* kn) {
                           {kn, fmt::format("inv_sqrt_d {} is not finite", a.inv_sqrt_d)}};
       },
       [kn](A& a) {
+        a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
+        return BrokenRule{"inv_sqrt_d x log2(e) past FP32",
+                          Errc::invalid_argument,
+                          {kn, fmt::format("inv_sqrt_d {} times log2(e) (the kernels' base-2 logits) is past FP32's "
+                                           "range",
+                                           a.inv_sqrt_d)}};
+      },
+      [kn](A& a) {
         // Key indices are 32-bit: a table that could hold more keys than that.
         a.block_size = u(1u << 16, kU32Max);
         a.max_blocks_per_seq = u(static_cast<std::uint32_t>(0x8000'0000ull / a.block_size + 1), kU32Max);
@@ -412,11 +420,13 @@ Def<PagedDecodeFp8Args> decode_fp8() {
     });
   d.rules.push_back([kn](A& a) {
     a.k_scale = arb_scale(1e20f, 1e30f);
-    a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() / a.k_scale * arb_scale(2.0f, 1000.0f);
-    return BrokenRule{
-        "inv_sqrt_d x k_scale past FP32",
-        Errc::invalid_argument,
-        {kn, fmt::format("inv_sqrt_d {} times k_scale {} is past FP32's range", a.inv_sqrt_d, a.k_scale)}};
+    // From 0.7 of FP32's largest, the product times log2(e) (the kernels' base-2 logits) is past it.
+    a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() / a.k_scale * arb_scale(0.7f, 1000.0f);
+    return BrokenRule{"inv_sqrt_d x k_scale x log2(e) past FP32",
+                      Errc::invalid_argument,
+                      {kn, fmt::format("inv_sqrt_d {} times k_scale {} (the logit scale) times log2(e) is past "
+                                       "FP32's range",
+                                       a.inv_sqrt_d, a.k_scale)}};
   });
   d.rules.push_back([kn](A& a) {
     const std::uint64_t width = std::uint64_t{a.num_kv_heads} * a.kv_cache_dim;

@@ -1,8 +1,10 @@
 // The launchers of modules mla_fast and k3_fast (issue 6) and mla_decode (SPEC §4) as generic
 // launcher definitions: valid sentinel arguments (boundaries included), the record, every rule.
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
+#include "arb.hpp"
 #include "launcher_defs.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/launch.hpp"
@@ -201,6 +203,14 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
         return BrokenRule{"logit_scale not finite",
                           Errc::invalid_argument,
                           {kn, fmt::format("logit_scale {} is not finite", a.logit_scale)}};
+      },
+      [kn](A& a) {
+        a.logit_scale = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
+        return BrokenRule{"logit_scale x log2(e) past FP32",
+                          Errc::invalid_argument,
+                          {kn, fmt::format("logit_scale {} times log2(e) (the kernels' base-2 logits) is past FP32's "
+                                           "range",
+                                           a.logit_scale)}};
       },
       [kn](A& a) {
         a.q_head_dim = coin() ? 0 : std::min(a.kv_cache_dim - 1, 32 * u(0, a.kv_cache_dim / 32) + u(1, 31));
