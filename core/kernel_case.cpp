@@ -622,11 +622,11 @@ std::optional<std::string> case_unavailable(const GpuBackend& gpu, const KernelC
     return it == c.scalars.end() ? 0u : it->second.as_u32();
   };
   const std::uint32_t limit = gpu.max_shared_bytes_per_block(), dim = u32("kv_cache_dim"), rows = u32("rows_per_block");
-  // Only for the shapes the launchers take (rows of 16 to 64 heads, rows a multiple of 64 wide up
-  // to 576): the launcher names any other value itself, where a skip would hide a broken case.
-  if (c.module != kMlaFastModule || dim == 0 || dim % 64 != 0 || dim > 576) return std::nullopt;
+  // Only for the shapes the launchers take: the launcher names any other value itself, where a
+  // skip would hide a broken case.
+  if (c.module != kMlaFastModule || dim == 0 || split_dim_problem(dim)) return std::nullopt;
   std::uint32_t bytes = 0;
-  if (c.entry.starts_with("mla_paged_decode_split") && rows % 16 == 0 && rows >= 16 && rows <= 64)
+  if (c.entry.starts_with("mla_paged_decode_split") && !split_rows_problem(rows))
     bytes = split_shared_bytes(rows, dim, 0);
   else if (c.entry.ends_with("_split_path") && !split_fits(limit, dim))
     bytes = split_least_shared_bytes(dim);

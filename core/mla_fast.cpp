@@ -64,8 +64,7 @@ std::optional<std::string> split_shape_problem(std::uint32_t num_kv_heads, std::
                                                std::initializer_list<std::pair<const char*, std::uint64_t>> aligned) {
   if (num_kv_heads != 1) return fmt::format("num_kv_heads {} (the split path serves one KV head)", num_kv_heads);
   if (q_head_dim == 0 || q_head_dim % 32 != 0) return fmt::format("q_head_dim {} is not a multiple of 32", q_head_dim);
-  if (kv_cache_dim % 64 != 0 || kv_cache_dim > kMaxDim)
-    return fmt::format("kv_cache_dim {} is not a multiple of 64 up to {}", kv_cache_dim, kMaxDim);
+  if (auto why = split_dim_problem(kv_cache_dim)) return why;
   if (q_head_dim > kv_cache_dim) return fmt::format("q_head_dim {} > kv_cache_dim {}", q_head_dim, kv_cache_dim);
   for (const auto& [name, value] : aligned)
     if (value % 16 != 0) return fmt::format("{} {:#x} is not 16-byte aligned", name, value);
@@ -88,8 +87,7 @@ void validate_split(const Validator& v, const SplitDecodeArgs& a, std::uint64_t 
               {"max_blocks_per_seq", a.max_blocks_per_seq}});
   v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
   v.at_most("num_splits", a.num_splits, detail::kMaxGridX);
-  v.check(a.rows_per_block % kGroupRows == 0 && a.rows_per_block >= 16 && a.rows_per_block <= 64,
-          "rows_per_block {} is not 16, 32, 48 or 64", a.rows_per_block);
+  if (const auto why = split_rows_problem(a.rows_per_block)) v.check(false, "{}", *why);
   v.check(a.keys_per_split > 0 && a.keys_per_split % kTileKeys == 0,
           "keys_per_split {} is not a positive multiple of 32", a.keys_per_split);
   v.logit_scale("logit_scale", a.logit_scale);
@@ -346,6 +344,17 @@ bool latent_applies(const PagedDecodeCommon& a, std::uint32_t comp_block_count, 
 
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t dim) {
   return format == KvFormat::fp8 ? 2 * dim : (dim + dim / 8 + 15) / 16 * 16;
+}
+
+std::optional<std::string> split_rows_problem(std::uint32_t rows_per_block) {
+  if (rows_per_block % kGroupRows == 0 && rows_per_block >= kGroupRows && rows_per_block <= 4 * kGroupRows)
+    return std::nullopt;
+  return fmt::format("rows_per_block {} is not 16, 32, 48 or 64", rows_per_block);
+}
+
+std::optional<std::string> split_dim_problem(std::uint32_t kv_cache_dim) {
+  if (kv_cache_dim % 64 == 0 && kv_cache_dim <= kMaxDim) return std::nullopt;
+  return fmt::format("kv_cache_dim {} is not a multiple of 64 up to {}", kv_cache_dim, kMaxDim);
 }
 
 std::uint32_t split_shared_bytes(std::uint32_t rows, std::uint32_t dim, std::uint32_t raw_pitch) {

@@ -225,6 +225,11 @@ struct WgmmaBlock {
 };
 WgmmaBlock wgmma_block(std::string_view entry);
 
+/// The split kernels' block shapes (kernels/mla_fast.cu): rows_per_block 16, 32, 48 or 64 heads;
+/// kv_cache_dim a multiple of 64 up to 576. The rule the value breaks, or none; the launchers
+/// refuse such a value with it (`invalid_argument`), and `case_unavailable` leaves it to them.
+std::optional<std::string> split_rows_problem(std::uint32_t rows_per_block);
+std::optional<std::string> split_dim_problem(std::uint32_t kv_cache_dim);
 /// Bytes of one key's cache bytes in a staged tile (FP8: K and V rows; NVFP4: their data and
 /// scales, padded to 16).
 std::uint32_t split_raw_pitch(KvFormat format, std::uint32_t kv_cache_dim);
