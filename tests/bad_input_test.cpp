@@ -2245,6 +2245,11 @@ TEST_CASE("bad input: a command's option given before its command or to another 
            {"info --backend emu", "metrale info does not take --backend; the commands that take it: replay, "},
            {"bench --report x", "metrale bench does not take --report; the commands that take it: conform"},
            {"case --backend emu", "--backend goes after the command (metrale case run --backend ...)"},
+           // Given a value, a command that takes one: bench's --json FILE, not replay's flag --json
+           // (the adversarial trial, forty-fourth session); without one, replay's flag.
+           {"--json out.json", "--json goes after the command (metrale bench --json ...)"},
+           {"--json=out.json", "--json goes after the command (metrale bench --json ...)"},
+           {"--json", "--json goes after the command (metrale replay --json ...)"},
            {"--only wgmma conform",
             "--only goes after the command (metrale conform --only ...); the commands that "
             "take it: conform, bench"}}) {

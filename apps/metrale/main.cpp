@@ -97,11 +97,20 @@ std::string first_plain_word(const CLI::App& app, const std::vector<std::string>
 // place of CLI11's "not expected" line).
 std::vector<std::string> where_options_go(const CLI::App& app) {
   std::vector<std::string> lines;
-  for (const std::string& word : app.remaining()) {
+  const std::vector<std::string> words = app.remaining();
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
     const std::string name = word.substr(0, word.find('='));
     if (name.size() < 2 || name[0] != '-' || app.get_option_no_throw(name) != nullptr) continue;
+    // Given a value ("--json out.json", "--json=out.json"): the example is a command that takes
+    // one (bench's FILE, not replay's flag; the adversarial trial, forty-fourth session).
+    const bool valued = word.size() > name.size() || (i + 1 < words.size() && !words[i + 1].starts_with("-"));
     std::vector<std::string> takers;
-    for (const auto& [command, option] : commands_taking(app, name)) takers.push_back(command);
+    std::string example;
+    for (const auto& [command, option] : commands_taking(app, name)) {
+      takers.push_back(command);
+      if (example.empty() && (!valued || option->get_items_expected_max() > 0)) example = command;
+    }
     if (takers.empty()) continue;
     std::string given = given_commands(app);  // as the example where it takes the option
     // A group given (case) whose command takes it (case run): where it goes in that command.
@@ -113,7 +122,8 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
                                   fmt::join(takers, ", ")));
     else
       lines.push_back(fmt::format("{} goes after the command (metrale {} {} ...); the commands that take it: {}", name,
-                                  given.empty() ? takers.front() : given, name, fmt::join(takers, ", ")));
+                                  given.empty() ? (example.empty() ? takers.front() : example) : given, name,
+                                  fmt::join(takers, ", ")));
   }
   return lines;
 }
