@@ -76,8 +76,12 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     ++files;
     const std::string stem = e.path().stem().string();
     const auto digits = stem.find_first_not_of("0123456789");
-    if (digits == 0 || digits == std::string::npos || stem[digits] != '_' || digits > 19) continue;
-    next_ = std::max<std::uint64_t>(next_, std::stoull(stem.substr(0, digits)) + 1);  // < 10^19 + 1
+    if (digits == 0 || digits == std::string::npos || stem[digits] != '_') continue;
+    // Leading zeros count for nothing; a number of 20 digits or more is past the last one
+    // (kMaxCases − 1), as the most a number may be (before, such a file was not counted).
+    const auto lead = std::min(stem.find_first_not_of('0'), digits - 1);
+    const std::uint64_t number = digits - lead > 19 ? kMaxCases : std::stoull(stem.substr(lead, digits - lead)) + 1;
+    next_ = std::max<std::uint64_t>(next_, std::min(number, kMaxCases));
   }
   if (files > 0 && next_ >= kMaxCases)
     spdlog::warn("recorder: {} already holds {} case file{}, one numbered {}: no number is left for a new one",

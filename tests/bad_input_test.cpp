@@ -2604,4 +2604,19 @@ TEST_CASE("bad input: the recorder stops before a case number it could not read 
   CHECK_THAT(out, !Catch::Matchers::Contains("numbered from"));
   // Nothing overwritten, no partial file.
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator{}) == 2);
+  // Numbers of 20 digits or more (the adversarial trial, forty-fourth session: not counted, so
+  // numbering went on below them): leading zeros count for nothing, anything more is past the last.
+  TempPath other("_rec20");
+  std::filesystem::create_directories(other.path);
+  recorded_decode_case().write(other.path / "0000000000000000000000041_mla_paged_decode_fp8.safetensors");
+  const std::string again = "--record " + other.path.string() + " case run --backend emu " + last.string();
+  out.clear();
+  CHECK(run_cli(again, out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("new ones are numbered from 0042"));
+  CHECK(std::filesystem::exists(other.path / "0042_mla_paged_decode_fp8.safetensors"));
+  recorded_decode_case().write(other.path / "12345678901234567890_mla_paged_decode_fp8.safetensors");
+  out.clear();
+  CHECK(run_cli(again, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no number is left for a new one"));
+  CHECK(std::distance(std::filesystem::directory_iterator(other.path), std::filesystem::directory_iterator{}) == 3);
 }
