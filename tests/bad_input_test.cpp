@@ -1340,6 +1340,8 @@ TEST_CASE("bad input: a file named twice runs once, an empty filter is refused, 
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
   CHECK_THAT(out, !Catch::Matchers::Contains("case-sensitive"));
+  // The outermost folder it made, said (before, a mistyped parent was made without a word).
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --report: created " + root.string()));
   CHECK_FALSE(std::filesystem::exists(root));
   out.clear();  // upper case: the match is case-sensitive, which the error says (fresh-user trial)
   CHECK(run_cli("conform --backend emu --no-golden --only WGMMA16", out) == 2);

@@ -452,6 +452,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       if (ec || !fs::is_directory(made.leaf))
         fail(Errc::invalid_argument, "conform --report {}: not a folder that can be created ({})", opts->report,
              ec ? ec.message() : "a file is in the way");
+      if (!made.root.empty())  // (a mistyped parent would otherwise be made without a word)
+        spdlog::info("conform --report: created {}", printable(made.root.string()));
       with_context("conform --report", [&] {
         for (const char* name : {"report.json", "report.md"}) check_writable(made.leaf / name);
       });
