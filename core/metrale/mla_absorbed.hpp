@@ -105,19 +105,19 @@ struct PagedDecodeNvfp4Args : PagedDecodeCommon {
   std::uint64_t block_stride_bytes = 0;  // bytes per physical block
   std::uint64_t data_section_bytes = 0;  // packed E2M1 data, then one E4M3 scale per 16 values
 };
-/// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): a null
-/// q, k_cache, v_cache, o, block_tables or seq_lens; num_seqs, num_q_heads,
-/// num_kv_heads, q_head_dim, block_size or max_blocks_per_seq 0; num_q_heads
-/// > 2^31 − 1; num_q_heads not
-/// a multiple of num_kv_heads; q_head_dim > kv_cache_dim; num_seqs > 65535;
-/// inv_sqrt_d not finite, or times log2(e) past FP32's range (the kernels' base-2 logits); row width
-/// (num_kv_heads·kv_cache_dim) not a multiple of 16; max_blocks_per_seq·block_size > 2^31 − 1; block_stride_bytes ≥
-/// 2^32; data_section_bytes < block_size·row_width/2; block_stride_bytes < data_section_bytes +
-/// block_size·row_width/16; o sharing a byte with q other than as q itself with q_head_dim = kv_cache_dim (a step in
-/// place, row for row), or with block_tables, seq_lens or the first row of k_cache or v_cache. `unsupported`:
-/// kv_cache_dim > kMaxKvCacheDim. Not checked here (device data, or extents the arguments do not give): o over a pool's
-/// other rows, which the caller must keep apart (PagedKvCache's pools are their own allocations); the block tables'
-/// entries (one outside the pool faults on the emulator, as an out-of-bounds access); seq_lens, which the kernels clamp
+/// Grid [num_q_heads, num_seqs], block 256. Errors (`invalid_argument`): a null q, k_cache,
+/// v_cache, o, block_tables or seq_lens; num_seqs, num_q_heads, num_kv_heads, q_head_dim,
+/// block_size or max_blocks_per_seq 0; num_q_heads > 2^31 − 1; num_q_heads not a multiple of
+/// num_kv_heads; q_head_dim > kv_cache_dim; num_seqs > 65535; inv_sqrt_d not finite, or times
+/// log2(e) past FP32's range (the kernels' base-2 logits); row width (num_kv_heads·kv_cache_dim)
+/// not a multiple of 16; max_blocks_per_seq·block_size > 2^31 − 1; block_stride_bytes ≥ 2^32;
+/// data_section_bytes < block_size·row_width/2; block_stride_bytes < data_section_bytes +
+/// block_size·row_width/16; o sharing a byte with q other than as q itself with q_head_dim =
+/// kv_cache_dim (a step in place, row for row), or with block_tables, seq_lens or the first row of
+/// k_cache or v_cache. `unsupported`: kv_cache_dim > kMaxKvCacheDim. Not checked here (device data,
+/// or extents the arguments do not give): o over a pool's other rows, which the caller must keep
+/// apart (PagedKvCache's pools are their own allocations); the block tables' entries (one outside
+/// the pool faults on the emulator, as an out-of-bounds access); seq_lens, which the kernels clamp
 /// to [0, max_blocks_per_seq·block_size] (SPEC §3: a negative length attends no key, o = 0).
 void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDecodeNvfp4Args& a, Stream stream = 0);
 /// The launcher's rules alone (also the fast path's, which shares the case semantics).
