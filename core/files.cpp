@@ -129,6 +129,10 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   // A file it replaces keeps its permissions (the new file's are the umask's: a private 0600 report
   // would become world-readable).
   const bool replaces = !ec && type == std::filesystem::file_type::regular;
+  // The rename needs only the folder's write permission: a file its user may not write is refused,
+  // as `>` refuses it (adversarial trial, forty-fifth session: bench --json replaced a root-owned
+  // 0644 file, run as nobody in a world-writable folder).
+  if (replaces && ::access(target_.c_str(), W_OK) != 0) cannot_write(target_, errno);
   // Beside the target under its name and a suffix, or, where that would pass the file-name limit
   // (255 bytes) that the target's own name keeps, under a short hidden name.
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));

@@ -517,6 +517,47 @@ TEST_CASE("safetensors parse of a corrupted file throws only metrale::Error", "[
   });
 }
 
+// The rename that puts a staged file in place needs only the folder's write permission: a file its
+// user may not write is refused, as the shell's `>` refuses it (adversarial trial, forty-fifth
+// session: `bench --json` and `conform --report`, run as nobody in a world-writable folder,
+// replaced root's files). As root (CI), the write is tried by a child process that became nobody.
+TEST_CASE("a staged write refuses a file its user may not write", "[safetensors][files]") {
+  const TempFolder scratch("metrale_staged_perm_");
+  const auto target = scratch.dir / "report.json";
+  metrale::write_file(target, std::as_bytes(std::span(std::string_view("old"))));
+  using std::filesystem::perms;
+  std::filesystem::permissions(scratch.dir, perms::all);  // anyone may create files in the folder
+  std::filesystem::permissions(target, perms::owner_read | perms::group_read | perms::others_read);
+  // 0: refused with the reason; 1: refused otherwise; 2: written; 3: the setup failed.
+  auto attempt = [&]() -> int {
+    try {
+      metrale::StagedFile(target, std::string_view("new")).commit();
+      return 2;
+    } catch (const metrale::Error& e) {
+      const std::string what = e.what();
+      return what.find("cannot write " + target.string()) != std::string::npos &&
+                     what.find("Permission denied") != std::string::npos
+                 ? 0
+                 : 1;
+    }
+  };
+  int outcome = 3;
+  if (::geteuid() != 0) {
+    outcome = attempt();
+  } else {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) ::_exit(::setgid(65534) == 0 && ::setuid(65534) == 0 ? attempt() : 3);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    outcome = WEXITSTATUS(status);
+  }
+  CHECK(outcome == 0);
+  CHECK(TempFolder::slurp(target) == "old");
+  CHECK(scratch.entries() == 1);  // no staged file left behind
+}
+
 TEST_CASE("staged writes replace a file whole, or leave it and nothing else", "[safetensors][files]") {
   const TempFolder scratch("metrale_staged_");
   const auto& dir = scratch.dir;

@@ -23,7 +23,8 @@ namespace metrale {
 /// its permission bits (the new file has them from the start); a new one has the umask's. Errors:
 /// `invalid_argument` "cannot write <target> (<reason>)" when it cannot be created or written,
 /// or when something other than a regular file is at the target (a symbolic link, a FIFO, a
-/// device: the rename would replace it); nothing is then left behind.
+/// device: the rename would replace it), or a file the user may not write (access(2) W_OK: the
+/// rename needs only the folder's permission); nothing is then left behind.
 class StagedFile {
  public:
   StagedFile(std::filesystem::path target, std::span<const std::byte> bytes);
