@@ -269,13 +269,11 @@ void mla_paged_decode_nvfp4(GpuBackend& gpu, KernelHandle kernel, const PagedDec
 void validate(const PagedDecodeFp8Args& a) {
   const Validator v{"mla_paged_decode_fp8"};
   validate_paged_decode(v, a);
-  v.positive_finite("k_scale", a.k_scale);
-  v.positive_finite("v_scale", a.v_scale);
   // Every path works in FP32: the largest code (448) times a scale, and the softmax scale times
-  // the K scale (the split path's logit scale) times log2(e), must be finite, else the step is inf and NaN.
-  for (const auto& [name, scale] : {std::pair{"k_scale", a.k_scale}, {"v_scale", a.v_scale}})
-    v.check(std::isfinite(kE4m3Max * scale), "{} {} times the largest E4M3 code ({}) is past FP32's range", name, scale,
-            kE4m3Max);
+  // the K scale (the split path's logit scale) times log2(e), must be finite, else the step is inf
+  // and NaN.
+  v.e4m3_scale("k_scale", a.k_scale);
+  v.e4m3_scale("v_scale", a.v_scale);
   v.check(std::isfinite(a.inv_sqrt_d * a.k_scale * kLog2e),
           "inv_sqrt_d {} times k_scale {} (the logit scale) times log2(e) is past FP32's range", a.inv_sqrt_d,
           a.k_scale);

@@ -676,7 +676,7 @@ void launch_fused_fp8(GpuBackend& gpu, KernelHandle kernel, const FusedDecodeFp8
   s.o_partial = s.ml_partial = {};  // not used
   validate_split_fp8(v, s, false);
   validate_fused_shape(v, s, a.o, rows);
-  v.positive_finite("v_scale", a.v_scale);
+  v.e4m3_scale("v_scale", a.v_scale);
   validate_fused_entry(v, gpu, kernel, s, a.sinks, a.o, entry, entry == std::string_view(kFusedLatentEntry),
                        s.comp_pool, s.comp_pool ? s.comp_block_count : 0);
   KernelLaunch l(gpu, kernel);
@@ -732,7 +732,7 @@ void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const Combin
               {"num_seqs", a.num_seqs}});
   v.at_most("num_seqs", a.num_seqs, detail::kMaxGridYZ);
   v.at_most("num_q_heads", a.num_q_heads, detail::kMaxGridX);
-  v.positive_finite("v_scale", a.v_scale);
+  v.e4m3_scale("v_scale", a.v_scale);
   using detail::saturating_product;
   v.disjoint(
       {"o", a.o, saturating_product({a.num_seqs, a.num_q_heads, a.kv_cache_dim, 2})},

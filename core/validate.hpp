@@ -19,6 +19,7 @@
 #include "metrale/backend.hpp"
 #include "metrale/device.hpp"
 #include "metrale/error.hpp"
+#include "metrale/formats.hpp"
 
 namespace metrale {
 struct BatchedGemvArgs;
@@ -95,6 +96,14 @@ struct Validator {
   void positive_finite(const char* name, float value) const {
     if (!std::isfinite(value) || value <= 0.0f)
       fail(Errc::invalid_argument, "{}: {} {} is not a finite positive number", kernel, name, value);
+  }
+  /// An E4M3 cache's scale `name` (dequantised = code · scale): finite and positive, and the
+  /// largest code (448) times it finite in FP32, as every kernel multiplies in FP32 (else o is inf).
+  void e4m3_scale(const char* name, float value) const {
+    positive_finite(name, value);
+    if (!std::isfinite(kE4m3Max * value))
+      fail(Errc::invalid_argument, "{}: {} {} times the largest E4M3 code ({}) is past FP32's range", kernel, name,
+           value, kE4m3Max);
   }
   /// A softmax's logit scale `name`: finite, and finite again times log2(e) in FP32, as the wgmma
   /// kernels take their logits to base 2 (a scale past 2.36e38 made every logit inf and o NaN,

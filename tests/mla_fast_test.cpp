@@ -788,6 +788,13 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     g.o = {};
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
                         Errc::invalid_argument, {"o is null"});
+    // A v_scale the seed kernel refuses (448 times it past FP32), refused here too: it had written
+    // ±inf (the adversarial trial, forty-fifth session).
+    FusedDecodeFp8Args h = f;
+    h.split.num_splits = 1, h.v_scale = 3.4e38f;
+    test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, h); },
+                        Errc::invalid_argument,
+                        {"mla_paged_decode_wgmma16_rs_combine_fp8: v_scale 3.4e+38 times the largest E4M3 code (448)"});
     g.o = g.split.q + 64 * 576;  // q's second row
     test::require_error([&] { mla_paged_decode_wgmma16_rs_combine_fp8(gpu, fast.wgmma16_rs_combine_fp8, g); },
                         Errc::invalid_argument, {"which overlaps q's", "num_q_heads"});

@@ -254,8 +254,8 @@ bool split_fits(std::uint32_t max_shared_bytes, std::uint32_t kv_cache_dim);
 /// o_partial and ml_partial; rows_per_block not 16; num_splits above 8; `o` null, not 8-byte
 /// aligned or overlapping q (a cluster's blocks read q while others write o; the dispatcher
 /// takes the two kernels for a step in place), or overlapping sinks, the tables or a pool's first
-/// row (as the partials may not); v_scale not finite or ≤ 0; `kernel` not this entry. Source:
-/// SPEC §3 (the decode), docs/performance.md (the cluster combine).
+/// row (as the partials may not); v_scale not finite or ≤ 0, or 448 times it past FP32;
+/// `kernel` not this entry. Source: SPEC §3 (the decode), docs/performance.md (the cluster combine).
 ///
 /// mla_paged_decode_wgmma_combine_fp8: the same for mla_paged_decode_wgmma_fp8's 64-head blocks
 /// (rows_per_block 64, grid [num_splits, ⌈num_q_heads/64⌉, num_seqs], block 256, one per SM),
@@ -297,7 +297,8 @@ struct CombineArgs {
 /// Grid [num_q_heads, num_seqs, combine_dim_blocks(a, SMs)], block 256; launched early, it waits
 /// for the split kernel ahead of it before it reads the partials, and lets the kernel behind it
 /// start. Errors (`invalid_argument`): a null pointer other than
-/// sinks; a zero count; v_scale not finite or ≤ 0.
+/// sinks; a zero count; v_scale not finite or ≤ 0, or 448 (the largest E4M3 code) times it past
+/// FP32.
 void mla_paged_decode_combine(GpuBackend& gpu, KernelHandle kernel, const CombineArgs& a, Stream stream = 0);
 /// Blocks per (sequence, head) of the combine, each taking a run of the 64-dim tiles: enough for
 /// eight 256-thread blocks per SM (at one sequence of 16 heads on 132 SMs, 9 for 576 dims), at

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "arb.hpp"
 #include "launchers.hpp"
 #include "props.hpp"  // emulated_multiprocessors
 
@@ -158,6 +159,18 @@ std::function<BrokenRule(Args&)> scale_rule(const char* kernel, const char* name
     return BrokenRule{fmt::format("{} {}", name, a.*field),
                       Errc::invalid_argument,
                       {kernel, fmt::format("{} {} is not a finite positive number", name, a.*field)}};
+  };
+}
+
+// An E4M3 scale whose product with the largest code (448) is past FP32's range.
+template <class Args>
+std::function<BrokenRule(Args&)> e4m3_scale_rule(const char* kernel, const char* name, float Args::*field) {
+  return [=](Args& a) {
+    a.*field = std::numeric_limits<float>::max() / arb_scale(2.0f, 447.0f);  // (arb_scale's span × 10^6 is finite)
+    return BrokenRule{
+        fmt::format("{} x 448 past FP32", name),
+        Errc::invalid_argument,
+        {kernel, fmt::format("{} {} times the largest E4M3 code (448) is past FP32's range", name, a.*field)}};
   };
 }
 

@@ -410,14 +410,8 @@ Def<PagedDecodeFp8Args> decode_fp8() {
   d.rules = common_rules<A>(kn);
   d.rules.push_back(scale_rule<A>(kn, "k_scale", &A::k_scale));
   d.rules.push_back(scale_rule<A>(kn, "v_scale", &A::v_scale));
-  for (const auto& [name, field] : {std::pair{"k_scale", &A::k_scale}, {"v_scale", &A::v_scale}})
-    d.rules.push_back([kn, name, field](A& a) {
-      a.*field = std::numeric_limits<float>::max() / arb_scale(2.0f, 447.0f);  // (arb_scale's span × 10^6 is finite)
-      return BrokenRule{
-          fmt::format("{} x 448 past FP32", name),
-          Errc::invalid_argument,
-          {kn, fmt::format("{} {} times the largest E4M3 code (448) is past FP32's range", name, a.*field)}};
-    });
+  d.rules.push_back(e4m3_scale_rule<A>(kn, "k_scale", &A::k_scale));
+  d.rules.push_back(e4m3_scale_rule<A>(kn, "v_scale", &A::v_scale));
   d.rules.push_back([kn](A& a) {
     a.k_scale = arb_scale(1e20f, 1e30f);
     // From 0.7 of FP32's largest, the product times log2(e) (the kernels' base-2 logits) is past it.

@@ -430,7 +430,8 @@ Def<CombineArgs> combine() {
              zero_rule<A>(kn, "num_seqs", &A::num_seqs),
              over_rule<A>(kn, "num_seqs", &A::num_seqs, 65535),
              over_rule<A>(kn, "num_q_heads", &A::num_q_heads, kI32Max),
-             scale_rule<A>(kn, "v_scale", &A::v_scale)};
+             scale_rule<A>(kn, "v_scale", &A::v_scale),
+             e4m3_scale_rule<A>(kn, "v_scale", &A::v_scale)};
   return d;
 }
 
