@@ -1141,6 +1141,20 @@ TEST_CASE("bad input: a DeepSeek decoder config is checked when the decoder is b
       require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
                     {fmt::format("softmax_scale {} is not a finite positive number", scale)});
     }
+    // Finite, but past FP32 times log2(e), the kernels' base-2 logits: named here, not by the
+    // decode launcher's inv_sqrt_d after the prefill (the adversarial trial, forty-fifth session).
+    DeepseekMlaConfig cfg = t.config();
+    cfg.softmax_scale = 3e38f;
+    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
+                  {"deepseek mla: softmax_scale 3e+38 times log2(e) is past FP32's range"});
+    // Each finite, the FP8 logit scale (softmax_scale × k_scale) not.
+    PagedCacheConfig pc = t.cache.config();
+    pc.k_scale = pc.v_scale = 1e30f;
+    PagedKvCache big(t.gpu, pc);
+    cfg.softmax_scale = 1e20f;
+    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, big); }, Errc::invalid_argument,
+                  {"deepseek mla: softmax_scale 1e+20 times the cache's k_scale 1e+30 times log2(e) is past FP32's "
+                   "range"});
   }
   SECTION("rope_theta, when rotating") {
     DeepseekMlaConfig cfg = t.config();

@@ -49,7 +49,9 @@ class DeepseekMlaDecoder {
   /// dimension (rope included), kv_lora + rope or nope + rope past 2^32 − 1,
   /// kv_lora + rope past kMaxKvCacheDim (1024), heads past 65535, an odd rope
   /// when rotating, a softmax_scale (or,
-  /// when rotating, a rope_theta) that is not finite and > 0, a cache whose
+  /// when rotating, a rope_theta) that is not finite and > 0, a softmax_scale
+  /// that times log2(e) (and, on an FP8 cache, times its k_scale) passes FP32's
+  /// range (the decode kernels' base-2 logits), a cache whose
   /// kv_cache_dim is not kv_lora + rope, that has more than one KV head or that
   /// lives on another backend; the backend's.
   DeepseekMlaDecoder(GpuBackend& gpu, DeepseekMlaConfig cfg, std::span<const Bf16> w_uk, std::span<const Bf16> w_uv,
