@@ -71,7 +71,13 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
   // Numbering continues after the highest number already there (NNNN_<entry>), so a second run
   // never overwrites a case of the first, even one whose earlier neighbours were deleted.
   std::uint64_t files = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+  std::error_code ec;
+  // (A folder it may not list, mode 0333: named, where it had been the library's internal error.)
+  std::filesystem::directory_iterator it(dir_, ec);
+  if (ec)
+    fail(Errc::invalid_argument, "recorder: cannot list {} to number its cases ({})", printable(dir_.string()),
+         ec.message());
+  for (const auto& e : it) {
     if (e.path().extension() != ".safetensors") continue;
     ++files;
     const std::string stem = e.path().stem().string();

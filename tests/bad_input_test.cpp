@@ -2595,6 +2595,37 @@ TEST_CASE("bad input: conform reports an unreadable golden file as a failed case
   CHECK_THAT(out, !Catch::Matchers::Contains("zq_broken"));
 }
 
+// A folder the recorder may write in but not list (mode 0333): named, where it had been the
+// library's "internal" filesystem error (the adversarial trial, forty-fifth session). As root
+// (CI), who lists any folder, the CLI runs as nobody (util-linux's setpriv).
+TEST_CASE("bad input: the recorder names a folder it cannot list", "[bad_input][cli]") {
+  TempPath dir("_rec_noread");
+  std::filesystem::create_directories(dir.path);
+  std::filesystem::permissions(dir.path, std::filesystem::perms::owner_write | std::filesystem::perms::owner_exec |
+                                             std::filesystem::perms::group_write | std::filesystem::perms::group_exec |
+                                             std::filesystem::perms::others_write |
+                                             std::filesystem::perms::others_exec);
+  // The CLI and its case file copied where nobody may reach them (the checkout may lie under a
+  // folder only root may enter).
+  TempPath reach("_reach");
+  std::filesystem::create_directories(reach.path);
+  std::filesystem::permissions(reach.path, std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                                               std::filesystem::perms::group_exec |
+                                               std::filesystem::perms::others_read |
+                                               std::filesystem::perms::others_exec);
+  std::filesystem::copy_file(METRALE_CLI, reach.path / "metrale");
+  const auto file = reach.path / "case.safetensors";
+  recorded_decode_case().write(file);
+  const std::string as = ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
+  std::string out;
+  CHECK(run_command(as + (reach.path / "metrale").string() + " --record " + dir.path.string() +
+                        " case run --backend emu " + file.string(),
+                    out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): recorder: cannot list " + dir.path.string() +
+                                            " to number its cases (Permission denied)"));
+  std::filesystem::permissions(dir.path, std::filesystem::perms::owner_all);  // (for the cleanup)
+}
+
 TEST_CASE("bad input: the recorder stops before a case number it could not read back", "[bad_input][cli]") {
   // Before: numbers past 18 digits were not read back, so a later run numbered from the same
   // place again and overwrote the earlier run's cases.
