@@ -1855,6 +1855,23 @@ TEST_CASE("bad input: metrale case run reports path errors and empty folders", "
     CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument)"));
     CHECK_THAT(out, !Catch::Matchers::Contains("terminate"));
   }
+  SECTION("a path that is not there") {
+    // Before (fresh-user trial, forty-fifth session): a table row with an empty name for "nosuch/",
+    // and the other paths run; now said before anything runs, with the folder it is relative to.
+    std::string out;
+    CHECK(run_cli("case run --backend emu nosuch/ " +
+                      (std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels").string() +
+                      " nosuch2.safetensors",
+                  out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("error (not_found): case run: nosuch/, nosuch2.safetensors do not exist "
+                                              "(relative paths are from " +
+                                              std::filesystem::current_path().string() + ")"));
+    CHECK_THAT(out, !Catch::Matchers::Contains("case file"));  // no table
+    out.clear();  // a model case's path, likewise with the folder it is relative to
+    CHECK(run_cli("replay --backend emu nosuch.safetensors", out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains("safetensors file nosuch.safetensors does not exist (relative to " +
+                                              std::filesystem::current_path().string() + ")"));
+  }
   SECTION("a folder without case files") {
     // Before: "0 files on emu: PASS", exit 0.
     TempPath dir("_dir");

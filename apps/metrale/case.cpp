@@ -34,6 +34,15 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
       ->check(backend_name());
   run->callback([opts, set_exit] {
+    // A path that is not there at all: said before anything runs (it had been a table row of an
+    // empty name for "nosuch/": fresh-user trial, forty-fifth session).
+    std::vector<std::string> missing;
+    for (const auto& f : opts->files)
+      if (std::error_code ec; std::filesystem::symlink_status(f, ec).type() == std::filesystem::file_type::not_found)
+        missing.push_back(printable(f));
+    if (std::error_code ec; !missing.empty())
+      fail(Errc::not_found, "case run: {} {} not exist (relative paths are from {})", fmt::join(missing, ", "),
+           missing.size() == 1 ? "does" : "do", printable(std::filesystem::current_path(ec).string()));
     std::vector<std::filesystem::path> files;
     for (const auto& f : opts->files) {
       std::error_code ec;
