@@ -2196,12 +2196,12 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"bogus", "metrale: unknown command 'bogus'; the commands: replay, info, case, conform, bench"},
            {"case bogus", "metrale case: unknown command 'bogus'; the commands: run"},
-           {"replay --bogus", "not expected: --bogus"},
-           {"case run --bogus", "not expected: --bogus"},
+           {"replay --bogus", "metrale replay: unknown option --bogus (metrale replay --help lists its options)"},
+           {"case run --bogus", "metrale case run: unknown option --bogus"},
            // none given: CLI11's line and the commands
            {"", "A subcommand is required\nThe commands of metrale: replay, info, case, conform, bench"},
            {"case", "A subcommand is required\nThe commands of metrale case: run (metrale case COMMAND --help)"},
-           {"--bogus", "not expected: --bogus\nThe commands of metrale: replay, "},
+           {"--bogus", "metrale: unknown option --bogus (metrale --help lists its options)"},
            // An option's value is not the command, and the command after it is named too (carried
            // since the forty-third session: only the option was).
            {"--backend emu bogus",
@@ -2296,6 +2296,27 @@ TEST_CASE("bad input: a command's option given before its command or to another 
   std::string out;  // an option no command takes gets no such line
   CHECK(run_cli("--bogus info", out) > 100);
   CHECK_THAT(out, !Catch::Matchers::Contains("goes after the command"));
+  // but is named, with the command's nearest option within two edits (fresh-user trial,
+  // forty-fifth session: CLI11's "not expected: kimi-k3 --modle", last word first)
+  CHECK_THAT(out, Catch::Matchers::Contains("metrale info: unknown option --bogus (metrale info --help lists"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("did you mean"));
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"replay x --modle kimi-k3", "metrale replay: unknown option --modle; did you mean --model?"},
+           {"case run --backnd emu x", "metrale case run: unknown option --backnd; did you mean --backend?"},
+           {"--recrod d info", "metrale info: unknown option --recrod; did you mean --record?"}}) {
+    INFO(args);
+    out.clear();
+    CHECK(run_cli(args, out) > 100);
+    CHECK_THAT(out, Catch::Matchers::Contains(want));
+    CHECK_THAT(out, !Catch::Matchers::Contains("not expected"));
+  }
+  // --record that took the command as its folder: said so beside the unknown command
+  out.clear();
+  CHECK(run_cli("--record replay x.safetensors", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("unknown command 'x.safetensors'"));
+  CHECK_THAT(out,
+             Catch::Matchers::Contains(
+                 "--record took 'replay' as its folder: the folder comes first (metrale --record DIR replay ...)"));
   // Any other outcome stays what it was, the hint after an error's line (the diff review: --help
   // printed only the hint, and another option's error was dropped).
   out.clear();

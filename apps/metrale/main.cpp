@@ -92,6 +92,41 @@ std::string first_plain_word(const CLI::App& app, const std::vector<std::string>
   return "";
 }
 
+// The edit distance between two option names (insertions, deletions, substitutions).
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// An option no command takes ("replay FILE --modle kimi-k3"): named, with the given command's
+// option nearest to it where one is within two edits (fresh-user trial, forty-fifth session:
+// CLI11 had said "not expected: kimi-k3 --modle", last word first).
+std::string unknown_option_line(const CLI::App& app, const std::string& name) {
+  const CLI::App* cmd = &app;
+  while (!cmd->get_subcommands().empty()) cmd = cmd->get_subcommands().front();
+  std::string nearest;
+  std::size_t best = 3;
+  for (const CLI::App* at = cmd; at != nullptr; at = at->get_parent())  // its own, then the top's
+    for (const CLI::Option* o : at->get_options())
+      for (const std::string& long_name : o->get_lnames())
+        if (const std::size_t d = edit_distance(name, "--" + long_name); d < best) best = d, nearest = "--" + long_name;
+  const std::string given = given_commands(app);
+  return fmt::format("{}: unknown option {}{} ({} --help lists its options)",
+                     given.empty() ? "metrale" : "metrale " + given, metrale::printable(name),
+                     nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest),
+                     given.empty() ? "metrale" : "metrale " + given);
+}
+
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
 // command given before the command, a line naming the commands that take it (main prints them in
 // place of CLI11's "not expected" line).
@@ -111,7 +146,10 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
       takers.push_back(command);
       if (example.empty() && (!valued || option->get_items_expected_max() > 0)) example = command;
     }
-    if (takers.empty()) continue;
+    if (takers.empty()) {
+      if (name.starts_with("--")) lines.push_back(unknown_option_line(app, name));
+      continue;
+    }
     std::string given = given_commands(app);  // as the example where it takes the option
     // A group given (case) whose command takes it (case run): where it goes in that command.
     const auto under = std::find_if(takers.begin(), takers.end(),
@@ -196,6 +234,13 @@ int main(int argc, char** argv) {
       if (const std::string word = first_plain_word(app, extra); !word.empty()) {
         hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path, metrale::printable(word),
                                     fmt::join(commands, ", ")));
+        // "metrale --record replay FILE": --record took the command as its folder (fresh-user trial,
+        // forty-fifth session).
+        if (std::find(commands.begin(), commands.end(), record_dir) != commands.end())
+          hints.push_back(
+              fmt::format("--record took '{}' as its folder: the folder comes first (metrale --record DIR "
+                          "{} ...)",
+                          record_dir, record_dir));
       } else if (hints.empty()) {  // none given, or an option before it: CLI11's line, then the commands
         hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());
         hints.push_back(
