@@ -2310,6 +2310,12 @@ TEST_CASE("bad input: a command's option given before its command or to another 
     CHECK_THAT(out, Catch::Matchers::Contains(want));
     CHECK_THAT(out, !Catch::Matchers::Contains("not expected"));
   }
+  // A flag given a value, which took the command's argument's place: said so after CLI11's line
+  // (the adversarial trial, forty-fifth session: only the file was named, as not expected)
+  out.clear();
+  CHECK(run_cli("replay --json out.json x.safetensors", out) > 100);
+  CHECK_THAT(out, Catch::Matchers::Contains("not expected: x.safetensors\n--json is a flag and takes no value: "
+                                            "'out.json' was read as the next argument"));
   // --record that took the command as its folder: said so beside the unknown command
   out.clear();
   CHECK(run_cli("--record replay x.safetensors", out) > 100);

@@ -226,6 +226,15 @@ int main(int argc, char** argv) {
     // --help's text not at all.
     std::vector<std::string> hints = where_options_go(app);
     const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+    // "replay --json out.json FILE": a flag given a value, which then took the command's argument's
+    // place (the adversarial trial, forty-fifth session: only the FILE was named, as not expected).
+    for (int i = 1; not_expected && i + 1 < argc; ++i) {
+      const CLI::Option* o = argv[i][0] == '-' ? last->get_option_no_throw(argv[i]) : nullptr;
+      if (o == nullptr || o->get_items_expected_max() != 0 || argv[i + 1][0] == '-') continue;
+      if (hints.empty()) hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());  // what is left over
+      hints.push_back(fmt::format("{} is a flag and takes no value: '{}' was read as the next argument", argv[i],
+                                  metrale::printable(argv[i + 1])));
+    }
     if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
       const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
       std::vector<std::string> commands;
