@@ -192,7 +192,7 @@ TEST_CASE("mla_batched_gemv: every validation rule", "[validation]") {
   }
 }
 
-TEST_CASE("the two GEMV launchers refuse each other's kernel; the wide one a misaligned input or weight",
+TEST_CASE("the two GEMV launchers refuse each other's kernel, the wide one a misaligned input or weight",
           "[validation]") {
   // Before (adversarial helper, thirty-sixth session): the wide launcher ran the seed kernel (the
   // same parameters) over a grid sized for its own rows per block, leaving half of the output
