@@ -2597,6 +2597,33 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
   CHECK(nlohmann::json::parse(in).at("precious") == 1);
 }
 
+// Golden folders with a file of the same name: a copy is skipped with a note, a file that differs
+// is an error (the adversarial trial, forty-fifth session: an edited copy in METRALE_GOLDEN_DIR was
+// skipped with only a note, and the run read PASS).
+TEST_CASE("bad input: conform refuses same-named golden files that differ", "[bad_input][cli]") {
+  TempPath cases("_dup_cases"), first("_dup_golden_a"), second("_dup_golden_b");
+  for (const auto* d : {&cases, &first, &second}) std::filesystem::create_directories(d->path);
+  recorded_decode_case().write(cases.path / "k.safetensors");
+  write_bytes(first.path / "zq_dup.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  write_bytes(second.path / "zq_dup.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  const std::string args = "conform --backend emu --only zq --cases " + cases.path.string() + " --golden " +
+                           first.path.string() + " " + second.path.string();
+  std::string out;
+  CHECK(run_cli(args, out) == 2);  // (the file itself is no case: its one replay fails)
+  CHECK_THAT(out,
+             Catch::Matchers::Contains("note: conform: golden case " + (second.path / "zq_dup.safetensors").string() +
+                                       " skipped: " + (first.path / "zq_dup.safetensors").string() +
+                                       ", a copy of it, runs under that name"));
+  write_bytes(second.path / "zq_dup.safetensors", std::vector<std::byte>(4, std::byte{0x42}));
+  out.clear();
+  CHECK(run_cli(args, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): conform: golden case " +
+                                            (second.path / "zq_dup.safetensors").string() + " differs from " +
+                                            (first.path / "zq_dup.safetensors").string() +
+                                            ", which runs under that name: rename one, or name one folder (--golden)"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("FAIL golden"));  // refused before anything runs
+}
+
 TEST_CASE("bad input: conform reports an unreadable golden file as a failed case and a name that is not UTF-8",
           "[bad_input][cli]") {
   // Before: the unreadable golden file ended the run with an error and no report; a case file whose
