@@ -510,15 +510,17 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
           // said where --only would have picked the file (its name), as below
           if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
-          // Only a copy of it: a file that differs would go unchecked under a PASS (the adversarial
-          // trial, forty-fifth session: an edited copy in METRALE_GOLDEN_DIR, only a note said so).
-          if (!same_bytes(f, it->second))
+          // A folder the user named skips only a copy: a file of theirs that differs would go
+          // unchecked under a PASS (the adversarial trial, forty-fifth session: an edited copy in
+          // METRALE_GOLDEN_DIR behind the working folder's cases/golden, only a note said so).
+          const bool copy = named && same_bytes(f, it->second);
+          if (named && !copy)
             fail(Errc::invalid_argument,
                  "conform: golden case {} differs from {}, which runs under that name: rename one, or name one "
                  "folder (--golden)",
                  printable(f.string()), printable(it->second.string()));
-          fmt::print(stderr, "note: conform: golden case {} skipped: {}, a copy of it, runs under that name\n",
-                     printable(f.string()), printable(it->second.string()));
+          fmt::print(stderr, "note: conform: golden case {} skipped: {}{} runs under that name\n",
+                     printable(f.string()), printable(it->second.string()), copy ? ", a copy of it," : "");
           continue;
         }
         seen.emplace(f.filename().string(), f);
