@@ -132,7 +132,7 @@ StagedFile::StagedFile(std::filesystem::path target, std::span<const std::byte> 
   // The rename needs only the folder's write permission: a file its user may not write is refused,
   // as `>` refuses it (adversarial trial, forty-fifth session: bench --json replaced a root-owned
   // 0644 file, run as nobody in a world-writable folder).
-  if (replaces && ::access(target_.c_str(), W_OK) != 0) cannot_write(target_, errno);
+  if (replaces && ::faccessat(AT_FDCWD, target_.c_str(), W_OK, AT_EACCESS) != 0) cannot_write(target_, errno);
   // Beside the target under its name and a suffix, or, where that would pass the file-name limit
   // (255 bytes) that the target's own name keeps, under a short hidden name.
   const std::string suffix = fmt::format(".part-{}-{}", ::getpid(), g_next_part.fetch_add(1));
@@ -238,6 +238,13 @@ bool StagedFile::commit_new() {
 
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   StagedFile(path, bytes).commit();
+}
+
+std::string relative_note(const std::filesystem::path& path) {
+  if (!path.is_relative()) return "";
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  return ec ? " (relative to a working folder that is gone)" : fmt::format(" (relative to {})", cwd.string());
 }
 
 std::filesystem::path file_key(const std::filesystem::path& path) {

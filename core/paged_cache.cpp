@@ -57,16 +57,10 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
            slots);
     // The decode launchers' rule, here rather than at the first decode.
     detail::validate_row_offsets(detail::Validator{"paged cache"}, cfg.block_size, cfg.cache_stride, "cache_stride");
-    if (!std::isfinite(cfg.k_scale) || cfg.k_scale <= 0)
-      fail(Errc::invalid_argument, "paged cache: k_scale {} is not a finite positive number", cfg.k_scale);
-    if (!std::isfinite(cfg.v_scale) || cfg.v_scale <= 0)
-      fail(Errc::invalid_argument, "paged cache: v_scale {} is not a finite positive number", cfg.v_scale);
     // The decode launchers' rule, here rather than at the first decode: a stored code times its
     // scale stays finite in FP32.
-    for (const auto& [name, scale] : {std::pair{"k_scale", cfg.k_scale}, {"v_scale", cfg.v_scale}})
-      if (!std::isfinite(kE4m3Max * scale))
-        fail(Errc::invalid_argument, "paged cache: {} {} times the largest E4M3 code ({}) is past FP32's range", name,
-             scale, kE4m3Max);
+    detail::Validator{"paged cache"}.e4m3_scale("k_scale", cfg.k_scale);
+    detail::Validator{"paged cache"}.e4m3_scale("v_scale", cfg.v_scale);
     if (cfg.latent && cfg.k_scale != cfg.v_scale)
       fail(Errc::invalid_argument, "paged cache: a latent pool has one scale, but k_scale {} and v_scale {} differ",
            cfg.k_scale, cfg.v_scale);

@@ -463,8 +463,7 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found)
-    fail(Errc::not_found, "safetensors file {} does not exist{}", path.string(),
-         path.is_relative() ? fmt::format(" (relative to {})", std::filesystem::current_path(ec).string()) : "");
+    fail(Errc::not_found, "safetensors file {} does not exist{}", path.string(), relative_note(path));
   if (ec) fail(Errc::invalid_argument, "cannot stat {}: {}", path.string(), ec.message());
   if (!std::filesystem::is_regular_file(status))
     fail(Errc::invalid_argument, "{} is not a regular file", path.string());

@@ -36,7 +36,7 @@ inline void require_finite(std::string_view what, std::span<const float> values,
          std::isnan(*bad) ? std::abs(*bad) : *bad, why);  // a NaN's sign bit means nothing: "nan", never "-nan"
 }
 
-/// log2(e) in FP32, as the kernels scale their logits by it (exp2 in place of exp).
+/// log2(e) in FP32, as the wgmma kernels scale their logits by it (exp2 in place of exp).
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 /// The largest position a rope rotates: FP32 holds every integer up to 2^24.
@@ -107,12 +107,13 @@ struct Validator {
   }
   /// A softmax's logit scale `name`: finite, and finite again times log2(e) in FP32, as the wgmma
   /// kernels take their logits to base 2 (a scale past 2.36e38 made every logit inf and o NaN,
-  /// where the reference in double had a finite answer).
+  /// where the reference in double had a finite answer). Every path refuses it, since the
+  /// dispatchers may send a step to those kernels (the seed and mma.sync kernels use expf).
   void logit_scale(const char* name, float value) const {
     if (!std::isfinite(value)) fail(Errc::invalid_argument, "{}: {} {} is not finite", kernel, name, value);
     if (!std::isfinite(value * kLog2e))
-      fail(Errc::invalid_argument, "{}: {} {} times log2(e) (the kernels' base-2 logits) is past FP32's range", kernel,
-           name, value);
+      fail(Errc::invalid_argument, "{}: {} {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's range",
+           kernel, name, value);
   }
   /// A buffer's bytes [ptr, ptr + bytes), for `disjoint`.
   struct Extent {

@@ -73,11 +73,14 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
   std::uint64_t files = 0;
   std::error_code ec;
   // (A folder it may not list, mode 0333: named, where it had been the library's internal error.)
-  std::filesystem::directory_iterator it(dir_, ec);
-  if (ec)
+  const auto cannot_list = [&] {  // (the destructor will not run: the folders it made go now)
+    remove_made();
     fail(Errc::invalid_argument, "recorder: cannot list {} to number its cases ({})", printable(dir_.string()),
          ec.message());
-  for (const auto& e : it) {
+  };
+  std::filesystem::directory_iterator it(dir_, ec);
+  for (; !ec && it != std::filesystem::directory_iterator{}; it.increment(ec)) {
+    const std::filesystem::directory_entry& e = *it;
     if (e.path().extension() != ".safetensors") continue;
     ++files;
     const std::string stem = e.path().stem().string();
@@ -89,6 +92,7 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     const std::uint64_t number = digits - lead > 19 ? kMaxCases : std::stoull(stem.substr(lead, digits - lead)) + 1;
     next_ = std::max<std::uint64_t>(next_, std::min(number, kMaxCases));
   }
+  if (ec) cannot_list();
   if (files > 0 && next_ >= kMaxCases)
     spdlog::warn("recorder: {} already holds {} case file{}, one numbered {}: no number is left for a new one",
                  printable(dir_.string()), files, files == 1 ? "" : "s", kMaxCases - 1);

@@ -18,7 +18,8 @@ class CaseRecorder {
  public:
   /// Records into `dir`, at most `limit_bytes` of case files in all (a recording grows with
   /// every launch: a long replay's can fill a disk). Errors: `invalid_argument` when `dir`
-  /// cannot be created or is not a folder (names it; the folders made by then are removed).
+  /// cannot be created, is not a folder or cannot be listed to number its cases (names it; the
+  /// folders made by then are removed).
   CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes);
   /// Says how many cases it wrote, and where (a warning when none). The folders it made for
   /// `dir` that are empty are removed, deepest first: all of them when it wrote nothing. (Two runs

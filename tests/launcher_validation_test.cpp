@@ -697,7 +697,7 @@ void common_decode_rules(Case& c, Args& a, const char* kn) {
       a.inv_sqrt_d = x;
       reject(bad, {kn, text});
     }
-    // Finite, but not times log2(e) in FP32, the kernels' base-2 logits: every logit inf, o NaN.
+    // Finite, but not times log2(e) in FP32, the wgmma kernels' base-2 logits: every logit inf, o NaN.
     a.inv_sqrt_d = 3e38f;
     reject(bad, {kn, "inv_sqrt_d 3e+38 times log2(e)", "past FP32's range"});
     a.inv_sqrt_d = 2e38f;  // times log2(e) 2.9e38: finite

@@ -729,7 +729,7 @@ TEST_CASE("the wgmma launchers refuse other block shapes, rows, handles and layo
     for (const auto& [x, text] : std::vector<std::pair<float, std::string>>{
              {std::numeric_limits<float>::infinity(), "logit_scale inf is not finite"},
              {std::nanf(""), "logit_scale nan is not finite"},
-             {-3e38f, "logit_scale -3e+38 times log2(e) (the kernels' base-2 logits) is past FP32's range"}}) {
+             {-3e38f, "logit_scale -3e+38 times log2(e) (the wgmma kernels' base-2 logits) is past FP32's range"}}) {
       INFO(text);
       a.logit_scale = x;
       test::require_error([&] { mla_paged_decode_wgmma_fp8(gpu, fast.wgmma_fp8, a); }, Errc::invalid_argument,

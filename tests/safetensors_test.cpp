@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -528,8 +529,11 @@ TEST_CASE("a staged write refuses a file its user may not write", "[safetensors]
   using std::filesystem::perms;
   std::filesystem::permissions(scratch.dir, perms::all);  // anyone may create files in the folder
   std::filesystem::permissions(target, perms::owner_read | perms::group_read | perms::others_read);
-  // 0: refused with the reason; 1: refused otherwise; 2: written; 3: the setup failed.
+  // 0: refused with the reason; 1: refused otherwise; 2: written; 3: the user could not be
+  // changed; 4: the folder is out of the user's reach (a temporary folder under one only root may
+  // enter), so that a refusal would prove nothing.
   auto attempt = [&]() -> int {
+    if (::faccessat(AT_FDCWD, scratch.dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) return 4;
     try {
       metrale::StagedFile(target, std::string_view("new")).commit();
       return 2;
@@ -552,6 +556,10 @@ TEST_CASE("a staged write refuses a file its user may not write", "[safetensors]
     REQUIRE(::waitpid(child, &status, 0) == child);
     REQUIRE(WIFEXITED(status));
     outcome = WEXITSTATUS(status);
+  }
+  if (outcome == 3 || outcome == 4) {  // nothing to test here: said, not failed
+    WARN("not run: " << (outcome == 3 ? "could not become user 65534" : "the folder is out of the user's reach"));
+    return;
   }
   CHECK(outcome == 0);
   CHECK(TempFolder::slurp(target) == "old");

@@ -37,12 +37,15 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
     // A path that is not there at all: said before anything runs (it had been a table row of an
     // empty name for "nosuch/": fresh-user trial, forty-fifth session).
     std::vector<std::string> missing;
+    std::string note;  // where one of them is relative: the folder it is relative to
     for (const auto& f : opts->files)
-      if (std::error_code ec; std::filesystem::symlink_status(f, ec).type() == std::filesystem::file_type::not_found)
+      if (std::error_code ec; std::filesystem::symlink_status(f, ec).type() == std::filesystem::file_type::not_found) {
         missing.push_back(printable(f));
-    if (std::error_code ec; !missing.empty())
-      fail(Errc::not_found, "case run: {} {} not exist (relative paths are from {})", fmt::join(missing, ", "),
-           missing.size() == 1 ? "does" : "do", printable(std::filesystem::current_path(ec).string()));
+        if (note.empty()) note = relative_note(f);
+      }
+    if (!missing.empty())
+      fail(Errc::not_found, "case run: {} {} not exist{}", fmt::join(missing, ", "),
+           missing.size() == 1 ? "does" : "do", printable(note));
     std::vector<std::filesystem::path> files;
     for (const auto& f : opts->files) {
       std::error_code ec;

@@ -91,12 +91,7 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vecto
   if (!fs::is_directory(status)) {
     const char* what = fs::exists(status) ? "not a folder:" : "no folder";
     if (named) fail(Errc::not_found, "conform: {} {}", what, dir.string());
-    std::string relative;
-    if (dir.is_relative()) {
-      const fs::path cwd = fs::current_path(ec);
-      relative = ec ? " (relative to a working folder that is gone)" : fmt::format(" (relative to {})", cwd.string());
-    }
-    fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", what, dir.string(), relative);
+    fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", what, dir.string(), relative_note(dir));
     missing.push_back(dir.string());
     return {};
   }

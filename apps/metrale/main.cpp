@@ -147,7 +147,7 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
       if (example.empty() && (!valued || option->get_items_expected_max() > 0)) example = command;
     }
     if (takers.empty()) {
-      if (name.starts_with("--")) lines.push_back(unknown_option_line(app, name));
+      if (name.starts_with("--") && name.size() > 2) lines.push_back(unknown_option_line(app, name));
       continue;
     }
     std::string given = given_commands(app);  // as the example where it takes the option
@@ -228,9 +228,21 @@ int main(int argc, char** argv) {
     const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
     // "replay --json out.json FILE": a flag given a value, which then took the command's argument's
     // place (the adversarial trial, forty-fifth session: only the FILE was named, as not expected).
-    for (int i = 1; not_expected && i + 1 < argc; ++i) {
+    // Only a flag after the command's name that another command takes with a value (--json: replay's
+    // flag, bench's FILE), where something was left over.
+    int after = argc;  // the index of the command's name
+    for (int i = 1; i < argc && last != &app; ++i)
+      if (argv[i] == last->get_name()) {
+        after = i;
+        break;
+      }
+    for (int i = after + 1; not_expected && !extra.empty() && i + 1 < argc; ++i) {
       const CLI::Option* o = argv[i][0] == '-' ? last->get_option_no_throw(argv[i]) : nullptr;
       if (o == nullptr || o->get_items_expected_max() != 0 || argv[i + 1][0] == '-') continue;
+      const auto takers = commands_taking(app, argv[i]);
+      if (std::none_of(takers.begin(), takers.end(),
+                       [](const auto& t) { return t.second->get_items_expected_max() > 0; }))
+        continue;
       if (hints.empty()) hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());  // what is left over
       hints.push_back(fmt::format("{} is a flag and takes no value: '{}' was read as the next argument", argv[i],
                                   metrale::printable(argv[i + 1])));

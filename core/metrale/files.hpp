@@ -23,7 +23,7 @@ namespace metrale {
 /// its permission bits (the new file has them from the start); a new one has the umask's. Errors:
 /// `invalid_argument` "cannot write <target> (<reason>)" when it cannot be created or written,
 /// or when something other than a regular file is at the target (a symbolic link, a FIFO, a
-/// device: the rename would replace it), or a file the user may not write (access(2) W_OK: the
+/// device: the rename would replace it), or a file the user may not write (faccessat(2) W_OK, the effective IDs: the
 /// rename needs only the folder's permission); nothing is then left behind.
 class StagedFile {
  public:
@@ -65,6 +65,11 @@ void hold_staged_file_signals(sigset_t* before = nullptr);
 
 /// `StagedFile(path, bytes).commit()`: `path` then holds `bytes`, or, on an error, what it held.
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes);
+
+/// For an error about a path the user gave: " (relative to <working folder>)" where `path` is
+/// relative (" (relative to a working folder that is gone)" where that cannot be read), else "".
+/// Errors: none.
+std::string relative_note(const std::filesystem::path& path);
 
 /// The path that names `path`'s file when two paths are compared: `weakly_canonical`, or the
 /// lexically normal path where that fails, so that `d/x`, `d/./x`, `e/../d/x` and a link to `d`

@@ -109,7 +109,7 @@ struct PagedDecodeNvfp4Args : PagedDecodeCommon {
 /// v_cache, o, block_tables or seq_lens; num_seqs, num_q_heads, num_kv_heads, q_head_dim,
 /// block_size or max_blocks_per_seq 0; num_q_heads > 2^31 − 1; num_q_heads not a multiple of
 /// num_kv_heads; q_head_dim > kv_cache_dim; num_seqs > 65535; inv_sqrt_d not finite, or times
-/// log2(e) past FP32's range (the kernels' base-2 logits); row width (num_kv_heads·kv_cache_dim)
+/// log2(e) past FP32's range (the wgmma kernels' base-2 logits); row width (num_kv_heads·kv_cache_dim)
 /// not a multiple of 16; max_blocks_per_seq·block_size > 2^31 − 1; block_stride_bytes ≥ 2^32;
 /// data_section_bytes < block_size·row_width/2; block_stride_bytes < data_section_bytes +
 /// block_size·row_width/16; o sharing a byte with q other than as q itself with q_head_dim =

@@ -150,7 +150,7 @@ struct SplitDecodeNvfp4Args : SplitDecodeArgs {
 /// left (measured: 1.5× slower at one sequence of 16K keys). Errors (`invalid_argument`):
 /// a null pointer (comp_pool may be null); a zero count; rows_per_block not 16, 32, 48 or 64;
 /// keys_per_split not a multiple of 32; logit_scale not finite, or times log2(e) past FP32's
-/// range (the kernels' base-2 logits); num_splits × keys_per_split short of the table's
+/// range (the wgmma kernels' base-2 logits); num_splits × keys_per_split short of the table's
 /// capacity (max_blocks_per_seq × block_size, + comp_block_count with a comp_pool), or that
 /// capacity past 2^31 − 1; num_splits past 2^31 − 1 (the grid's x); more than 65535 head groups;
 /// the split path's dimension and alignment rules (q, the pools and their pitches 16-byte

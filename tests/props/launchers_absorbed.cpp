@@ -303,11 +303,12 @@ std::vector<std::function<BrokenRule(A&)>> common_rules(const char* kn) {
       },
       [kn](A& a) {
         a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
-        return BrokenRule{"inv_sqrt_d x log2(e) past FP32",
-                          Errc::invalid_argument,
-                          {kn, fmt::format("inv_sqrt_d {} times log2(e) (the kernels' base-2 logits) is past FP32's "
-                                           "range",
-                                           a.inv_sqrt_d)}};
+        return BrokenRule{
+            "inv_sqrt_d x log2(e) past FP32",
+            Errc::invalid_argument,
+            {kn, fmt::format("inv_sqrt_d {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's "
+                             "range",
+                             a.inv_sqrt_d)}};
       },
       [kn](A& a) {
         // Key indices are 32-bit: a table that could hold more keys than that.
@@ -414,7 +415,7 @@ Def<PagedDecodeFp8Args> decode_fp8() {
   d.rules.push_back(e4m3_scale_rule<A>(kn, "v_scale", &A::v_scale));
   d.rules.push_back([kn](A& a) {
     a.k_scale = arb_scale(1e20f, 1e30f);
-    // From 0.7 of FP32's largest, the product times log2(e) (the kernels' base-2 logits) is past it.
+    // From 0.7 of FP32's largest, the product times log2(e) (the wgmma kernels' base-2 logits) is past it.
     a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() / a.k_scale * arb_scale(0.7f, 1000.0f);
     return BrokenRule{"inv_sqrt_d x k_scale x log2(e) past FP32",
                       Errc::invalid_argument,
