@@ -55,12 +55,12 @@ PagedCacheConfig validated(PagedCacheConfig cfg) {
     if (cfg.cache_stride > std::numeric_limits<std::uint64_t>::max() / slots)
       fail(Errc::invalid_argument, "paged cache: cache_stride {} x {} slots does not fit 64 bits", cfg.cache_stride,
            slots);
-    // The decode launchers' rule, here rather than at the first decode.
-    detail::validate_row_offsets(detail::Validator{"paged cache"}, cfg.block_size, cfg.cache_stride, "cache_stride");
-    // The decode launchers' rule, here rather than at the first decode: a stored code times its
-    // scale stays finite in FP32.
-    detail::Validator{"paged cache"}.e4m3_scale("k_scale", cfg.k_scale);
-    detail::Validator{"paged cache"}.e4m3_scale("v_scale", cfg.v_scale);
+    // The decode launchers' rules, here rather than at the first decode: row offsets within 32
+    // bits, and a stored code times its scale finite in FP32.
+    const detail::Validator v{"paged cache"};
+    detail::validate_row_offsets(v, cfg.block_size, cfg.cache_stride, "cache_stride");
+    v.e4m3_scale("k_scale", cfg.k_scale);
+    v.e4m3_scale("v_scale", cfg.v_scale);
     if (cfg.latent && cfg.k_scale != cfg.v_scale)
       fail(Errc::invalid_argument, "paged cache: a latent pool has one scale, but k_scale {} and v_scale {} differ",
            cfg.k_scale, cfg.v_scale);

@@ -174,6 +174,20 @@ std::function<BrokenRule(Args&)> e4m3_scale_rule(const char* kernel, const char*
   };
 }
 
+// A finite logit scale whose product with log2(e) (the wgmma kernels' base-2 logits) is past
+// FP32's range (Validator::logit_scale).
+template <class Args>
+std::function<BrokenRule(Args&)> logit_scale_rule(const char* kernel, const char* name, float Args::*field) {
+  return [=](Args& a) {
+    a.*field = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
+    return BrokenRule{fmt::format("{} x log2(e) past FP32", name),
+                      Errc::invalid_argument,
+                      {kernel, fmt::format("{} {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's "
+                                           "range",
+                                           name, a.*field)}};
+  };
+}
+
 // The launchers of each module (launchers_absorbed.cpp, launchers_fast.cpp).
 std::vector<Launcher> absorbed_launchers();
 std::vector<Launcher> fast_and_k3_launchers();

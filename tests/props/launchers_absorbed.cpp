@@ -301,15 +301,7 @@ std::vector<std::function<BrokenRule(A&)>> common_rules(const char* kn) {
                           Errc::invalid_argument,
                           {kn, fmt::format("inv_sqrt_d {} is not finite", a.inv_sqrt_d)}};
       },
-      [kn](A& a) {
-        a.inv_sqrt_d = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
-        return BrokenRule{
-            "inv_sqrt_d x log2(e) past FP32",
-            Errc::invalid_argument,
-            {kn, fmt::format("inv_sqrt_d {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's "
-                             "range",
-                             a.inv_sqrt_d)}};
-      },
+      logit_scale_rule<A>(kn, "inv_sqrt_d", &A::inv_sqrt_d),
       [kn](A& a) {
         // Key indices are 32-bit: a table that could hold more keys than that.
         a.block_size = u(1u << 16, kU32Max);

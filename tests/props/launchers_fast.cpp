@@ -204,15 +204,7 @@ std::vector<std::function<BrokenRule(A&)>> split_rules(const char* kn) {
                           Errc::invalid_argument,
                           {kn, fmt::format("logit_scale {} is not finite", a.logit_scale)}};
       },
-      [kn](A& a) {
-        a.logit_scale = (coin() ? 1.0f : -1.0f) * std::numeric_limits<float>::max() * arb_scale(0.7f, 1.0f);
-        return BrokenRule{
-            "logit_scale x log2(e) past FP32",
-            Errc::invalid_argument,
-            {kn, fmt::format("logit_scale {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's "
-                             "range",
-                             a.logit_scale)}};
-      },
+      logit_scale_rule<A>(kn, "logit_scale", &A::logit_scale),
       [kn](A& a) {
         a.q_head_dim = coin() ? 0 : std::min(a.kv_cache_dim - 1, 32 * u(0, a.kv_cache_dim / 32) + u(1, 31));
         return BrokenRule{"q_head_dim not a multiple of 32",
