@@ -11,7 +11,6 @@
 
 namespace metrale {
 
-using detail::kLog2e;
 using detail::kMaxKeys;
 using detail::validate_block_offsets;
 using detail::validate_comp_offsets;
@@ -274,9 +273,7 @@ void validate(const PagedDecodeFp8Args& a) {
   // and NaN.
   v.e4m3_scale("k_scale", a.k_scale);
   v.e4m3_scale("v_scale", a.v_scale);
-  v.check(std::isfinite(a.inv_sqrt_d * a.k_scale * kLog2e),
-          "inv_sqrt_d {} times k_scale {} (the logit scale) times log2(e) is past FP32's range", a.inv_sqrt_d,
-          a.k_scale);
+  v.fp8_logit_scale("inv_sqrt_d", a.inv_sqrt_d, a.k_scale);
   v.check(a.cache_stride >= std::uint64_t{a.num_kv_heads} * a.kv_cache_dim,
           "cache_stride {} < row width {} (num_kv_heads {} x kv_cache_dim {})", a.cache_stride,
           std::uint64_t{a.num_kv_heads} * a.kv_cache_dim, a.num_kv_heads, a.kv_cache_dim);

@@ -115,6 +115,13 @@ struct Validator {
       fail(Errc::invalid_argument, "{}: {} {} times log2(e) (the wgmma kernels' base-2 logits) is past FP32's range",
            kernel, name, value);
   }
+  /// An FP8 step's logit scale: `name` times the cache's `k_scale` (the split path folds the two
+  /// into one), times log2(e), finite in FP32; `name` and k_scale each checked before.
+  void fp8_logit_scale(const char* name, float value, float k_scale) const {
+    if (!std::isfinite(value * k_scale * kLog2e))
+      fail(Errc::invalid_argument, "{}: {} {} times k_scale {} (the logit scale) times log2(e) is past FP32's range",
+           kernel, name, value, k_scale);
+  }
   /// A buffer's bytes [ptr, ptr + bytes), for `disjoint`.
   struct Extent {
     const char* name;

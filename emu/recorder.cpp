@@ -89,13 +89,17 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     // Leading zeros count for nothing; a number of 20 digits or more is past the last one
     // (kMaxCases − 1), as the most a number may be (before, such a file was not counted).
     const auto lead = std::min(stem.find_first_not_of('0'), digits - 1);
-    const std::uint64_t number = digits - lead > 19 ? kMaxCases : std::stoull(stem.substr(lead, digits - lead)) + 1;
-    next_ = std::max<std::uint64_t>(next_, std::min(number, kMaxCases));
+    const std::string number = stem.substr(lead, digits - lead);
+    const std::uint64_t after =
+        number.size() > 19 ? kMaxCases : std::min<std::uint64_t>(std::stoull(number) + 1, kMaxCases);
+    // The highest number, as its file has it, for the messages (not 10^19 − 1 for a longer one).
+    const bool higher = number.size() != highest_.size() ? number.size() > highest_.size() : number > highest_;
+    if (after > next_ || (after == kMaxCases && higher)) next_ = after, highest_ = number;
   }
   if (ec) cannot_list();
   if (files > 0 && next_ >= kMaxCases)
     spdlog::warn("recorder: {} already holds {} case file{}, one numbered {}: no number is left for a new one",
-                 printable(dir_.string()), files, files == 1 ? "" : "s", kMaxCases - 1);
+                 printable(dir_.string()), files, files == 1 ? "" : "s", highest_);
   else if (files > 0)
     spdlog::warn("recorder: {} already holds {} case file{}; new ones are numbered from {:04}",
                  printable(dir_.string()), files, files == 1 ? "" : "s", next_);
@@ -254,9 +258,11 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
   for (;; ++next_) {
     if (next_ >= kMaxCases)
       fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),
-           next_ - 1, kMaxCases - 1);
+           highest_, kMaxCases - 1);
     c.name = fmt::format("{:04}_{}", next_, c.entry);
-    if (write_new(to_safetensors(c), dir_ / (c.name + ".safetensors"))) break;
+    const bool written = write_new(to_safetensors(c), dir_ / (c.name + ".safetensors"));
+    highest_ = fmt::format("{}", next_);  // this run's, or another's meanwhile
+    if (written) break;
   }
   std::error_code ec;
   const auto size = std::filesystem::file_size(dir_ / (c.name + ".safetensors"), ec);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "metrale/emu/port.hpp"
@@ -58,6 +59,7 @@ class CaseRecorder {
   std::filesystem::path dir_;
   std::vector<std::filesystem::path> made_;  // the folders the constructor made for dir_, outermost first
   std::uint64_t next_ = 0;  // the next case's number
+  std::string highest_;     // the highest number taken, as its file names it (it may pass 64 bits)
   std::uint64_t written_ = 0;
   std::uint64_t limit_bytes_;
   std::uintmax_t bytes_ = 0;  // the written files' sizes, for the closing note and the limit

@@ -294,6 +294,16 @@ int run(int argc, char** argv, const std::string& family) {
     return app.exit(e);  // --help
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    // An option the driver does not take, with its nearest ("--sedd": did you mean --seed?), as the
+    // metrale CLI names it (CLI11 says only "not expected").
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
+      for (const std::string& word : app.remaining())
+        if (const std::string name = word.substr(0, word.find('=')); name.starts_with("--") && name.size() > 2) {
+          const std::string nearest = metrale::cli::nearest_option(app, name);
+          std::cerr << fmt::format("fuzz_{}: unknown option {}{} (fuzz_{} --help lists its options)\n", family,
+                                   metrale::printable(name),
+                                   nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest), family);
+        }
     return 2;  // as every other error of a driver
   }
   try {

@@ -1145,16 +1145,17 @@ TEST_CASE("bad input: a DeepSeek decoder config is checked when the decoder is b
     // decode launcher's inv_sqrt_d after the prefill (the adversarial trial, forty-fifth session).
     DeepseekMlaConfig cfg = t.config();
     cfg.softmax_scale = 3e38f;
-    require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
-                  {"deepseek mla: softmax_scale 3e+38 times log2(e) is past FP32's range"});
+    require_error(
+        [&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, t.cache); }, Errc::invalid_argument,
+        {"deepseek mla: softmax_scale 3e+38 times log2(e) (the wgmma kernels' base-2 logits) is past FP32's range"});
     // Each finite, the FP8 logit scale (softmax_scale × k_scale) not.
     PagedCacheConfig pc = t.cache.config();
     pc.k_scale = pc.v_scale = 1e30f;
     PagedKvCache big(t.gpu, pc);
     cfg.softmax_scale = 1e20f;
     require_error([&] { DeepseekMlaDecoder dec(t.gpu, cfg, t.w_uk, t.w_uv, big); }, Errc::invalid_argument,
-                  {"deepseek mla: softmax_scale 1e+20 times the cache's k_scale 1e+30 times log2(e) is past FP32's "
-                   "range"});
+                  {"deepseek mla: softmax_scale 1e+20 times k_scale 1e+30 (the logit scale) times log2(e) is past "
+                   "FP32's range"});
   }
   SECTION("rope_theta, when rotating") {
     DeepseekMlaConfig cfg = t.config();
@@ -1356,6 +1357,8 @@ TEST_CASE("bad input: a file named twice runs once, an empty filter is refused, 
   CHECK_THAT(out, !Catch::Matchers::Contains("case-sensitive"));
   // The outermost folder it made, said (before, a mistyped parent was made without a word).
   CHECK_THAT(out, Catch::Matchers::Contains("conform --report: created " + root.string()));
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --report: removed " + root.string() +
+                                            " again, as no report was written"));
   CHECK_FALSE(std::filesystem::exists(root));
   out.clear();  // upper case: the match is case-sensitive, which the error says (fresh-user trial)
   CHECK(run_cli("conform --backend emu --no-golden --only WGMMA16", out) == 2);
@@ -1366,6 +1369,18 @@ TEST_CASE("bad input: a file named twice runs once, an empty filter is refused, 
       run_cli("conform --backend emu --no-golden --only no_such_kernel --report " + (root / "a" / ".." / "b").string(),
               out) == 2);
   CHECK_FALSE(std::filesystem::exists(root));
+  // A link before "..": the folder beside the link's target, as the system resolves the path
+  // (before, "lnk/../b" was read as "b" beside the link).
+  std::filesystem::create_directories(root / "x" / "y");
+  std::filesystem::create_symlink(root / "x" / "y", root / "lnk");
+  out.clear();
+  CHECK(run_cli(
+            "conform --backend emu --no-golden --only no_such_kernel --report " + (root / "lnk" / ".." / "b").string(),
+            out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --report: created " + (root / "x" / "b").string()));
+  CHECK_FALSE(std::filesystem::exists(root / "b"));
+  CHECK_FALSE(std::filesystem::exists(root / "x" / "b"));  // removed again
+  std::filesystem::remove_all(root);
 }
 
 // A recorded step over one latent pool carries no "latent" in its name, only its alias: conform's
@@ -2622,6 +2637,14 @@ TEST_CASE("bad input: conform refuses same-named golden files that differ", "[ba
                                             (first.path / "zq_dup.safetensors").string() +
                                             ", which runs under that name: rename one, or name one folder (--golden)"));
   CHECK_THAT(out, !Catch::Matchers::Contains("FAIL golden"));  // refused before anything runs
+  // One that cannot be read (here a link to nothing) is named as such (before: said to differ).
+  std::filesystem::remove(second.path / "zq_dup.safetensors");
+  std::filesystem::create_symlink(second.path / "nothing", second.path / "zq_dup.safetensors");
+  out.clear();
+  CHECK(run_cli(args, out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): conform: cannot read golden case " +
+                                            (second.path / "zq_dup.safetensors").string() + " ("));
+  CHECK_THAT(out, !Catch::Matchers::Contains("differs from"));
 }
 
 TEST_CASE("bad input: conform reports an unreadable golden file as a failed case and a name that is not UTF-8",
@@ -2742,6 +2765,9 @@ TEST_CASE("bad input: the recorder stops before a case number it could not read 
   recorded_decode_case().write(other.path / "12345678901234567890_mla_paged_decode_fp8.safetensors");
   out.clear();
   CHECK(run_cli(again, out) == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("no number is left for a new one"));
+  // The file's own number, not the last one a run may write (as it had said).
+  CHECK_THAT(out, Catch::Matchers::Contains("one numbered 12345678901234567890: no number is left for a new one"));
+  CHECK_THAT(out, Catch::Matchers::Contains("holds case number 12345678901234567890; numbers stop at "
+                                            "9999999999999999999"));
   CHECK(std::distance(std::filesystem::directory_iterator(other.path), std::filesystem::directory_iterator{}) == 3);
 }

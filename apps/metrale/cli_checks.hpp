@@ -167,4 +167,32 @@ inline CLI::Validator backend_name() {
   return one_of(std::vector<std::string>(std::begin(kBackendNames), std::end(kBackendNames)));
 }
 
+/// The edit distance between two option names (insertions, deletions, substitutions).
+inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+/// The long option ("--seed") of `cmd`, else of its parents, nearest to `name` ("--sedd") within
+/// two edits, or "" where none is.
+inline std::string nearest_option(const CLI::App& cmd, const std::string& name) {
+  std::string nearest;
+  std::size_t best = 3;
+  for (const CLI::App* at = &cmd; at != nullptr; at = at->get_parent())  // its own, then the top's
+    for (const CLI::Option* o : at->get_options())
+      for (const std::string& long_name : o->get_lnames())
+        if (const std::size_t d = edit_distance(name, "--" + long_name); d < best) best = d, nearest = "--" + long_name;
+  return nearest;
+}
+
 }  // namespace metrale::cli

@@ -3,9 +3,11 @@
 // kernel case files, and the golden model replays — with report.json and report.md.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +19,7 @@
 #include <string_view>
 #include <system_error>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -61,15 +64,28 @@ struct CaseResult {
   }
 };
 
-// Whether two files hold the same bytes (false where either cannot be read).
+// Whether two files hold the same bytes. `invalid_argument` naming a file that cannot be read
+// (the adversarial trial, forty-fifth session: an unreadable copy was said to differ).
 bool same_bytes(const fs::path& a, const fs::path& b) {
-  std::error_code ec_a, ec_b;
-  if (fs::file_size(a, ec_a) != fs::file_size(b, ec_b) || ec_a || ec_b) return false;
+  const auto unreadable = [](const fs::path& p, const std::string& why) {
+    fail(Errc::invalid_argument, "conform: cannot read golden case {} ({})", printable(p.string()), why);
+  };
+  const auto size = [&](const fs::path& p) {
+    std::error_code ec;
+    const auto n = fs::file_size(p, ec);
+    if (ec) unreadable(p, ec.message());
+    return n;
+  };
+  if (size(a) != size(b)) return false;
   std::ifstream in_a(a, std::ios::binary), in_b(b, std::ios::binary);
+  for (const auto& [in, p] : {std::pair{&in_a, &a}, std::pair{&in_b, &b}})
+    if (!*in) unreadable(*p, std::strerror(errno));
   std::vector<char> buf_a(1 << 20), buf_b(1 << 20);
   while (in_a && in_b) {
     in_a.read(buf_a.data(), static_cast<std::streamsize>(buf_a.size()));
     in_b.read(buf_b.data(), static_cast<std::streamsize>(buf_b.size()));
+    for (const auto& [in, p] : {std::pair{&in_a, &a}, std::pair{&in_b, &b}})
+      if (in->bad()) unreadable(*p, std::strerror(errno));
     if (in_a.gcount() != in_b.gcount() || !std::equal(buf_a.begin(), buf_a.begin() + in_a.gcount(), buf_b.begin()))
       return false;
   }
@@ -446,12 +462,18 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         if (keep || root.empty()) return;
         std::error_code ec;
         for (fs::path p = leaf; !p.empty() && fs::remove(p, ec); p = p.parent_path())
-          if (p == root) break;
+          if (p == root) {  // (its creation was logged)
+            spdlog::info("conform --report: removed {} again, as no report was written", printable(root.string()));
+            break;
+          }
       }
     } made;
     if (!opts->report.empty()) {  // before the run: a report that cannot be written fails first
       std::error_code ec;
-      made.leaf = fs::absolute(opts->report, ec).lexically_normal();
+      // Links resolved first, as the system does: "lnk/../R" is R beside lnk's target, not beside lnk
+      // (the parts that do not exist yet are normalised as text).
+      made.leaf = fs::absolute(opts->report, ec);
+      if (!ec) made.leaf = fs::weakly_canonical(made.leaf, ec);
       if (made.leaf.filename().empty()) made.leaf = made.leaf.parent_path();  // "DIR/"
       for (fs::path p = made.leaf; !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
         made.root = p;

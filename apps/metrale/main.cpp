@@ -92,34 +92,13 @@ std::string first_plain_word(const CLI::App& app, const std::vector<std::string>
   return "";
 }
 
-// The edit distance between two option names (insertions, deletions, substitutions).
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // An option no command takes ("replay FILE --modle kimi-k3"): named, with the given command's
 // option nearest to it where one is within two edits (fresh-user trial, forty-fifth session:
 // CLI11 had said "not expected: kimi-k3 --modle", last word first).
 std::string unknown_option_line(const CLI::App& app, const std::string& name) {
   const CLI::App* cmd = &app;
   while (!cmd->get_subcommands().empty()) cmd = cmd->get_subcommands().front();
-  std::string nearest;
-  std::size_t best = 3;
-  for (const CLI::App* at = cmd; at != nullptr; at = at->get_parent())  // its own, then the top's
-    for (const CLI::Option* o : at->get_options())
-      for (const std::string& long_name : o->get_lnames())
-        if (const std::size_t d = edit_distance(name, "--" + long_name); d < best) best = d, nearest = "--" + long_name;
+  const std::string nearest = metrale::cli::nearest_option(*cmd, name);
   const std::string given = given_commands(app);
   return fmt::format("{}: unknown option {}{} ({} --help lists its options)",
                      given.empty() ? "metrale" : "metrale " + given, metrale::printable(name),
@@ -164,6 +143,78 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
                                   fmt::join(takers, ", ")));
   }
   return lines;
+}
+
+// A parse error's lines on stderr, and the exit code: the unknown command or option named, where
+// an option goes, a flag given a value, or the commands of a group, in place of CLI11's "not
+// expected" and "a subcommand is required" lines; CLI11's own handling for --help, --version and
+// the rest. `record_dir`: what --record took (it may have taken the command's name).
+int exit_on_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv,
+                        const std::string& record_dir) {
+  // "metrale bogus", "metrale case bogus", "metrale replay --bogus": name the unknown command or
+  // option rather than "a subcommand is required" or "FILE is required".
+  // (What a subcommand does not take falls through to the top, so look there too.)
+  const CLI::App* last = &app;
+  while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
+  const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
+  const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
+  const bool extras = (last->get_require_subcommand_min() > 0 || required) && !extra.empty();
+  // Where an option goes, or what the commands are, said in place of CLI11's "not expected" line
+  // (which named the words last first: "emu --backend"); after any other error's line, and after
+  // --help's text not at all.
+  std::vector<std::string> hints = where_options_go(app);
+  const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+  // "replay --json out.json FILE": a flag given a value, which then took the command's argument's
+  // place (the adversarial trial, forty-fifth session: only the FILE was named, as not expected).
+  // Only a flag after the command's name that another command takes with a value (--json: replay's
+  // flag, bench's FILE), where something was left over.
+  int after = argc;  // the index of the command's name
+  for (int i = 1; i < argc && last != &app; ++i)
+    if (argv[i] == last->get_name()) {
+      after = i;
+      break;
+    }
+  for (int i = after + 1; not_expected && !extra.empty() && i + 1 < argc; ++i) {
+    const CLI::Option* o = argv[i][0] == '-' ? last->get_option_no_throw(argv[i]) : nullptr;
+    if (o == nullptr || o->get_items_expected_max() != 0 || argv[i + 1][0] == '-') continue;
+    const auto takers = commands_taking(app, argv[i]);
+    if (std::none_of(takers.begin(), takers.end(),
+                     [](const auto& t) { return t.second->get_items_expected_max() > 0; }))
+      continue;
+    if (hints.empty()) hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());  // what is left over
+    hints.push_back(fmt::format("{} is a flag and takes no value: '{}' was read as the next argument", argv[i],
+                                metrale::printable(argv[i + 1])));
+  }
+  if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
+    const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
+    std::vector<std::string> commands;
+    for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
+    // (An option's value is not the command: "metrale --backend emu bogus" names bogus.)
+    if (const std::string word = first_plain_word(app, extra); !word.empty()) {
+      hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path, metrale::printable(word),
+                                  fmt::join(commands, ", ")));
+      // "metrale --record replay FILE": --record took the command as its folder (fresh-user trial,
+      // forty-fifth session).
+      if (std::find(commands.begin(), commands.end(), record_dir) != commands.end())
+        hints.push_back(
+            fmt::format("--record took '{}' as its folder: the folder comes first (metrale --record DIR "
+                        "{} ...)",
+                        record_dir, record_dir));
+    } else if (hints.empty()) {  // none given, or an option before it: CLI11's line, then the commands
+      hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());
+      hints.push_back(fmt::format("The commands of {}: {} ({} COMMAND --help)", path, fmt::join(commands, ", "), path));
+    }
+  }
+  if (hints.empty() || !(not_expected || required)) {
+    const int code = extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
+    if (code != 0)
+      for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
+    // --help and --version (code 0) printed to stdout: a full disk is an error there too
+    return code == 0 ? metrale::cli::with_output_written(0) : code;
+  }
+  for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
+  fmt::print(stderr, "Run with --help for more information.\n");
+  return extras ? static_cast<int>(CLI::ExitCodes::ExtrasError) : e.get_exit_code();
 }
 
 }  // namespace
@@ -213,71 +264,7 @@ int main(int argc, char** argv) {
       spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", metrale::printable(record_dir),
                    app.get_subcommands().front()->get_name());
   } catch (const CLI::ParseError& e) {
-    // "metrale bogus", "metrale case bogus", "metrale replay --bogus": name the unknown command or
-    // option rather than "a subcommand is required" or "FILE is required".
-    // (What a subcommand does not take falls through to the top, so look there too.)
-    CLI::App* last = &app;
-    while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
-    const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
-    const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
-    const bool extras = (last->get_require_subcommand_min() > 0 || required) && !extra.empty();
-    // Where an option goes, or what the commands are, said in place of CLI11's "not expected" line
-    // (which named the words last first: "emu --backend"); after any other error's line, and after
-    // --help's text not at all.
-    std::vector<std::string> hints = where_options_go(app);
-    const bool not_expected = extras || dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
-    // "replay --json out.json FILE": a flag given a value, which then took the command's argument's
-    // place (the adversarial trial, forty-fifth session: only the FILE was named, as not expected).
-    // Only a flag after the command's name that another command takes with a value (--json: replay's
-    // flag, bench's FILE), where something was left over.
-    int after = argc;  // the index of the command's name
-    for (int i = 1; i < argc && last != &app; ++i)
-      if (argv[i] == last->get_name()) {
-        after = i;
-        break;
-      }
-    for (int i = after + 1; not_expected && !extra.empty() && i + 1 < argc; ++i) {
-      const CLI::Option* o = argv[i][0] == '-' ? last->get_option_no_throw(argv[i]) : nullptr;
-      if (o == nullptr || o->get_items_expected_max() != 0 || argv[i + 1][0] == '-') continue;
-      const auto takers = commands_taking(app, argv[i]);
-      if (std::none_of(takers.begin(), takers.end(),
-                       [](const auto& t) { return t.second->get_items_expected_max() > 0; }))
-        continue;
-      if (hints.empty()) hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());  // what is left over
-      hints.push_back(fmt::format("{} is a flag and takes no value: '{}' was read as the next argument", argv[i],
-                                  metrale::printable(argv[i + 1])));
-    }
-    if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
-      const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
-      std::vector<std::string> commands;
-      for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
-      // (An option's value is not the command: "metrale --backend emu bogus" names bogus.)
-      if (const std::string word = first_plain_word(app, extra); !word.empty()) {
-        hints.push_back(fmt::format("{}: unknown command '{}'; the commands: {}", path, metrale::printable(word),
-                                    fmt::join(commands, ", ")));
-        // "metrale --record replay FILE": --record took the command as its folder (fresh-user trial,
-        // forty-fifth session).
-        if (std::find(commands.begin(), commands.end(), record_dir) != commands.end())
-          hints.push_back(
-              fmt::format("--record took '{}' as its folder: the folder comes first (metrale --record DIR "
-                          "{} ...)",
-                          record_dir, record_dir));
-      } else if (hints.empty()) {  // none given, or an option before it: CLI11's line, then the commands
-        hints.push_back(extras ? CLI::ExtrasError(extra).what() : e.what());
-        hints.push_back(
-            fmt::format("The commands of {}: {} ({} COMMAND --help)", path, fmt::join(commands, ", "), path));
-      }
-    }
-    if (hints.empty() || !(not_expected || required)) {
-      const int code = extras ? app.exit(CLI::ExtrasError(extra)) : app.exit(e);
-      if (code != 0)
-        for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
-      // --help and --version (code 0) printed to stdout: a full disk is an error there too
-      return code == 0 ? metrale::cli::with_output_written(0) : code;
-    }
-    for (const auto& line : hints) fmt::print(stderr, "{}\n", line);
-    fmt::print(stderr, "Run with --help for more information.\n");
-    return extras ? static_cast<int>(CLI::ExitCodes::ExtrasError) : e.get_exit_code();
+    return exit_on_parse_error(app, e, argc, argv, record_dir);
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
