@@ -718,6 +718,11 @@ std::size_t EmulatorBackend::live_bytes() const {
 const Registry& EmulatorBackend::registry() const { return impl_->registry; }
 Registry& EmulatorBackend::registry() { return impl_->registry; }
 const EmulatorOptions& EmulatorBackend::options() const { return impl_->options; }
+
+bool EmulatorBackend::recording_stopped() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->recorder && impl_->recorder->stopped();
+}
 unsigned EmulatorBackend::threads() const { return impl_->threads; }
 
 void EmulatorBackend::inject_fault(FaultPlan plan) {

@@ -120,7 +120,13 @@ CaseRecorder::~CaseRecorder() {
 }
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
-                                const detail::AddressSpace& memory) const {
+                                const detail::AddressSpace& memory) {
+  if (stopped_)
+    fail(Errc::capacity_exceeded,
+         "recorder: the recording in {} stopped at its limit of {} ({} written in {} case{}); the launch of {} did "
+         "not run",
+         printable(dir_.string()), format_bytes(limit_bytes_), format_bytes(bytes_), written_, written_ == 1 ? "" : "s",
+         e.entry);
   KernelCase c;
   c.module = e.module;
   c.entry = e.entry;
@@ -154,13 +160,15 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   std::uint64_t bound = 16 << 10;  // the header: a few kB of names, shapes and scalars
   for (std::size_t i = 0; i < e.params.size(); ++i)
     if (regions[i]) bound += regions[i]->elements * dtype_size(e.params[i].dtype) * (e.params[i].writable ? 2 : 1);
-  if (bytes_ + bound > limit_bytes_)
+  if (bytes_ + bound > limit_bytes_) {
+    stopped_ = true;
     fail(Errc::capacity_exceeded,
          "recorder: {} (up to {}) would take the recording in {} past its limit of {} ({} already written in {} "
          "case{}); the launch did not run. Raise the limit (--record-limit, METRALE_RECORD_LIMIT) or record fewer "
          "launches",
          c.entry, format_bytes(bound), printable(dir_.string()), format_bytes(limit_bytes_), format_bytes(bytes_),
          written_, written_ == 1 ? "" : "s");
+  }
   for (std::size_t i = 0; i < e.params.size(); ++i)
     if (regions[i]) c.inputs[e.params[i].name] = snapshot(*regions[i], e.params[i].dtype);
   return c;

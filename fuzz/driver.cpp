@@ -293,17 +293,19 @@ int run(int argc, char** argv, const std::string& family) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
     // An option the driver does not take, with its nearest ("--sedd": did you mean --seed?), as the
-    // metrale CLI names it (CLI11 says only "not expected").
+    // metrale CLI names it, in place of CLI11's "not expected" line (which names the words last first).
+    std::vector<std::string> unknown;
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
       for (const std::string& word : app.remaining())
         if (const std::string name = word.substr(0, word.find('=')); name.starts_with("--") && name.size() > 2) {
           const std::string nearest = metrale::cli::nearest_option(app, name);
-          std::cerr << fmt::format("fuzz_{}: unknown option {}{} (fuzz_{} --help lists its options)\n", family,
-                                   metrale::printable(name),
-                                   nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest), family);
+          unknown.push_back(fmt::format("fuzz_{}: unknown option {}{} (fuzz_{} --help lists its options)", family,
+                                        metrale::printable(name),
+                                        nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest), family));
         }
+    if (unknown.empty()) app.exit(e);
+    for (const auto& line : unknown) std::cerr << line << "\n";
     return 2;  // as every other error of a driver
   }
   try {

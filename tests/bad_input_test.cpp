@@ -1317,6 +1317,23 @@ TEST_CASE("bad input: replay names the file whose case lacks a tensor", "[bad_in
   CHECK_THAT(out, Catch::Matchers::Contains(file.path.string() + ": no tensor named 'attn_out'"));
 }
 
+// A golden replay out of tolerance says by how much (the fresh-user trial, forty-sixth session: its
+// line read "1 of 1 bad, worst " and the report's worst was empty).
+TEST_CASE("conform names a failed golden replay's rel_l2 and tolerance", "[cli]") {
+  SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
+  auto& attn_out = f.tensors.at("attn_out").data;
+  std::fill(attn_out.begin(), attn_out.end(), std::byte{0});  // zeros in any float dtype
+  const TempPath dir("_zero_golden");
+  std::filesystem::create_directories(dir.path);
+  f.write(dir.path / "dsv3_zeroed.safetensors");
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only 'dsv3_zeroed fp8 block 16 latent' --cases " +
+                    std::string(METRALE_SOURCE_DIR) + "/cases/kernels --golden " + dir.path.string(),
+                out) == 1);
+  CHECK_THAT(out, Catch::Matchers::Contains("attn_out vs golden: 1 of 1 bad, worst rel_l2 "));
+  CHECK_THAT(out, Catch::Matchers::Matches("(.|\n)*worst rel_l2 [0-9.e+-]+ > tolerance [0-9.e+-]+\n(.|\n)*"));
+}
+
 // Two formats' recordings of one launch share the case's name: a row names its file.
 TEST_CASE("a case run labels each row by its file", "[cli]") {
   const std::string dir = std::string(METRALE_SOURCE_DIR) + "/cases/kernels/";
@@ -1951,6 +1968,31 @@ TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are ref
   CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
 }
 
+// A recording stopped at its limit stops the run (the fresh-user trial, forty-sixth session:
+// conform went on, each later case failing alike, the smaller launches recorded after the gap).
+TEST_CASE("bad input: a recording that reaches --record-limit stops conform and case run", "[bad_input][cli]") {
+  TempPath dir("_rec_stop");
+  const auto count = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator{});
+  };
+  std::string out;
+  CHECK(run_cli("--record " + dir.path.string() + " --record-limit 300kB conform --backend emu --no-golden", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("error (capacity_exceeded): conform: the run stopped after "));
+  CHECK_THAT(out, Catch::Matchers::Contains(", as the recording did: case "));
+  CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 300.0 kB"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));  // no case after the refused one ran
+  const auto written = count();
+  CHECK(written > 0);
+  std::filesystem::remove_all(dir.path);
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() + " --record-limit 300kB case run --backend emu " +
+                    std::string(METRALE_SOURCE_DIR) + "/cases/kernels",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("(the recording stopped at its limit: "));
+  CHECK_THAT(out, Catch::Matchers::Contains(" files not run)"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));
+}
+
 TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli]") {
   TempPath dir("_rec_limit");
   const std::string some_case =
@@ -2084,6 +2126,12 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, Catch::Matchers::Contains("(a model case: run it with metrale replay)"));
   out.clear();  // given to conform as a case file: pointed to --golden (it said "run it with metrale replay")
   CHECK(run_cli("conform --backend emu --no-golden --only dsv3_h16 --cases " + std::string(METRALE_SOURCE_DIR) +
+                    "/cases/golden",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("dsv3_h16_t37.safetensors: a model case, not a kernel case: conform "
+                                            "replays those from --golden DIR"));
+  out.clear();  // whatever --only picks (the fresh-user trial, forty-sixth session: it passed without a word)
+  CHECK(run_cli("conform --backend emu --no-golden --only wgmma16 --cases " + std::string(METRALE_SOURCE_DIR) +
                     "/cases/golden",
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("dsv3_h16_t37.safetensors: a model case, not a kernel case: conform "
@@ -2518,6 +2566,10 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
            "rows[1] best_us 0 is not a positive time"},
           // No baseline, or bench's own output (fresh-user trial, forty-fourth session: both passed).
           {R"({})", "no matmul_tflops: not the JSON bench/torch_baseline.py writes"},
+          // Rows alone, as bench/torch_rows_h200.json (fresh-user trial, forty-sixth session): for --rows-from.
+          {R"({"rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})",
+           "no matmul_tflops: baseline rows without the ceilings, as bench/torch_rows_h200.json is; "
+           "bench/torch_baseline.py OUT.json --rows-from "},
           {R"({"matmul_tflops": 700})", "no rows: not the JSON bench/torch_baseline.py writes"},
           {R"({"matmul_tflops": 700, "rows": []})", "rows is empty: no baseline"},
           {R"({"backend": "cuda", "copy_gbps": 3000, "rows": [{"kernel": "x"}]})",

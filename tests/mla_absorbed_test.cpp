@@ -314,6 +314,7 @@ TEST_CASE("the recorder stops at its size limit before the launch that would pas
   emu::EmulatorBackend gpu(o);
   run_kernel_case(gpu, gen::gemv_case(19, 33, 3, 1, 2, 5));  // a few kB
   REQUIRE(files() == 1);
+  CHECK_FALSE(gpu.recording_stopped());
   const std::uint64_t launches = gpu.calls(emu::Op::launch);
   // 4 heads x 256 x 512 bf16 weights: 1.05 MB of input alone.
   test::require_error([&] { run_kernel_case(gpu, gen::gemv_case(256, 512, 4, 0, 0, 6)); }, Errc::capacity_exceeded,
@@ -322,6 +323,14 @@ TEST_CASE("the recorder stops at its size limit before the launch that would pas
   CHECK(gpu.calls(emu::Op::launch) == launches + 1);  // asked for, refused before it ran
   CHECK(files() == 1);                                // the first case stays, no second one begun
   CHECK(read_kernel_case(dir / "0000_mla_batched_gemv.safetensors").scalars.at("n_out").as_u32() == 19);
+  // From then on the recording has stopped: a launch that would fit is refused too (before, it
+  // was recorded after the gap; the fresh-user trial, forty-sixth session).
+  CHECK(gpu.recording_stopped());
+  test::require_error([&] { run_kernel_case(gpu, gen::gemv_case(19, 33, 3, 1, 2, 5)); }, Errc::capacity_exceeded,
+                      {"recorder: the recording in", "stopped at its limit of 1.0 MB",
+                       "in 1 case); the launch of "
+                       "mla_batched_gemv did not run"});
+  CHECK(files() == 1);
   std::filesystem::remove_all(dir);
 }
 

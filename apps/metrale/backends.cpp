@@ -26,6 +26,11 @@ void limit_recording_to(std::uint64_t bytes) { g_record_limit = bytes; }
 std::uint64_t recording_limit() { return g_record_limit; }
 bool recorder_made() { return g_recorder_made; }
 
+bool recording_stopped(const GpuBackend& gpu) {
+  const auto* emu = dynamic_cast<const emu::EmulatorBackend*>(&gpu);
+  return emu != nullptr && emu->recording_stopped();
+}
+
 std::string backend_from_env() {
   const char* env = std::getenv("METRALE_BACKEND");
   return env != nullptr ? env : "";

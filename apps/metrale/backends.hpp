@@ -34,6 +34,9 @@ std::uint64_t recording_limit();
 /// Whether a backend was made since record_launches_to (a command without one, like `info`,
 /// records nothing: main says so).
 bool recorder_made();
+/// Whether `gpu` is a recording emulator whose recording stopped at its limit (--record-limit):
+/// every later launch would be refused, so a command that runs many cases stops there.
+bool recording_stopped(const GpuBackend& gpu);
 
 struct BackendStatus {
   std::string name;

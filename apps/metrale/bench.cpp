@@ -382,6 +382,13 @@ void check_torch_json(const ordered_json& torch, const std::string& path) {
   if (torch.contains("sweep") || (torch.contains("backend") && torch.contains("copy_gbps")))
     fail(Errc::invalid_argument,
          "bench --torch {}: metrale bench's own --json output, not the baseline bench/torch_baseline.py writes", path);
+  // Rows without the rates (bench/torch_rows_h200.json): what torch_baseline.py --rows-from reuses
+  // (the fresh-user trial, forty-sixth session: the README had it read by --torch).
+  if (torch.contains("rows") && !torch.contains("matmul_tflops"))
+    fail(Errc::invalid_argument,
+         "bench --torch {}: no matmul_tflops: baseline rows without the ceilings, as bench/torch_rows_h200.json is; "
+         "bench/torch_baseline.py OUT.json --rows-from {} measures the ceilings and writes the file --torch reads",
+         path, path);
   for (const char* key : {"matmul_tflops", "rows"})
     if (!torch.contains(key))
       fail(Errc::invalid_argument, "bench --torch {}: no {}: not the JSON bench/torch_baseline.py writes", path, key);

@@ -116,6 +116,14 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       } catch (const std::bad_alloc&) {  // running it (its buffers): the next file may still fit
         error_row(path);
       }
+      // A recording stopped at its limit (--record-limit) stops the run: every later file would
+      // fail alike (the fresh-user trial, forty-sixth session: conform went on).
+      if (recording_stopped(*gpu)) {
+        const auto left = static_cast<std::size_t>(&path - files.data()) + 1;
+        fmt::print("(the recording stopped at its limit: {} of the {} files not run)\n", files.size() - left,
+                   files.size());
+        break;
+      }
     }
     // A PASS says nothing of the files that ran without an expectation: the line counts them.
     std::vector<std::string> notes;

@@ -141,6 +141,9 @@ class EmulatorBackend final : public GpuBackend {
   Registry& registry();
   const EmulatorOptions& options() const;
   unsigned threads() const;
+  /// Whether the recording (EmulatorOptions::record_dir) refused a launch for its limit: it
+  /// refuses every later launch too, so a run should stop there. False when not recording.
+  bool recording_stopped() const;
 
   // ---- fault injection ----------------------------------------------------
   /// Errors: `invalid_argument` when `plan.nth` is 0.
