@@ -53,7 +53,7 @@ int reserve_staged(const std::filesystem::path& path) {
   return -1;
 }
 
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};  // those remove_staged_files_on_signals handles
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};  // those remove_staged_files_on_signals handles
 
 // Set by the signal handler before it looks at the slots.
 std::atomic<bool> g_ending{false};
@@ -269,6 +269,11 @@ void hold_staged_file_signals(sigset_t* before) {
 }
 
 void remove_staged_files_on_signals() {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which StagedFile reports
+  // and cleans up after, where SIGXFSZ's default action had ended the program with its .part file
+  // left (the adversarial trial, forty-sixth session).
+  if (struct sigaction now{}; ::sigaction(SIGXFSZ, nullptr, &now) == 0 && now.sa_handler == SIG_DFL)
+    ::signal(SIGXFSZ, SIG_IGN);
   for (const int sig : kStopSignals) {
     struct sigaction now {};
     if (::sigaction(sig, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;  // ignored or handled: left so

@@ -99,7 +99,7 @@ Partial split_partial(Block& blk, std::uint32_t z, Global<const Bf16> q, std::ui
       for (std::uint32_t key = 0; key < tile_keys; ++key) {
         float dot = 0.0f;
         for (std::uint32_t d = 0; d < q_head_dim; ++d) dot += q_s[row][d] * k_s[key][d];
-        sv[key] = tile + key < end ? dot * q_down[row] * logit_scale : -std::numeric_limits<float>::infinity();
+        sv[key] = tile + key < end ? dot * (q_down[row] * logit_scale) : -std::numeric_limits<float>::infinity();
       }
       // Phase C: online softmax; P is rounded to FP16 for P·V, the sum keeps FP32.
       const float m_new = std::max(m[row], *std::max_element(sv.begin(), sv.end()));

@@ -387,6 +387,14 @@ TEST_CASE("bad input: a small K3 case whose metadata asks for terabytes is refus
                    "= 3.35e+13, past the replay's work limit of 1.374e+11 on the emulator (some minutes of work); "
                    "replay fewer tokens or heads"});
   }
+  // A few tokens of heads wider than the split SDPA takes: the seed kernel's port costs the
+  // emulator about 20 times as much (the adversarial trial, forty-sixth session: 2,000 tokens of
+  // one 67,000-dim head passed the bound and would have run for 40 minutes).
+  f.metadata["tokens"] = "2000", f.metadata["qk_nope_head_dim"] = "67000";
+  require_error([&] { (void)replay_kimi_case(gpu, f, "wide", true); }, Errc::invalid_argument,
+                {"tokens 2000 attend to 2.001e+06 keys in all",
+                 "(qk_head_dim 67001 + v_head_dim 1 + 64 for a key's "
+                 "fixed cost) x 20 (heads wider than 256: the seed kernel) = 2.684e+12, past the replay's work limit"});
   CHECK(gpu.calls() == 0);
 }
 
@@ -1307,6 +1315,21 @@ TEST_CASE("bad input: cases the device cannot run are skipped, not failed", "[ba
 
 // Before: "error (not_found): no tensor named 'attn_out'", naming no file (35th session's
 // adversarial run). What a model case lacks is named with the file.
+// An NVFP4 cache of a model whose row is not whole scale groups: said in the file's names (the
+// adversarial trial, forty-sixth session: "paged cache: nvfp4 row width 17 is not a multiple of 16").
+TEST_CASE("bad input: replay --kv-cache nvfp4 names the model's dims that NVFP4 cannot take", "[bad_input][replay]") {
+  SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
+  f.metadata["qk_rope_head_dim"] = "63";  // 512 + 63
+  emu::EmulatorBackend gpu;
+  require_error(
+      [&] {
+        (void)replay_deepseek_case(gpu, f, "odd", {KvFormat::nvfp4, 16, false});
+      },
+      Errc::invalid_argument,
+      {"kv_lora_rank 512 + qk_rope_head_dim 63 = 575 is not a multiple of 16, the NVFP4 cache's scale "
+       "groups; --kv-cache fp8 takes it"});
+}
+
 TEST_CASE("bad input: replay names the file whose case lacks a tensor", "[bad_input][cli]") {
   SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
   f.tensors.erase("attn_out");
@@ -1322,7 +1345,7 @@ TEST_CASE("bad input: replay names the file whose case lacks a tensor", "[bad_in
 TEST_CASE("conform names a failed golden replay's rel_l2 and tolerance", "[cli]") {
   SafeTensors f = SafeTensors::read(test::golden("dsv3_h16_t37.safetensors"));
   auto& attn_out = f.tensors.at("attn_out").data;
-  std::fill(attn_out.begin(), attn_out.end(), std::byte{0});  // zeros in any float dtype
+  std::fill(attn_out.begin(), attn_out.end(), std::byte{0x3F});  // 0.747 each (F32)
   const TempPath dir("_zero_golden");
   std::filesystem::create_directories(dir.path);
   f.write(dir.path / "dsv3_zeroed.safetensors");
@@ -1595,6 +1618,13 @@ TEST_CASE("bad input: a case run's summary counts the files that had nothing to 
   CHECK_THAT(out, Catch::Matchers::Contains("1 file on emu (1 ran with no expectation to check): NOTHING CHECKED"));
   CHECK_THAT(out, Catch::Matchers::Contains("case run: the file run has no expected.<output> tensor, so no output was "
                                             "compared; the emulator's memory checks passed"));
+  // Two such files (the adversarial trial, forty-sixth session: "none of the files run has no ...").
+  TempPath tmp2(".safetensors");
+  f.write(tmp2.path);
+  out.clear();
+  CHECK(run_cli("case run --backend emu " + tmp.path.string() + " " + tmp2.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("case run: none of the files run has an expected.<output> tensor, so no "
+                                            "output was compared"));
   // Beside a file that compares its output: a PASS, the line counting the other.
   out.clear();
   const std::string compared =
@@ -1966,6 +1996,23 @@ TEST_CASE("bad input: an empty --backend and --golden beside --no-golden are ref
   out.clear();
   CHECK(run_cli("conform --backend emu --no-golden --golden /nonexistent", out) > 100);
   CHECK_THAT(out, Catch::Matchers::Contains("excludes --no-golden"));
+}
+
+// A write past the file-size limit is an error of the write, its .part file removed (the
+// adversarial trial, forty-sixth session: SIGXFSZ ended the run and left the .part file).
+TEST_CASE("bad input: a recording past the file-size limit (ulimit -f) fails with its .part file gone",
+          "[bad_input][cli]") {
+  TempPath dir("_rec_fsize");
+  std::string out;
+  CHECK(run_cli("--record " + dir.path.string() + " replay --backend emu " + std::string(METRALE_SOURCE_DIR) +
+                    "/cases/golden/dsv3_h16_t37.safetensors",
+                out, "ulimit -f 200;") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("safetensors (File too large)"));
+  REQUIRE(std::filesystem::is_directory(dir.path));  // the cases written before it stay
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    INFO(e.path());
+    CHECK(e.path().string().find(".part") == std::string::npos);
+  }
 }
 
 // A recording stopped at its limit stops the run (the fresh-user trial, forty-sixth session:

@@ -45,6 +45,12 @@ TEST_CASE("the split path matches the float64 reference", "[mla_fast][split]") {
   SECTION("Q below FP16's normals") {
     p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 0x1p-40f, p.inv_sqrt_d = 0x1p37f;
   }
+  // Q near FP32's top under a small logit scale, whose logits are finite (the seed kernel's): the
+  // row's unscale factor (2^105 here) times the scale first, then the dot product, which alone
+  // times 2^105 overflowed to inf and made o NaN (the adversarial trial, forty-sixth session).
+  SECTION("Q near FP32's range, a small logit scale") {
+    p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 1e36f, p.inv_sqrt_d = 1e-36f, p.k_scale = 1e-3f;
+  }
   SECTION("window, sinks and compressed entries") {
     p.num_q_heads = 4, p.num_seqs = 3, p.seq_lens = {60, 5, 0}, p.sliding_window = 9, p.sinks = true;
     p.comp_pool = true, p.comp_block_count = 3;

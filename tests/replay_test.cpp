@@ -3,9 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,24 @@ const char* const kCases[] = {"dsv3_h16_t37.safetensors", "dsv3_h8_t300_theta50k
 std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace
+
+// rel_l2 by hand: ‖(3, 4)‖ / ‖(6, 8)‖ = 0.5; against an all-zero reference any difference is an
+// infinite error (the adversarial trial, forty-sixth session: the absolute norm, 5e-3 here, had
+// passed under a 0.05 tolerance), an all-zero output none.
+TEST_CASE("a replay metric's rel_l2 against a reference and an all-zero one", "[replay]") {
+  const std::vector<float> ref{6, 8}, out{9, 12}, zeros{0, 0}, small{3e-3f, 4e-3f};
+  const CaseMetric half = compare("t", out, ref, 0.6);
+  CHECK(half.rel_l2 == Approx(0.5));
+  CHECK(half.max_abs == Approx(4));
+  CHECK(half.pass);
+  CHECK_FALSE(compare("t", out, ref, 0.4).pass);
+  const CaseMetric zero_ref = compare("t", small, zeros, 0.05);
+  CHECK(std::isinf(zero_ref.rel_l2));
+  CHECK_FALSE(zero_ref.pass);
+  const CaseMetric both_zero = compare("t", zeros, zeros, 0.05);
+  CHECK(both_zero.rel_l2 == 0);
+  CHECK(both_zero.pass);
+}
 
 TEST_CASE("the float64 reference step reproduces HF's tensors", "[replay][reference]") {
   for (const char* name : kCases) {

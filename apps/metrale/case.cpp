@@ -149,9 +149,10 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
            files.size() == 1 ? std::string("the one file") : fmt::format("any of the {} files", files.size()));
     if (none_compared)
       fail(Errc::invalid_argument,
-           "case run: {} no expected.<output> tensor, so no output was compared{} (a case file holds one for "
+           "case run: {} expected.<output> tensor, so no output was compared{} (a case file holds one for "
            "each output it checks; --record writes them)",
-           files.size() - skipped == 1 ? std::string("the file run has") : std::string("none of the files run has"),
+           files.size() - skipped == 1 ? std::string("the file run has no")
+                                       : std::string("none of the files run has an"),
            gpu->name() == "emu" ? "; the emulator's memory checks passed" : "");
     set_exit(failed == 0 ? 0 : 1);
   });

@@ -51,11 +51,12 @@ class StagedFile {
   int slot_ = -1;  // where the signal handler finds it (remove_staged_files_on_signals), or -1
 };
 
-/// For a program's main, before it starts threads: on SIGINT, SIGTERM or SIGHUP, remove every file
-/// a StagedFile of this process has written and not yet put in place (its `.part` name; at most
-/// 64 at once are known, as a program has; one created while the handler runs removes itself),
-/// then end by the signal as before (its default action). A signal already ignored or handled is
-/// left as it is. Errors: none.
+/// For a program's main, before it starts threads: on SIGINT, SIGTERM, SIGHUP or SIGQUIT, remove
+/// every file a StagedFile of this process has written and not yet put in place (its `.part` name;
+/// at most 64 at once are known, as a program has; one created while the handler runs removes
+/// itself), then end by the signal as before (its default action); and ignore SIGXFSZ, so that a
+/// write past the file-size limit fails with EFBIG as an error of the write. A signal already
+/// ignored or handled is left as it is. Errors: none.
 void remove_staged_files_on_signals();
 
 /// Hold back, in the calling thread, the signals remove_staged_files_on_signals handles (for a

@@ -16,8 +16,9 @@
 
 namespace metrale {
 
-/// ‖out − ref‖₂ / ‖ref‖₂ (‖out − ref‖₂ where ref is all zeros) and max |out − ref| of one output
-/// tensor, against its documented tolerance on rel_l2. NaN never passes.
+/// ‖out − ref‖₂ / ‖ref‖₂ (where ref is all zeros: 0 for an all-zero out, else infinite) and
+/// max |out − ref| of one output tensor, against its documented tolerance on rel_l2. NaN never
+/// passes.
 struct CaseMetric {
   std::string name;
   double rel_l2 = 0, max_abs = 0, tolerance = 0;
