@@ -125,7 +125,7 @@ constexpr std::uint64_t kMaxKimiReplayKvValues = std::uint64_t{1} << 28;
 // token: some minutes there too).
 constexpr double kKimiKeyCost = 64;
 constexpr double kMaxKimiReplayWorkEmu = 0x1p37, kMaxKimiReplayWorkDevice = 0x1p41;
-// Heads wider than the split SDPA takes (kK3SplitMaxDim) run the seed kernel, whose port costs
+// Steps the split SDPA does not take (heads wider than kK3SplitMaxDim, say) run the seed kernel, whose port costs
 // the emulator about 20 times as much a key and dim (2026-12-07, 2 cores: 2,000 tokens of one
 // 640-dim head 40 s, 100 of one 67,002-dim head 6.7 s, against 8,000 one-dim tokens on the split
 // path 3.4 s; the adversarial trial, forty-sixth session: 2,000 tokens of 67,002 dims passed the
@@ -286,7 +286,12 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
          "tokens {} x heads {} x (qk_head_dim {} + v_head_dim {}) = {} K/V values exceed the replay's limit of {}", T,
          H, dq, dv, kv_values, kMaxKimiReplayKvValues);
   const bool emulator = gpu.name() == "emu";
-  const double seed_path = emulator && (dq > kK3SplitMaxDim || dv > kK3SplitMaxDim) ? kKimiSeedPathCostEmu : 1;
+  // (the dispatcher's own rule, at the longest step; the diff review, forty-sixth session)
+  K3SdpaArgs longest;
+  longest.seq_len = static_cast<std::uint32_t>(T), longest.heads = static_cast<std::uint32_t>(H);
+  longest.dq = static_cast<std::uint32_t>(dq), longest.dv = static_cast<std::uint32_t>(dv);
+  const auto why_seed = k3_split_unsupported(longest);
+  const double seed_path = emulator && why_seed ? kKimiSeedPathCostEmu : 1;
   const double keys = 0.5 * T * (T + 1.0), work = keys * H * (static_cast<double>(dq) + dv + kKimiKeyCost) * seed_path;
   const double most = emulator ? kMaxKimiReplayWorkEmu : kMaxKimiReplayWorkDevice;
   if (work > most)
@@ -295,8 +300,8 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
          "v_head_dim {} + {} for a key's fixed cost){} = {:.4g}, past the replay's work limit of {:.4g} on {} (some "
          "minutes of work); replay fewer tokens or heads",
          T, keys, H, dq, dv, kKimiKeyCost,
-         seed_path > 1 ? fmt::format(" x {} (heads wider than {}: the seed kernel)", seed_path, kK3SplitMaxDim) : "",
-         work, most, emulator ? "the emulator" : "a device");
+         seed_path > 1 ? fmt::format(" x {} (the seed kernel: {})", seed_path, *why_seed) : "", work, most,
+         emulator ? "the emulator" : "a device");
   const double scale = file.meta_f64("softmax_scale"), kernel_scale = 1.0 / std::sqrt(static_cast<double>(dq));
   if (std::fabs(scale / kernel_scale - 1.0) > 1e-6)
     fail(Errc::unsupported, "softmax_scale {} is not 1/sqrt(qk_head_dim {}) = {}, the K3 kernel's scale", scale, dq,

@@ -121,12 +121,11 @@ CaseRecorder::~CaseRecorder() {
 
 KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                                 const detail::AddressSpace& memory) {
-  if (stopped_)
+  if (!stopped_.empty())
     fail(Errc::capacity_exceeded,
-         "recorder: the recording in {} stopped at its limit of {} ({} written in {} case{}); the launch of {} did "
-         "not run",
-         printable(dir_.string()), format_bytes(limit_bytes_), format_bytes(bytes_), written_, written_ == 1 ? "" : "s",
-         e.entry);
+         "recorder: the recording in {} stopped {} ({} written in {} case{}); the launch of {} "
+         "did not run",
+         printable(dir_.string()), stopped_, format_bytes(bytes_), written_, written_ == 1 ? "" : "s", e.entry);
   KernelCase c;
   c.module = e.module;
   c.entry = e.entry;
@@ -161,7 +160,7 @@ KernelCase CaseRecorder::before(const Registry::Entry& e, Dim3 grid, Dim3 block,
   for (std::size_t i = 0; i < e.params.size(); ++i)
     if (regions[i]) bound += regions[i]->elements * dtype_size(e.params[i].dtype) * (e.params[i].writable ? 2 : 1);
   if (bytes_ + bound > limit_bytes_) {
-    stopped_ = true;
+    stopped_ = fmt::format("at its limit of {}", format_bytes(limit_bytes_));
     fail(Errc::capacity_exceeded,
          "recorder: {} (up to {}) would take the recording in {} past its limit of {} ({} already written in {} "
          "case{}); the launch did not run. Raise the limit (--record-limit, METRALE_RECORD_LIMIT) or record fewer "
@@ -268,7 +267,13 @@ void CaseRecorder::after(KernelCase c, std::span<const KernelArg> args, const Re
       fail(Errc::capacity_exceeded, "recorder: {} holds case number {}; numbers stop at {}", printable(dir_.string()),
            highest_, kMaxCases - 1);
     c.name = fmt::format("{:04}_{}", next_, c.entry);
-    const bool written = write_new(to_safetensors(c), dir_ / (c.name + ".safetensors"));
+    bool written = false;
+    try {
+      written = write_new(to_safetensors(c), dir_ / (c.name + ".safetensors"));
+    } catch (const Error&) {  // a full disk, ulimit -f: a later, smaller case would leave a gap
+      stopped_ = fmt::format("when case {} could not be written", c.name);
+      throw;
+    }
     highest_ = fmt::format("{}", next_);  // this run's, or another's meanwhile
     if (written) break;
   }

@@ -36,11 +36,12 @@ class CaseRecorder {
   /// `capacity_exceeded` when the case could take the files written past the limit (its
   /// inputs, and its expectations at most as large): the launch then does not run, and the
   /// cases written so far stay. From then on the recording has stopped: every later launch is
-  /// refused too (a smaller one would fit, and leave a gap in the recorded sequence).
+  /// refused too (a smaller one would fit, and leave a gap in the recorded sequence); so it has
+  /// once a case could not be written (after()'s errors).
   KernelCase before(const Registry::Entry& e, Dim3 grid, Dim3 block, std::span<const KernelArg> args,
                     const detail::AddressSpace& memory);
-  /// Whether a launch was refused for the limit (the recording stopped there).
-  bool stopped() const { return stopped_; }
+  /// Whether the recording stopped: a launch refused for the limit, or a case not written.
+  bool stopped() const { return !stopped_.empty(); }
   /// After it ran: the outputs (the port's writable pointers, changed or not) and any other
   /// buffer it changed become `expected.<param>` with the
   /// same-arithmetic tolerance; the case is written as NNNN_<entry>.safetensors, numbered on
@@ -64,7 +65,7 @@ class CaseRecorder {
   std::uint64_t next_ = 0;  // the next case's number
   std::string highest_;     // the highest number taken, as its file names it (it may pass 64 bits)
   std::uint64_t written_ = 0;
-  bool stopped_ = false;  // a launch was refused for the limit
+  std::string stopped_;  // why the recording stopped ("at its limit of ..."), or empty
   std::uint64_t limit_bytes_;
   std::uintmax_t bytes_ = 0;  // the written files' sizes, for the closing note and the limit
 };

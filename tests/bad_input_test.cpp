@@ -394,7 +394,8 @@ TEST_CASE("bad input: a small K3 case whose metadata asks for terabytes is refus
   require_error([&] { (void)replay_kimi_case(gpu, f, "wide", true); }, Errc::invalid_argument,
                 {"tokens 2000 attend to 2.001e+06 keys in all",
                  "(qk_head_dim 67001 + v_head_dim 1 + 64 for a key's "
-                 "fixed cost) x 20 (heads wider than 256: the seed kernel) = 2.684e+12, past the replay's work limit"});
+                 "fixed cost) x 20 (the seed kernel: dq 67001 or dv 1 above 256 (the split kernel's registers)) = "
+                 "2.684e+12, past the replay's work limit"});
   CHECK(gpu.calls() == 0);
 }
 
@@ -2013,6 +2014,17 @@ TEST_CASE("bad input: a recording past the file-size limit (ulimit -f) fails wit
     INFO(e.path());
     CHECK(e.path().string().find(".part") == std::string::npos);
   }
+  // The recording stops there, and conform with it (the diff review, forty-sixth session: a later,
+  // smaller case would have been written after the gap).
+  std::filesystem::remove_all(dir.path);
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() + " conform --backend emu --no-golden", out, "ulimit -f 200;") == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("error (capacity_exceeded): conform: the run stopped after "));
+  CHECK_THAT(out, Catch::Matchers::Contains("safetensors (File too large)"));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    INFO(e.path());
+    CHECK(e.path().string().find(".part") == std::string::npos);
+  }
 }
 
 // A recording stopped at its limit stops the run (the fresh-user trial, forty-sixth session:
@@ -2035,8 +2047,19 @@ TEST_CASE("bad input: a recording that reaches --record-limit stops conform and 
   CHECK(run_cli("--record " + dir.path.string() + " --record-limit 300kB case run --backend emu " +
                     std::string(METRALE_SOURCE_DIR) + "/cases/kernels",
                 out) == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("(the recording stopped at its limit: "));
+  CHECK_THAT(out, Catch::Matchers::Contains("(the recording stopped: "));
   CHECK_THAT(out, Catch::Matchers::Contains(" files not run)"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));
+  // In a golden file's replays: it stops after the replay whose launch the limit refused, and
+  // quotes that refusal (the diff review, forty-sixth session: the file's later replays ran, and
+  // the message quoted the last one's).
+  std::filesystem::remove_all(dir.path);
+  out.clear();
+  CHECK(run_cli("--record " + dir.path.string() +
+                    " --record-limit 300kB conform --backend emu --only 'dsv3_h16_t37 fp8 block 16'",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: the run stopped after 1 case, as the recording did: "));
+  CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 300.0 kB"));
   CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));
 }
 
@@ -2160,7 +2183,7 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK(run_cli("info", out, "SPDLOG_LEVEL=WARN,metrale=off") == 0);  // spdlog takes any case
   CHECK_THAT(out, !Catch::Matchers::Contains("unknown level"));
   out.clear();  // a METRALE_BACKEND that every command without --backend would refuse
-  CHECK(run_cli("info", out, "METRALE_BACKEND=bogus") == 0);
+  CHECK(run_cli("info", out, "METRALE_BACKEND=bogus") == 2);  // after the whole list (it was 0)
   CHECK_THAT(
       out, Catch::Matchers::Contains("without --backend: an error: METRALE_BACKEND 'bogus' is not emu, cuda or auto"));
   out.clear();  // and a command that makes a backend names the variable
@@ -2199,7 +2222,7 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));
   TempPath dir("_record");
   out.clear();  // METRALE_CUDA_FATBIN_DIR: not a folder; a folder with one module's image; one with none
-  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=/nonexistent") == 0);
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=/nonexistent") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains(
                       "cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '/nonexistent' is not a folder"));
   std::filesystem::create_directories(dir.path);
@@ -2224,9 +2247,11 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   // backend refuses (not a regular file).
   std::filesystem::create_directories(dir.path / "mla_fast.fatbin");
   out.clear();
-  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 0);
+  CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=" + dir.path.string()) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("cuda kernel images: an error: " + (dir.path / "mla_fast.fatbin").string() +
                                             " is not a regular file"));
+  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): info: METRALE_CUDA_FATBIN_DIR (above) is an "
+                                            "error: the commands that use it refuse it"));
   std::filesystem::remove_all(dir.path);
 #ifdef METRALE_WITH_CUDA
   // METRALE_CUDA_CLUSTER_POLICY: unset and empty (balance), each name, and one it does not know,
@@ -2244,7 +2269,7 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
         out, Catch::Matchers::Contains(fmt::format("cuda cluster placement: {} (METRALE_CUDA_CLUSTER_POLICY)", name)));
   }
   out.clear();
-  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 0);
+  CHECK(run_cli("info", out, "METRALE_CUDA_CLUSTER_POLICY=Spread") == 2);
   const std::string refused =
       "backend cuda: METRALE_CUDA_CLUSTER_POLICY 'Spread' is not balance, spread or default "
       "(unset or empty: balance)";
@@ -2320,7 +2345,15 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
            {"--backend=emu case bogus", "\nmetrale case: unknown command 'bogus'; the commands: run"},
            {"--sweep bogus", "\nmetrale: unknown command 'bogus'"},
            // --json is replay's flag and bench's FILE: its value skipped (the diff review)
-           {"--json out.json bogus", "\nmetrale: unknown command 'bogus'"}}) {
+           {"--json out.json bogus", "\nmetrale: unknown command 'bogus'"},
+           // The fresh-user trial, forty-sixth session: CLI11's "At Most 1 required but received 2",
+           // "not expected: FILE -m" and "not expected: G".
+           {"replay F --kv-cache fp8 --kv-cache nvfp4",
+            "metrale replay: --kv-cache given 2 times ('fp8', 'nvfp4'); it takes one value"},
+           {"--record a --record b info", "metrale info: --record given 2 times ('a', 'b'); it takes one value"},
+           {"replay -m kimi-k3 F",
+            "metrale replay: unknown option -m; did you mean --model? (metrale replay --help lists its options)"},
+           {"replay F G", "metrale replay: 'G' is left over: FILE takes one value, given as 'F'"}}) {
     INFO(args);
     std::string out;
     CHECK(run_cli(args, out) > 100);

@@ -21,6 +21,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -630,12 +631,15 @@ TEST_CASE("a signal removes the staged files not yet in place and ends the proce
   // `.part-<pid>-<n>` file beside the cases.
   const TempFolder scratch("metrale_signal_");
   const auto& dir = scratch.dir;
-  for (const int sig : {SIGINT, SIGTERM}) {
+  for (const int sig : {SIGINT, SIGTERM, SIGQUIT}) {  // (SIGQUIT: the adversarial trial, forty-sixth session)
     INFO("signal " << sig);
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {  // (no Catch2 in the child: its exit status says what happened)
-      for (const int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);  // as a program starts (not Catch2's)
+      for (const int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+        ::signal(s, SIG_DFL);      // as a program starts (not Catch2's)
+      const rlimit no_core{0, 0};  // SIGQUIT's default action dumps core: none here
+      ::setrlimit(RLIMIT_CORE, &no_core);
       metrale::remove_staged_files_on_signals();
       metrale::StagedFile kept(dir / "kept.txt", std::string_view("kept"));
       kept.commit();

@@ -89,6 +89,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       ++errors;
       fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", label_of(path), "-", "-", "-", error_line());
     };
+    std::size_t ran = files.size();
     for (const auto& path : files) {
       try {  // a file that cannot be read or run is reported, and the others still run
         const KernelCase c = read_kernel_case(path);
@@ -119,12 +120,12 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       // A recording stopped at its limit (--record-limit) stops the run: every later file would
       // fail alike (the fresh-user trial, forty-sixth session: conform went on).
       if (recording_stopped(*gpu)) {
-        const auto left = static_cast<std::size_t>(&path - files.data()) + 1;
-        fmt::print("(the recording stopped at its limit: {} of the {} files not run)\n", files.size() - left,
-                   files.size());
+        ran = static_cast<std::size_t>(&path - files.data()) + 1;
+        fmt::print("(the recording stopped: {} of the {} files not run)\n", files.size() - ran, files.size());
         break;
       }
     }
+    files.resize(ran);  // the summary counts the files that ran
     // A PASS says nothing of the files that ran without an expectation: the line counts them.
     std::vector<std::string> notes;
     if (skipped > 0) notes.push_back(fmt::format("{} skipped: the device cannot run them", skipped));

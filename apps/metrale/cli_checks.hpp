@@ -184,9 +184,18 @@ inline std::size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 /// The long option ("--seed") of `cmd`, else of its parents, nearest to `name` ("--sedd") within
-/// two edits, or "" where none is.
+/// two edits, or for a short option ("-m") the one that starts with its letter; "" where none is.
 inline std::string nearest_option(const CLI::App& cmd, const std::string& name) {
   std::string nearest;
+  // A short option ("-m"): the one long option that starts with its letter (--model), if one does.
+  if (name.size() == 2 && name[0] == '-' && name[1] != '-') {
+    std::vector<std::string> starting;
+    for (const CLI::App* at = &cmd; at != nullptr; at = at->get_parent())
+      for (const CLI::Option* o : at->get_options())
+        for (const std::string& long_name : o->get_lnames())
+          if (long_name.front() == name[1]) starting.push_back("--" + long_name);
+    return starting.size() == 1 ? starting.front() : "";
+  }
   std::size_t best = 3;
   for (const CLI::App* at = &cmd; at != nullptr; at = at->get_parent())  // its own, then the top's
     for (const CLI::Option* o : at->get_options())

@@ -58,7 +58,8 @@ struct Check {
 struct CaseResult {
   std::string group, kernel, name;
   std::vector<Check> checks;
-  std::string error;  // the exception, when the case could not run
+  std::string error;    // the exception, when the case could not run: "error (<code>): <message>"
+  std::string message;  // its message alone
   bool pass() const {
     return error.empty() && std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.pass; });
   }
@@ -142,11 +143,12 @@ std::string default_folder(const std::string& relative, bool& from_source_tree) 
 // Run `body` into a result; an error is the case's failure, not the run's.
 template <class F>
 CaseResult guarded(std::string group, std::string kernel, std::string name, F&& body) {
-  CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, ""};
+  CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, "", ""};
   try {
     body(r);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     r.error = error_line();
+    r.message = dynamic_cast<const Error*>(&e) != nullptr ? e.what() : r.error;
   }
   return r;
 }
@@ -218,7 +220,11 @@ double tolerance_used(const CaseMetric& m) {
 void add_metrics(CaseResult& r, const ReplayResult& replay) {
   for (const auto& m : replay.metrics)
     r.checks.push_back({m.name, "golden", m.max_abs, m.rel_l2, m.tolerance, tolerance_used(m), m.pass ? 0u : 1u, 1,
-                        m.pass ? "" : fmt::format("rel_l2 {:.3e} > tolerance {:.3e}", m.rel_l2, m.tolerance), m.pass});
+                        m.pass ? ""
+                        : std::isfinite(m.rel_l2)
+                            ? fmt::format("rel_l2 {:.3e} > tolerance {:.3e}", m.rel_l2, m.tolerance)
+                            : fmt::format("rel_l2 {} (tolerance {:.3e})", m.rel_l2, m.tolerance),
+                        m.pass});
 }
 
 // One replay of a golden file: its kernel and name for --only (they follow from the file's name,
@@ -253,7 +259,7 @@ std::vector<GoldenReplay> golden_replays(GpuBackend& gpu, const std::string& nam
 // could not be read (it may be one).
 template <class Wanted>
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::string_view only,
-                                     bool& model_case) {
+                                     bool& model_case, const std::function<bool()>& stopped) {
   std::vector<CaseResult> out;
   const std::string name = printable(path.stem().string());
   const auto replays = golden_replays(gpu, name);
@@ -282,8 +288,10 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     return out;
   }
   for (const auto& g : replays)
-    if (wanted(g.kernel, g.name))
+    if (wanted(g.kernel, g.name)) {
       out.push_back(guarded("golden", g.kernel, g.name, [&](CaseResult& r) { add_metrics(r, g.run(file)); }));
+      if (stopped()) break;  // (the run stops: the later replays would fail alike)
+    }
   return out;
 }
 
@@ -563,13 +571,19 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     // A recording stopped at its limit (--record-limit) stops the run, as the README says: every
     // later case would fail alike, and the smaller ones be recorded after a gap (the fresh-user
     // trial, forty-sixth session: conform went on, failing each golden case).
+    const auto recording_stopped_here = [&] { return recording_stopped(*gpu); };
+    std::size_t checked = 0;  // the results before it ran with the recording going
     const auto stop_at_record_limit = [&] {
-      if (results.empty() || !recording_stopped(*gpu)) return;
-      const std::string& why = results.back().error;
-      const auto code_end = why.find("): ");  // after error_line's "error (<code>): "
+      if (!recording_stopped_here()) {
+        checked = results.size();
+        return;
+      }
+      // The case whose launch the recording stopped at: the first since the last check that failed
+      // (a golden file's later replays failed as the recording had stopped)
+      const auto first = std::find_if(results.begin() + static_cast<std::ptrdiff_t>(checked), results.end(),
+                                      [](const CaseResult& r) { return !r.error.empty(); });
       fail(Errc::capacity_exceeded, "conform: the run stopped after {} case{}, as the recording did: {}",
-           results.size(), results.size() == 1 ? "" : "s",
-           code_end == std::string::npos ? why : why.substr(code_end + 3));
+           results.size(), results.size() == 1 ? "" : "s", first == results.end() ? "" : first->message);
     };
     const auto sweep = gen::conformance_sweep(opts->seed);
     phase("generated case", sweep.size());
@@ -593,7 +607,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<std::size_t> model_cases(golden_dirs.size(), 0), files_in(golden_dirs.size(), 0);
     for (const auto& [f, dir] : golden_files) {
       bool model_case = false;
-      auto g = golden_cases(*gpu, f, wanted, opts->only, model_case);
+      auto g = golden_cases(*gpu, f, wanted, opts->only, model_case, recording_stopped_here);
       results.insert(results.end(), g.begin(), g.end());
       stop_at_record_limit();
       ++files_in[dir], model_cases[dir] += model_case ? 1 : 0;
@@ -610,7 +624,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
              fmt::format("{}{} holds no model case: {} (kernel case files go to --cases)",
                          variable == nullptr ? "conform --golden " : std::string(variable) + " ", printable(dir),
                          files_in[i] == 1 ? std::string("its one .safetensors file is not one")
-                                          : fmt::format("none of its {} .safetensors files is one", files_in[i]))});
+                                          : fmt::format("none of its {} .safetensors files is one", files_in[i])),
+             ""});
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })

@@ -28,6 +28,10 @@ void add_info(CLI::App& app) {
     emu::EmulatorOptions options;  // as a recording run's: --record-limit, else METRALE_RECORD_LIMIT
     options.record_limit_bytes = recording_limit();
     const emu::EmulatorBackend emu(options);  // first: a bad METRALE_* setting fails before anything is printed
+    // The settings info reports as errors (the commands that use them refuse them): after the
+    // whole list, info exits 2 naming them, as it does for an emulator setting (the fresh-user
+    // trial, forty-sixth session: these had exited 0).
+    std::vector<std::string> in_error;
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
@@ -41,6 +45,7 @@ void add_info(CLI::App& app) {
       fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
     } else {
       fmt::print("  without --backend: an error: METRALE_BACKEND '{}' is not emu, cuda or auto\n", printable(choice));
+      in_error.emplace_back("METRALE_BACKEND");
     }
     // Kernel images the CUDA backend would load from METRALE_CUDA_FATBIN_DIR instead of its own.
     const char* fatbin_dir = std::getenv("METRALE_CUDA_FATBIN_DIR");
@@ -49,6 +54,7 @@ void add_info(CLI::App& app) {
     } else if (std::error_code ec; !std::filesystem::is_directory(fatbin_dir, ec)) {
       fmt::print("  cuda kernel images: an error: METRALE_CUDA_FATBIN_DIR '{}' is not a folder\n",
                  printable(fatbin_dir));
+      in_error.emplace_back("METRALE_CUDA_FATBIN_DIR");
     } else {
       std::set<std::string> modules, found;
       std::vector<std::string> not_files;  // the CUDA backend refuses these (cuda_backend.cpp)
@@ -60,10 +66,11 @@ void add_info(CLI::App& app) {
         else if (std::filesystem::exists(path, ec))
           not_files.push_back(printable(path.string()));
       }
-      if (!not_files.empty())
+      if (!not_files.empty()) {
         fmt::print("  cuda kernel images: an error: {} {} not a regular file (METRALE_CUDA_FATBIN_DIR)\n",
                    fmt::join(not_files, ", "), not_files.size() == 1 ? "is" : "are");
-      else if (found.empty())
+        in_error.emplace_back("METRALE_CUDA_FATBIN_DIR");
+      } else if (found.empty())
         fmt::print("  cuda kernel images: built in (METRALE_CUDA_FATBIN_DIR '{}' holds no <module>.fatbin)\n",
                    printable(fatbin_dir));
       else
@@ -89,6 +96,7 @@ void add_info(CLI::App& app) {
                  CudaBackend::cluster_policy_setting(), policy_from);
     } catch (const Error& e) {
       fmt::print("  cuda cluster placement: an error: {}\n", e.what());
+      in_error.emplace_back("METRALE_CUDA_CLUSTER_POLICY");
     }
 #endif
     const auto& o = emu.options();
@@ -151,6 +159,10 @@ void add_info(CLI::App& app) {
       fmt::print("    {:<56} {} parameters\n", e.full_name(), e.params.size());
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
+    if (!in_error.empty())
+      fail(Errc::invalid_argument, "info: {} (above) {} an error: the commands that use {} refuse {}",
+           fmt::join(in_error, ", "), in_error.size() == 1 ? "is" : "are", in_error.size() == 1 ? "it" : "them",
+           in_error.size() == 1 ? "it" : "them");
   });
 }
 

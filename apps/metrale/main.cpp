@@ -126,7 +126,7 @@ std::vector<std::string> where_options_go(const CLI::App& app) {
       if (example.empty() && (!valued || option->get_items_expected_max() > 0)) example = command;
     }
     if (takers.empty()) {
-      if (name.starts_with("--") && name.size() > 2) lines.push_back(unknown_option_line(app, name));
+      if (name != "--") lines.push_back(unknown_option_line(app, name));  // "--modle", "-m"
       continue;
     }
     std::string given = given_commands(app);  // as the example where it takes the option
@@ -156,6 +156,19 @@ int exit_on_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc,
   // (What a subcommand does not take falls through to the top, so look there too.)
   const CLI::App* last = &app;
   while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
+  const std::string path = given_commands(app).empty() ? "metrale" : "metrale " + given_commands(app);
+  // An option of one value given twice ("--kv-cache fp8 --kv-cache nvfp4"; the fresh-user trial,
+  // forty-sixth session: CLI11's "At Most 1 required but received 2").
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr)
+    for (const CLI::App* at = last; at != nullptr; at = at->get_parent())
+      for (const CLI::Option* o : at->get_options())
+        if (o->get_items_expected_max() == 1 && o->count() > 1) {
+          std::vector<std::string> given;
+          for (const std::string& r : o->results()) given.push_back("'" + metrale::printable(r) + "'");
+          fmt::print(stderr, "{}: {} given {} times ({}); it takes one value\nRun with --help for more information.\n",
+                     path, o->get_name(), o->count(), fmt::join(given, ", "));
+          return e.get_exit_code();
+        }
   const std::vector<std::string> extra = last->remaining().empty() ? app.remaining() : last->remaining();
   const bool required = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr;
   const bool extras = (last->get_require_subcommand_min() > 0 || required) && !extra.empty();
@@ -185,8 +198,16 @@ int exit_on_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc,
     hints.push_back(fmt::format("{} is a flag and takes no value: '{}' was read as the next argument", argv[i],
                                 metrale::printable(argv[i + 1])));
   }
+  // A word left over after a command's one-value positional ("replay F G": the fresh-user trial,
+  // forty-sixth session, CLI11 said only "not expected: G").
+  if (not_expected && hints.empty() && last != &app && last->get_require_subcommand_min() == 0)
+    if (const std::string word = first_plain_word(app, extra); !word.empty())
+      for (const CLI::Option* o : last->get_options())
+        if (o->get_positional() && o->get_items_expected_max() == 1 && o->count() == 1)
+          hints.push_back(fmt::format("{}: '{}' is left over: {} takes one value, given as '{}'", path,
+                                      metrale::printable(word), o->get_name(),
+                                      metrale::printable(o->results().front())));
   if ((not_expected || required) && last->get_require_subcommand_min() > 0) {  // metrale, or a group: its commands
-    const std::string given = given_commands(app), path = given.empty() ? "metrale" : "metrale " + given;
     std::vector<std::string> commands;
     for (const CLI::App* sub : last->get_subcommands({})) commands.push_back(sub->get_name());
     // (An option's value is not the command: "metrale --backend emu bogus" names bogus.)
