@@ -125,11 +125,11 @@ constexpr std::uint64_t kMaxKimiReplayKvValues = std::uint64_t{1} << 28;
 // token: some minutes there too).
 constexpr double kKimiKeyCost = 64;
 constexpr double kMaxKimiReplayWorkEmu = 0x1p37, kMaxKimiReplayWorkDevice = 0x1p41;
-// Steps the split SDPA does not take (heads wider than kK3SplitMaxDim, say) run the seed kernel, whose port costs
-// the emulator about 20 times as much a key and dim (2026-12-07, 2 cores: 2,000 tokens of one
-// 640-dim head 40 s, 100 of one 67,002-dim head 6.7 s, against 8,000 one-dim tokens on the split
-// path 3.4 s; the adversarial trial, forty-sixth session: 2,000 tokens of 67,002 dims passed the
-// bound and would have run for 40 minutes).
+// Steps the split SDPA does not take (heads wider than kK3SplitMaxDim, say) run the seed kernel,
+// whose port costs the emulator about 20 times as much a key and dim (2026-12-07, 2 cores: 2,000
+// tokens of one 640-dim head 40 s, 100 of one 67,002-dim head 6.7 s, against 8,000 one-dim tokens
+// on the split path 3.4 s; the adversarial trial, forty-sixth session: 2,000 tokens of 67,002 dims
+// passed the bound and would have run for 40 minutes).
 constexpr double kKimiSeedPathCostEmu = 20;
 
 float amax(std::span<const float> x) {
