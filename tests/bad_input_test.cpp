@@ -2040,6 +2040,9 @@ TEST_CASE("bad input: a recording that reaches --record-limit stops conform and 
   CHECK_THAT(out, Catch::Matchers::Contains(", as the recording did: case "));
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 300.0 kB"));
   CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));  // no case after the refused one ran
+  // The summary covers the cases that ran, and says the run stopped (the diff review).
+  CHECK_THAT(out, Catch::Matchers::Contains("failed") && Catch::Matchers::Contains("— FAIL (the run stopped early, "
+                                                                                   "as the recording did: below)"));
   const auto written = count();
   CHECK(written > 0);
   std::filesystem::remove_all(dir.path);
@@ -2055,10 +2058,22 @@ TEST_CASE("bad input: a recording that reaches --record-limit stops conform and 
   // the message quoted the last one's).
   std::filesystem::remove_all(dir.path);
   out.clear();
+  TempPath report("_rec_stop_report");
   CHECK(run_cli("--record " + dir.path.string() +
-                    " --record-limit 300kB conform --backend emu --only 'dsv3_h16_t37 fp8 block 16'",
+                    " --record-limit 300kB conform --backend emu --only 'dsv3_h16_t37 fp8 block 16' --report " +
+                    report.path.string(),
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("conform: the run stopped after 1 case, as the recording did: "));
+  // and the report holds the case that ran
+  std::ifstream report_json(report.path / "report.json");
+  REQUIRE(report_json);
+  const auto report_doc = nlohmann::json::parse(report_json);
+  CHECK_THAT(report_doc.at("stopped").get<std::string>(),
+             Catch::Matchers::StartsWith("conform: the run stopped after 1 case, as the recording did: "));
+  CHECK(report_doc.at("pass") == false);
+  const auto cases = report_doc.at("cases");
+  REQUIRE(cases.size() == 1);
+  CHECK_THAT(cases[0].at("error").get<std::string>(), Catch::Matchers::Contains("past its limit of 300.0 kB"));
   CHECK_THAT(out, Catch::Matchers::Contains("past its limit of 300.0 kB"));
   CHECK_THAT(out, !Catch::Matchers::Contains("stopped at its limit of"));
 }

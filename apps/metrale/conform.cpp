@@ -318,6 +318,7 @@ struct RunInfo {
   std::string only;  // --only ("" = every case)
   std::vector<std::string> case_folders, golden_folders, missing;
   std::size_t skipped = 0;  // cases the device cannot run
+  std::string stopped;      // why the run stopped before its end (a recording's limit), or empty
 };
 
 void write_reports(const fs::path& dir, const ordered_json& device, const RunInfo& run,
@@ -353,8 +354,9 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
                             {"cases_run", results.size()},
                             {"cases_failed", failed},
                             {"cases_skipped", run.skipped},
+                            {"stopped", run.stopped.empty() ? ordered_json(nullptr) : ordered_json(run.stopped)},
                             {"seconds", seconds},
-                            {"pass", failed == 0},
+                            {"pass", failed == 0 && run.stopped.empty()},
                             {"cases", cases}};
   // (A case file's name need not be UTF-8: printable() wrote such bytes as \xNN; any other text
   // that is not UTF-8 would be written as U+FFFD.)
@@ -395,8 +397,10 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
                     folders(run.golden_folders));
   if (!run.missing.empty())
     md << fmt::format("- default folders not found or empty: {}\n", fmt::join(run.missing, ", "));
-  md << fmt::format("- cases: {} run, {} failed, {} skipped (the device cannot run them), {:.1f} s\n\n", results.size(),
+  md << fmt::format("- cases: {} run, {} failed, {} skipped (the device cannot run them), {:.1f} s\n", results.size(),
                     failed, run.skipped, seconds);
+  if (!run.stopped.empty()) md << fmt::format("- stopped before its end: {}\n", run.stopped);
+  md << "\n";
   // What the columns mean, where the report is read without docs/conformance.md.
   md << "Each row names the check of that kernel's cases that came nearest its tolerance, and beside it "
         "that check's largest error and the fraction of its tolerance it used (at most 1 passes). For a "
@@ -571,19 +575,23 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     // A recording stopped at its limit (--record-limit) stops the run, as the README says: every
     // later case would fail alike, and the smaller ones be recorded after a gap (the fresh-user
     // trial, forty-sixth session: conform went on, failing each golden case).
+    // The summary and the report then cover the cases that ran (the diff review, forty-sixth session).
     const auto recording_stopped_here = [&] { return recording_stopped(*gpu); };
     std::size_t checked = 0;  // the results before it ran with the recording going
+    std::string stopped;      // why the run stopped early, or empty
     const auto stop_at_record_limit = [&] {
+      if (!stopped.empty()) return true;
       if (!recording_stopped_here()) {
         checked = results.size();
-        return;
+        return false;
       }
       // The case whose launch the recording stopped at: the first since the last check that failed
       // (a golden file's later replays failed as the recording had stopped)
       const auto first = std::find_if(results.begin() + static_cast<std::ptrdiff_t>(checked), results.end(),
                                       [](const CaseResult& r) { return !r.error.empty(); });
-      fail(Errc::capacity_exceeded, "conform: the run stopped after {} case{}, as the recording did: {}",
-           results.size(), results.size() == 1 ? "" : "s", first == results.end() ? "" : first->message);
+      stopped = fmt::format("conform: the run stopped after {} case{}, as the recording did: {}", results.size(),
+                            results.size() == 1 ? "" : "s", first == results.end() ? "" : first->message);
+      return true;
     };
     const auto sweep = gen::conformance_sweep(opts->seed);
     phase("generated case", sweep.size());
@@ -595,17 +603,20 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
         continue;
       }
       results.push_back(sweep_case(*gpu, emu, c));
-      stop_at_record_limit();
+      if (stop_at_record_limit()) break;
     }
-    phase("case file", case_files.size());
-    for (const auto& f : case_files)
+    if (stopped.empty()) phase("case file", case_files.size());
+    for (const auto& f : case_files) {
+      if (!stopped.empty()) break;
       if (auto r = file_case(*gpu, f, wanted, skipped)) {
         results.push_back(std::move(*r));
         stop_at_record_limit();
       }
-    phase("golden file", golden_files.size());
+    }
+    if (stopped.empty()) phase("golden file", golden_files.size());
     std::vector<std::size_t> model_cases(golden_dirs.size(), 0), files_in(golden_dirs.size(), 0);
     for (const auto& [f, dir] : golden_files) {
+      if (!stopped.empty()) break;
       bool model_case = false;
       auto g = golden_cases(*gpu, f, wanted, opts->only, model_case, recording_stopped_here);
       results.insert(results.end(), g.begin(), g.end());
@@ -658,6 +669,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       where +=
           fmt::format(" ({}, driver {})", device["device"].get<std::string>(), device["driver_version"].get<int>());
     std::vector<std::string> notes;  // what the count leaves out
+    if (!stopped.empty()) notes.push_back("the run stopped early, as the recording did: below");
     if (skipped != 0) notes.push_back(fmt::format("{} skipped (the device cannot run them)", skipped));
     if (!missing.empty())
       notes.push_back(fmt::format("default folders not found or empty: {}", fmt::join(missing, ", ")));
@@ -666,7 +678,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                notes.empty() ? "" : fmt::format(" ({})", fmt::join(notes, "; ")));
     if (!opts->report.empty()) {
       // The folders read (a missing default one only under folders_not_found).
-      RunInfo run{opts->seed, opts->only, {}, {}, missing, skipped};
+      RunInfo run{opts->seed, opts->only, {}, {}, missing, skipped, stopped};
       const auto read = [&](const std::string& dir) {
         return std::find(missing.begin(), missing.end(), fs::path(dir).string()) == missing.end();
       };
@@ -676,10 +688,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       write_reports(made.leaf, device, run, results, seconds);
       made.keep = true;
     }
+    if (!stopped.empty()) fmt::print(stderr, "error ({}): {}\n", to_string(Errc::capacity_exceeded), stopped);
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
     const bool any_error =
         std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return !r.error.empty(); });
-    set_exit(any_error ? 2 : failed == 0 ? 0 : 1);
+    set_exit(any_error || !stopped.empty() ? 2 : failed == 0 ? 0 : 1);
   });
 }
 
