@@ -294,16 +294,12 @@ int run(int argc, char** argv, const std::string& family) {
     return app.exit(e);  // --help
   } catch (const CLI::ParseError& e) {
     // An option the driver does not take, with its nearest ("--sedd": did you mean --seed?), as the
-    // metrale CLI names it, in place of CLI11's "not expected" line (which names the words last first).
+    // metrale CLI names it.
     std::vector<std::string> unknown;
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
       for (const std::string& word : app.remaining())
-        if (const std::string name = word.substr(0, word.find('=')); name.starts_with("--") && name.size() > 2) {
-          const std::string nearest = metrale::cli::nearest_option(app, name);
-          unknown.push_back(fmt::format("fuzz_{}: unknown option {}{} (fuzz_{} --help lists its options)", family,
-                                        metrale::printable(name),
-                                        nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest), family));
-        }
+        if (const std::string name = word.substr(0, word.find('=')); name.starts_with("--") && name.size() > 2)
+          unknown.push_back(metrale::cli::unknown_option_line(app, "fuzz_" + family, name));
     if (unknown.empty()) app.exit(e);
     for (const auto& line : unknown) std::cerr << line << "\n";
     return 2;  // as every other error of a driver

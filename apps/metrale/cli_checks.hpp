@@ -15,6 +15,7 @@
 #include <system_error>
 #include <vector>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "backends.hpp"
@@ -202,6 +203,15 @@ inline std::string nearest_option(const CLI::App& cmd, const std::string& name) 
       for (const std::string& long_name : o->get_lnames())
         if (const std::size_t d = edit_distance(name, "--" + long_name); d < best) best = d, nearest = "--" + long_name;
   return nearest;
+}
+
+/// "<program>: unknown option <name>; did you mean <nearest_option>? (<program> --help lists its
+/// options)", the question left out where no option is near: for an option `cmd` does not take,
+/// in place of CLI11's "not expected" line (which names the words last first).
+inline std::string unknown_option_line(const CLI::App& cmd, const std::string& program, const std::string& name) {
+  const std::string nearest = nearest_option(cmd, name);
+  return fmt::format("{}: unknown option {}{} ({} --help lists its options)", program, metrale::printable(name),
+                     nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest), program);
 }
 
 }  // namespace metrale::cli

@@ -52,6 +52,12 @@ std::string given_commands(const CLI::App& app) {
   return given;
 }
 
+// "metrale" and the commands given ("metrale case run"), as messages name where they are.
+std::string command_path(const CLI::App& app) {
+  const std::string given = given_commands(app);
+  return given.empty() ? "metrale" : "metrale " + given;
+}
+
 // The commands under `app` that take the option `name` ("case run"), in the order --help lists
 // them, each with its option.
 std::vector<std::pair<std::string, const CLI::Option*>> commands_taking(const CLI::App& app, const std::string& name) {
@@ -98,12 +104,7 @@ std::string first_plain_word(const CLI::App& app, const std::vector<std::string>
 std::string unknown_option_line(const CLI::App& app, const std::string& name) {
   const CLI::App* cmd = &app;
   while (!cmd->get_subcommands().empty()) cmd = cmd->get_subcommands().front();
-  const std::string nearest = metrale::cli::nearest_option(*cmd, name);
-  const std::string given = given_commands(app);
-  return fmt::format("{}: unknown option {}{} ({} --help lists its options)",
-                     given.empty() ? "metrale" : "metrale " + given, metrale::printable(name),
-                     nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest),
-                     given.empty() ? "metrale" : "metrale " + given);
+  return metrale::cli::unknown_option_line(*cmd, command_path(app), name);
 }
 
 // "metrale --backend cuda replay FILE" (fresh-user trial, fortieth session): for each option of a
@@ -156,7 +157,7 @@ int exit_on_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc,
   // (What a subcommand does not take falls through to the top, so look there too.)
   const CLI::App* last = &app;
   while (!last->get_subcommands().empty()) last = last->get_subcommands().front();
-  const std::string path = given_commands(app).empty() ? "metrale" : "metrale " + given_commands(app);
+  const std::string path = command_path(app);
   // An option of one value given twice ("--kv-cache fp8 --kv-cache nvfp4"; the fresh-user trial,
   // forty-sixth session: CLI11's "At Most 1 required but received 2").
   if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr)
