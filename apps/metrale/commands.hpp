@@ -5,6 +5,7 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -14,6 +15,11 @@
 
 namespace metrale::cli {
 
+/// An error as the CLI reports it: "error (<code>): <message>".
+inline std::string error_text(Errc code, std::string_view message) {
+  return fmt::format("error ({}): {}", to_string(code), message);
+}
+
 /// The exception being handled (call it inside a catch block) as the CLI reports an error:
 /// "error (<code>): <message>" — metrale's code; out_of_memory for std::bad_alloc; internal for any
 /// other std::exception (a library's own: filesystem, json, ...), its text as printable() writes it.
@@ -21,7 +27,7 @@ inline std::string error_line() {
   try {
     throw;
   } catch (const Error& e) {
-    return fmt::format("error ({}): {}", to_string(e.code()), e.what());
+    return error_text(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return "error (out_of_memory): the host ran out of memory";
   } catch (const std::exception& e) {

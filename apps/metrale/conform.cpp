@@ -688,7 +688,7 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       write_reports(made.leaf, device, run, results, seconds);
       made.keep = true;
     }
-    if (!stopped.empty()) fmt::print(stderr, "error ({}): {}\n", to_string(Errc::capacity_exceeded), stopped);
+    if (!stopped.empty()) fmt::print(stderr, "{}\n", error_text(Errc::capacity_exceeded, stopped));
     // A case that could not run is an error (2), as in `case run`; one out of tolerance is 1.
     const bool any_error =
         std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return !r.error.empty(); });
