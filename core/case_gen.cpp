@@ -92,6 +92,7 @@ std::string PagedSpec::vars() const {
     << " sinks=" << sinks << " comp_pool=" << comp_pool << " comp_block_count=" << comp_block_count
     << " zero_groups_every=" << zero_groups_every << " seed=" << seed;
   if (key_ramp != 0.0f) s << " key_ramp=" << key_ramp;  // (older case names stay as they were)
+  if (zero_k) s << " zero_k=1";
   if (latent) s << " latent=1";
   s << " seq_lens=[";
   for (std::size_t i = 0; i < seq_lens.size(); ++i) s << (i ? " " : "") << seq_lens[i];
@@ -206,6 +207,11 @@ KernelCase paged_decode_case(const PagedSpec& p) {
         k_pool[blk * block_stride + data_section + slot * width / 16] = e4m3_encode(ramp / 6.0f);
       }
     }
+  }
+  if (p.zero_k) {
+    std::fill(k_pool.begin(), k_pool.end(), std::uint8_t{0});
+    for (std::size_t i = 0; i < comp.size(); i += 2 * stride)  // a compressed entry's K row
+      std::fill_n(comp.begin() + static_cast<std::ptrdiff_t>(i), stride, std::uint8_t{0});
   }
   if (p.latent) v_pool = k_pool;
   // The float64 reference.

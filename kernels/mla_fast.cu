@@ -235,11 +235,11 @@ __device__ void split_decode(const __nv_bfloat16* q, float* o_partial, float* ml
 
   float acc[kMaxDimTiles][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8 of group r
-  // Each row's unscale factor times the logit scale, then the dot products (as the wgmma entries
-  // take it): Q·Kᵀ of a row scaled up from near FP32's top times 2^-e alone could pass FP32 where
-  // the logit, under a small scale, does not.
-  const float q_down[2] = {sm.q_unscale[16 * r + lane / 4] * logit_scale,
-                           sm.q_unscale[16 * r + lane / 4 + 8] * logit_scale};
+  // Each row's unscale factor times the logit scale (logit_factor), then the dot products (as the
+  // wgmma entries take it): Q·Kᵀ of a row scaled up from near FP32's top times 2^-e alone could
+  // pass FP32 where the logit, under a small scale, does not.
+  const float q_down[2] = {logit_factor(sm.q_unscale[16 * r + lane / 4], logit_scale),
+                           logit_factor(sm.q_unscale[16 * r + lane / 4 + 8], logit_scale)};
   const uint32_t dim_tiles = dim / 4 / 8;
   for (uint32_t tile = begin, i = 0; tile < end; tile += kTileKeys, ++i) {
     // Phase A: the tile's K as FP16 in shared memory (its rows, and staged its bytes, are there

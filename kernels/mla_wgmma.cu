@@ -715,7 +715,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   auto head_of = [&](uint32_t jj) { return head16_of(jj, lane); };
   float q_down[4];
 #pragma unroll
-  for (uint32_t jj = 0; jj < 4; ++jj) q_down[jj] = q_unscale[head_of(jj)] * logit_scale;
+  for (uint32_t jj = 0; jj < 4; ++jj) q_down[jj] = logit_factor(q_unscale[head_of(jj)], logit_scale);
   const uint64_t q_desc = smem_desc(smem_addr(sq), 16, 1024), p_desc = smem_desc(smem_addr(sp), 16, 1024);
   float o[kAtoms16][8] = {};
   float m[4], l[4];  // l: this thread's keys' share of the sum
@@ -993,7 +993,7 @@ __device__ void wgmma16_producers_decode(const __nv_bfloat16* q, float* o_partia
   auto head_of = [&](uint32_t j) { return head16_of(j, lane); };
   float q_down[4];
 #pragma unroll
-  for (uint32_t j = 0; j < 4; ++j) q_down[j] = q_unscale[head_of(j)] * logit_scale;
+  for (uint32_t j = 0; j < 4; ++j) q_down[j] = logit_factor(q_unscale[head_of(j)], logit_scale);
   const uint32_t q_desc = smem_desc_low(smem_addr(sq), 16), k_desc = smem_desc_low(smem_addr(sk), 16);
   const uint32_t v_desc = smem_desc_low(smem_addr(sv), kSlabBytes), p_desc = smem_desc_low(smem_addr(sp), 16);
   // Over one latent pool tile i is in the K buffer (i even) or the V buffer (i odd), read there by
@@ -1361,7 +1361,7 @@ __device__ void wgmma64_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   fence_to_async_proxy();
   __syncthreads();
   // Each row's unscale (a power of two) times the softmax scale in log2 units, for the walk.
-  if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
+  if (tid < kRows64) sm.q_unscale[tid] = logit_factor(sm.q_unscale[tid], logit_scale * kLog2e);
   __syncthreads();
   wgmma64_walk(sm, feed, out, num_q_heads, head0, s, z, chunk.begin, chunk.end, latent);
 }
@@ -1784,7 +1784,7 @@ __device__ void wgmma_hm_decode(const __nv_bfloat16* q, const Out& out, uint32_t
       });
   fence_to_async_proxy();
   __syncthreads();
-  if (tid < kRows64) sm.q_unscale[tid] *= logit_scale * kLog2e;
+  if (tid < kRows64) sm.q_unscale[tid] = logit_factor(sm.q_unscale[tid], logit_scale * kLog2e);
   __syncthreads();
 
   HmAcc acc;

@@ -155,6 +155,12 @@ __device__ inline QScale q_scale_of(uint32_t big) {
   return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23), __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
 }
 
+// A Q row's logit factor: its unscale factor 2^-e times the logit scale `scale` (both finite),
+// held at FP32's largest value where the product passes it. A key whose dot product with the
+// scaled row is 0 then keeps the logit 0, as in the seed kernel, where inf × 0 had made it NaN
+// (max |q| × scale past about 2^142); any dot product of 1 or more gives inf, as the seed's does.
+__device__ inline float logit_factor(float unscale, float scale) { return fminf(unscale * scale, 3.40282347e38f); }
+
 // Q rows [head0, head0 + rows) of sequence s as FP16, a warp per row (rows past num_q_heads are
 // zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims,
 // four FP16 pairs) handed to store(row, part, words), its unscale factor 2^-e at q_unscale[row].

@@ -51,6 +51,12 @@ TEST_CASE("the split path matches the float64 reference", "[mla_fast][split]") {
   SECTION("Q near FP32's range, a small logit scale") {
     p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 1e36f, p.inv_sqrt_d = 1e-36f, p.k_scale = 1e-3f;
   }
+  // Q near FP32's top under a large logit scale, K all zeros: every logit is 0 (the seed's, and
+  // the reference's uniform softmax), but the row's unscale factor (2^112) times the scale passes
+  // FP32, and inf × 0 had made o NaN; the factor is now held at FP32's largest value.
+  SECTION("Q near FP32's range, a logit scale past it, K zero") {
+    p.num_q_heads = 20, p.seq_lens = {70}, p.q_range = 1e38f, p.inv_sqrt_d = 1e6f, p.k_scale = 1.0f, p.zero_k = true;
+  }
   SECTION("window, sinks and compressed entries") {
     p.num_q_heads = 4, p.num_seqs = 3, p.seq_lens = {60, 5, 0}, p.sliding_window = 9, p.sinks = true;
     p.comp_pool = true, p.comp_block_count = 3;
@@ -98,6 +104,25 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
   p.k_scale = 0.013f, p.fill = -1;
   if (p.format == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
+}
+
+// Every raw split entry with K all zeros under a Q row near FP32's top and a logit scale whose
+// product with the row's unscale factor (2^112) passes FP32: the logits stay 0 (a uniform
+// softmax, as in the seed kernel and the reference) where inf × 0 had made them NaN.
+TEST_CASE("every split entry keeps a zero K's logits 0 under a scale past FP32", "[mla_fast][wgmma]") {
+  gen::PagedSpec p;
+  p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
+  const auto [entry, heads] = GENERATE(table<gen::SplitEntry, std::uint32_t>({{gen::SplitEntry::split, 20},
+                                                                              {gen::SplitEntry::split16, 16},
+                                                                              {gen::SplitEntry::wgmma, 128},
+                                                                              {gen::SplitEntry::wgmma16, 16},
+                                                                              {gen::SplitEntry::wgmma16_rs, 16},
+                                                                              {gen::SplitEntry::wgmma_latent, 70}}));
+  p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 2;
+  p.max_blocks_per_seq = 10, p.num_blocks = 20, p.seq_lens = {150, 65}, p.q_range = 1e38f, p.inv_sqrt_d = 1e6f;
+  p.k_scale = 1.0f, p.zero_k = true, p.latent = entry == gen::SplitEntry::wgmma_latent;
+  const KernelCase c = gen::split_kernel_case(p, 2, entry);
+  test::check_case(c);
 }
 
 // The FP8 entries' online softmax over logits that rise along the keys (PagedSpec::key_ramp): up

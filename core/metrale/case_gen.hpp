@@ -41,6 +41,10 @@ struct PagedSpec {
   /// One pool as both caches (FlashMLA's latent layout): the case's v_cache aliases k_cache
   /// (KernelCase::aliases), so V = K row for row and o's last dims are P·K_rope.
   bool latent = false;
+  /// Every K value 0 (FP8: the K pool's codes and the compressed entries' K rows; NVFP4: the K
+  /// pool's bytes, scales included), after key_ramp: every logit 0 whatever Q and the scale, so
+  /// the softmax is uniform (with latent, V is 0 too).
+  bool zero_k = false;
   std::uint64_t seed = 1;
 
   /// Every field, for a failing case's report.
