@@ -2181,6 +2181,21 @@ TEST_CASE("bad input: --record-limit and METRALE_RECORD_LIMIT", "[bad_input][cli
   out.clear();
   CHECK(run_cli("info", out, "METRALE_RECORD_LIMIT=4GB") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_RECORD_LIMIT='4GB' is not a positive 64-bit integer"));
+  // An emulator setting in error: the whole list first, the setting in the emulator's place, then
+  // the error naming it, after the list however stdout is buffered (the fresh-user trial,
+  // forty-seventh session: info had printed the error alone).
+  for (const char* setting : {"METRALE_EMU_THREADS=abc", "METRALE_RECORD_LIMIT=abc"}) {
+    INFO(setting);
+    out.clear();
+    CHECK(run_cli("info", out, setting) == 2);
+    const std::string name = std::string(setting).substr(0, std::string(setting).find('='));
+    const auto list = out.find("backends\n"), place = out.find("emulator\n  an error: " + name + "='abc'"),
+               last = out.find("error (invalid_argument): info: " + name + " (above) is an error");
+    CHECK(list != std::string::npos);
+    CHECK(place != std::string::npos);
+    CHECK(last != std::string::npos);
+    CHECK((list < place && place < last));
+  }
   // --record-limit wins there as in a recording run (info had shown the variable's)
   out.clear();
   CHECK(run_cli("--record-limit 100 info", out, "METRALE_RECORD_LIMIT=4GB") == 0);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,17 +22,90 @@
 
 namespace metrale::cli {
 
+namespace {
+
+// The emulator's settings and what its plans dispatch, as `info` lists them.
+void print_emulator(const emu::EmulatorBackend& emu) {
+  const auto& o = emu.options();
+  fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
+             emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
+  fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
+  fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
+  fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
+  fmt::print("  case files (--record) at most {} bytes a run ({})\n", o.record_limit_bytes,
+             recording_limit() != 0 ? "--record-limit" : "METRALE_RECORD_LIMIT, else 4 GB");
+  // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none
+  // (said once, below the list).
+  const std::string why_none =
+      module_runs_on(emu, kMlaWgmmaModule)
+          ? "too little shared memory"
+          : fmt::format("mla_wgmma is sm_90a only, and this plays sm_{}", emu.compute_capability());
+  bool any_none = false;
+  auto listed = [&](const std::vector<std::string>& fit) {
+    any_none = any_none || fit.empty();
+    return fit.empty() ? std::string("none") : fmt::format("{}", fmt::join(fit, ", "));
+  };
+  auto formats = [&](const char* entry) {
+    std::vector<std::string> fit;
+    for (const char* f : {"fp8", "nvfp4"})
+      if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
+    return listed(fit);
+  };
+  // The formats whose 16-head blocks the plan stages here, asked for a problem with many tiles
+  // per block slot (128 sequences of 64K keys).
+  std::vector<std::string> staged16;
+  for (const KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
+    try {
+      PagedDecodeCommon big;
+      big.num_seqs = 128, big.num_q_heads = 16, big.q_head_dim = big.kv_cache_dim = 576;
+      big.block_size = 64, big.max_blocks_per_seq = 1024;
+      const SplitPlan p = plan_split_decode(big, f, 0, emu.multiprocessor_count(), emu.max_shared_bytes_per_block(),
+                                            module_runs_on(emu, kMlaWgmmaModule));
+      if (p.wgmma && p.rows_per_block == 16 && p.staged) staged16.emplace_back(to_string(f));
+    } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
+    }
+  }
+  fmt::print("  plays                 sm_{}, {} SMs (the decode plans size their grids for it)\n",
+             emu.compute_capability(), emu.multiprocessor_count());
+  fmt::print("  576-wide decode rows  mla_wgmma's 64-head blocks above 32 heads: {}\n",
+             formats("mla_paged_decode_wgmma"));
+  fmt::print(
+      "                        one latent pool (v_cache = k_cache), a table of 4096 keys or more\n"
+      "                        (max_blocks_per_seq x block_size): the heads-in-M\n"
+      "                        block (its combine in clusters where the plan fuses), {}\n",
+      formats("mla_paged_decode_wgmma_latent"));
+  fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
+  fmt::print(
+      "                        staged 16-head blocks where a block has many tiles (two pools;\n"
+      "                        over one latent pool FP8 only): {}\n",
+      listed(staged16));
+  fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
+  if (any_none) fmt::print("                        (none: {})\n", why_none);
+  fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
+  for (const auto& e : emu.registry().entries())
+    fmt::print("    {:<56} {} parameters\n", e.full_name(), e.params.size());
+}
+
+}  // namespace
+
 void add_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "version, backends and emulator settings");
   cmd->callback([] {
     const auto t0 = std::chrono::steady_clock::now();
     emu::EmulatorOptions options;  // as a recording run's: --record-limit, else METRALE_RECORD_LIMIT
     options.record_limit_bytes = recording_limit();
-    const emu::EmulatorBackend emu(options);  // first: a bad METRALE_* setting fails before anything is printed
     // The settings info reports as errors (the commands that use them refuse them): after the
-    // whole list, info exits 2 naming them, as it does for an emulator setting (the fresh-user
-    // trial, forty-sixth session: these had exited 0).
+    // whole list, info exits 2 naming them (the fresh-user trials, forty-sixth session: the CUDA
+    // settings had exited 0; forty-seventh: an emulator setting had ended info before its list).
     std::vector<std::string> in_error;
+    std::optional<const emu::EmulatorBackend> emu;
+    std::string emu_error;
+    try {
+      emu.emplace(options);
+    } catch (const Error& e) {  // its message begins with the setting: "METRALE_EMU_THREADS='abc' is not ..."
+      emu_error = e.what();
+      in_error.push_back(emu_error.substr(0, emu_error.find('=')));
+    }
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
@@ -58,7 +132,9 @@ void add_info(CLI::App& app) {
     } else {
       std::set<std::string> modules, found;
       std::vector<std::string> not_files;  // the CUDA backend refuses these (cuda_backend.cpp)
-      for (const auto& e : emu.registry().entries()) modules.insert(e.module);
+      emu::Registry ports;                 // the kernels' modules, whether or not the emulator's settings hold
+      emu::register_all_ports(ports);
+      for (const auto& e : ports.entries()) modules.insert(e.module);
       for (const auto& m : modules) {
         const auto path = std::filesystem::path(fatbin_dir) / (m + ".fatbin");
         if (std::filesystem::is_regular_file(path, ec))
@@ -99,64 +175,11 @@ void add_info(CLI::App& app) {
       in_error.emplace_back("METRALE_CUDA_CLUSTER_POLICY");
     }
 #endif
-    const auto& o = emu.options();
-    fmt::print("\nemulator\n  worker threads        {}\n  uninitialised reads   {}\n  cross-block races     {}\n",
-               emu.threads(), o.check_uninitialized ? "checked" : "off", o.detect_races ? "checked" : "off");
-    fmt::print("  shared memory/block   {} bytes\n", emu.max_shared_bytes_per_block());
-    fmt::print("  accesses/block        at most {} (METRALE_EMU_BLOCK_ACCESSES)\n", o.max_block_accesses);
-    fmt::print("  accesses/launch       at most {} (METRALE_EMU_LAUNCH_ACCESSES)\n", o.max_launch_accesses);
-    fmt::print("  case files (--record) at most {} bytes a run ({})\n", o.record_limit_bytes,
-               recording_limit() != 0 ? "--record-limit" : "METRALE_RECORD_LIMIT, else 4 GB");
-    // Which of mla_wgmma's blocks the plans dispatch here, per format (576-wide rows), and why none
-    // (said once, below the list).
-    const std::string why_none =
-        module_runs_on(emu, kMlaWgmmaModule)
-            ? "too little shared memory"
-            : fmt::format("mla_wgmma is sm_90a only, and this plays sm_{}", emu.compute_capability());
-    bool any_none = false;
-    auto listed = [&](const std::vector<std::string>& fit) {
-      any_none = any_none || fit.empty();
-      return fit.empty() ? std::string("none") : fmt::format("{}", fmt::join(fit, ", "));
-    };
-    auto formats = [&](const char* entry) {
-      std::vector<std::string> fit;
-      for (const char* f : {"fp8", "nvfp4"})
-        if (!entry_unavailable(emu, kMlaWgmmaModule, fmt::format("{}_{}", entry, f))) fit.emplace_back(f);
-      return listed(fit);
-    };
-    // The formats whose 16-head blocks the plan stages here, asked for a problem with many tiles
-    // per block slot (128 sequences of 64K keys).
-    std::vector<std::string> staged16;
-    for (const KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
-      try {
-        PagedDecodeCommon big;
-        big.num_seqs = 128, big.num_q_heads = 16, big.q_head_dim = big.kv_cache_dim = 576;
-        big.block_size = 64, big.max_blocks_per_seq = 1024;
-        const SplitPlan p = plan_split_decode(big, f, 0, emu.multiprocessor_count(), emu.max_shared_bytes_per_block(),
-                                              module_runs_on(emu, kMlaWgmmaModule));
-        if (p.wgmma && p.rows_per_block == 16 && p.staged) staged16.emplace_back(to_string(f));
-      } catch (const Error&) {  // not even a 16-head split block fits: no wgmma either
-      }
+    if (emu) {
+      print_emulator(*emu);
+    } else {
+      fmt::print("\nemulator\n  an error: {}\n", emu_error);
     }
-    fmt::print("  plays                 sm_{}, {} SMs (the decode plans size their grids for it)\n",
-               emu.compute_capability(), emu.multiprocessor_count());
-    fmt::print("  576-wide decode rows  mla_wgmma's 64-head blocks above 32 heads: {}\n",
-               formats("mla_paged_decode_wgmma"));
-    fmt::print(
-        "                        one latent pool (v_cache = k_cache), a table of 4096 keys or more\n"
-        "                        (max_blocks_per_seq x block_size): the heads-in-M\n"
-        "                        block (its combine in clusters where the plan fuses), {}\n",
-        formats("mla_paged_decode_wgmma_latent"));
-    fmt::print("                        its 16-head blocks up to 16 heads: {}\n", formats("mla_paged_decode_wgmma16"));
-    fmt::print(
-        "                        staged 16-head blocks where a block has many tiles (two pools;\n"
-        "                        over one latent pool FP8 only): {}\n",
-        listed(staged16));
-    fmt::print("                        anything else: mla_fast's mma.sync blocks, or the seed kernel\n");
-    if (any_none) fmt::print("                        (none: {})\n", why_none);
-    fmt::print("  kernels registered    {}\n", emu.registry().entries().size());
-    for (const auto& e : emu.registry().entries())
-      fmt::print("    {:<56} {} parameters\n", e.full_name(), e.params.size());
     const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("\n{:<48} {:>10}\n{:<48} {:>10.2f}\n", "stage", "ms", "start emulator and list", ms);
     if (!in_error.empty())

@@ -288,6 +288,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return exit_on_parse_error(app, e, argc, argv, record_dir);
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
+    // What the command printed first (info's list, which its error points to as "above"), then the error.
+    std::fflush(stdout);
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
   }
