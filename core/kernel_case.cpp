@@ -859,7 +859,17 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
              dims(ran), dims(block), dims(c.grid), dims(c.block),
              a.device_sized.empty() ? "" : fmt::format(" (grid {} sized to the device)", a.device_sized));
     });
-    a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+    try {
+      a.launch(gpu, path ? KernelHandle{} : gpu.kernel(c.module, c.entry), CaseArgs{c, ptrs});
+    } catch (const Error& e) {
+      // A pointer the case has no tensor for reaches the launcher as null, and a required one is
+      // refused as "<name> is null", which no file can hold: name what the file lacks (the
+      // adversarial trial, forty-seventh session).
+      for (const auto& p : a.fields.pointers)
+        if (ptrs.count(p) == 0 && e.message().ends_with(fmt::format(": {} is null", p)))
+          fail(e.code(), "{}: the case has no tensor '{}', a pointer parameter {} needs", e.message(), p, c.entry);
+      throw;
+    }
     gpu.synchronize(0);
     std::map<std::string, Tensor> out;
     for (const auto& [name, buf] : buffers) {

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -27,6 +26,7 @@
 #include "metrale/cli_checks.hpp"
 #include "metrale/emu/emulator.hpp"
 #include "metrale/error.hpp"
+#include "metrale/files.hpp"
 #include "metrale/kernel_case.hpp"
 #include "props/props.hpp"
 
@@ -110,11 +110,11 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
                                     const fs::path& dir, const std::string& report) {
   std::vector<fs::path> written;
   fs::create_directories(dir);
-  {
-    std::ofstream txt(dir / "report.txt");
-    txt << report << "\ninput: " << failing.description << "\n";
-    written.push_back(dir / "report.txt");
-  }
+  // Staged and renamed into place as every file the project writes: a link or a folder at the
+  // name is refused, and a failed write is an error (the adversarial trial, forty-seventh session:
+  // an ofstream had written through a link, and a failure went unsaid).
+  StagedFile(dir / "report.txt", report + "\ninput: " + failing.description + "\n").commit();
+  written.push_back(dir / "report.txt");
   for (std::size_t i = 0; i < failing.cases.size(); ++i) {
     const auto path = dir / fmt::format("{:02}_{}.safetensors", i, failing.cases[i].entry);
     to_safetensors(failing.cases[i]).write(path);

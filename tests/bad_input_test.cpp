@@ -492,6 +492,27 @@ TEST_CASE("bad input: a kernel case's expectation of a buffer the kernel does no
   CHECK(kernel_case_from(f, "c").expected.count("q") == 1);
 }
 
+// A required pointer the file has no tensor for reached the launcher as null and was reported as
+// "q is null", which no file can hold (the adversarial trial, forty-seventh session). An optional
+// one left out stays a null pointer the launcher takes (here sinks and comp_pool).
+TEST_CASE("bad input: a kernel case without a required pointer's tensor names what it lacks",
+          "[bad_input][kernel_case]") {
+  emu::EmulatorBackend emu;
+  for (const char* name : {"q", "seq_lens", "block_tables"}) {
+    INFO(name);
+    SafeTensors f = recorded_decode_case();
+    REQUIRE(f.tensors.erase(name) == 1);
+    const KernelCase c = kernel_case_from(f, "c");
+    require_error([&] { (void)run_kernel_case(emu, c); }, Errc::invalid_argument,
+                  {fmt::format("mla_paged_decode_fp8: {} is null: the case has no tensor '{}', a pointer parameter "
+                               "mla_paged_decode_fp8 needs",
+                               name, name)});
+  }
+  const KernelCase whole = kernel_case_from(recorded_decode_case(), "c");
+  REQUIRE(whole.inputs.count("sinks") == 0);
+  CHECK(run_kernel_case(emu, whole).count("o") == 1);
+}
+
 // Which parameters kernel_writes calls outputs is what each port declares (a Global of non-const T).
 TEST_CASE("kernel_writes agrees with the emulator's ports on every kernel's outputs", "[kernel_case]") {
   emu::EmulatorBackend emu;
@@ -1556,6 +1577,29 @@ TEST_CASE("a fuzz driver's summary says one seed a round of its properties", "[c
   CHECK_THAT(out, Catch::Matchers::Contains("a seed a round of them)"));
   CHECK_THAT(out, Catch::Matchers::Contains("seeds 7..7: no failure"));
   CHECK_THAT(out, !Catch::Matchers::Contains(" in 1 batch "));  // one round, several properties' batches
+}
+
+// A failure's report.txt is written as every other file: a link at its name is refused and left
+// as it was, and the run is an error (the adversarial trial, forty-seventh session: an ofstream had
+// written the report through the link into its target, and a folder there went unsaid). The
+// emulator's block budget of one access fails fuzz_paged's first property at once.
+TEST_CASE("a fuzz driver refuses a link at its report.txt", "[cli]") {
+  const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_paged";
+  const auto scratch = test::scratch_dir("metrale_fuzz_report");
+  std::filesystem::remove_all(scratch);
+  const auto dir = scratch / "paged-paged-decode-of-random-batches-matches-t-seed1";
+  std::filesystem::create_directories(dir);
+  write_bytes(scratch / "precious", std::vector<std::byte>(3, std::byte{0x50}));
+  std::filesystem::create_symlink(scratch / "precious", dir / "report.txt");
+  std::string out;
+  CHECK(run_command(
+            "METRALE_EMU_BLOCK_ACCESSES=1 " + fuzz.string() + " --cases 1 --batch 1 --seed 1 --out " + scratch.string(),
+            out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("FAILED at batch seed 1"));
+  CHECK_THAT(out, Catch::Matchers::Contains("fuzz_paged: error: cannot write " + (dir / "report.txt").string()));
+  CHECK(std::filesystem::is_symlink(dir / "report.txt"));
+  CHECK(std::filesystem::file_size(scratch / "precious") == 3);
+  std::filesystem::remove_all(scratch);
 }
 
 TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothing where it could", "[cli]") {
@@ -2799,6 +2843,14 @@ TEST_CASE("bad input: conform refuses same-named golden files that differ", "[ba
                                             (first.path / "zq_dup.safetensors").string() +
                                             ", which runs under that name: rename one, or name one folder (--golden)"));
   CHECK_THAT(out, !Catch::Matchers::Contains("FAIL golden"));  // refused before anything runs
+  // The same under an --only that picks replays by their kernel, not the file's name (before: no
+  // check, and no note).
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only deepseek --cases " + cases.path.string() + " --golden " +
+                    first.path.string() + " " + second.path.string(),
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("golden case " + (second.path / "zq_dup.safetensors").string() +
+                                            " differs from "));
   // One that cannot be read (here a link to nothing) is named as such (before: said to differ).
   std::filesystem::remove(second.path / "zq_dup.safetensors");
   std::filesystem::create_symlink(second.path / "nothing", second.path / "zq_dup.safetensors");

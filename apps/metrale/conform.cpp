@@ -542,11 +542,11 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       const auto list = [&] { return safetensors_in(dir, named, missing); };
       for (auto& f : variable == nullptr ? list() : with_context(variable, list)) {
         if (const auto it = seen.find(f.filename().string()); it != seen.end()) {
-          // said where --only would have picked the file (its name), as below
-          if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
           // A folder the user named skips only a copy: a file of theirs that differs would go
           // unchecked under a PASS (the adversarial trial, forty-fifth session: an edited copy in
           // METRALE_GOLDEN_DIR behind the working folder's cases/golden, only a note said so).
+          // Whatever --only picks: it picks replays by kernel and replay name too, not by the file's
+          // name alone (forty-seventh session: --only deepseek had passed over an edited copy).
           const bool copy = named && same_bytes(f, it->second);
           if (named && !copy)
             fail(Errc::invalid_argument,
