@@ -545,14 +545,16 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
           // A folder the user named skips only a copy: a file of theirs that differs would go
           // unchecked under a PASS (the adversarial trial, forty-fifth session: an edited copy in
           // METRALE_GOLDEN_DIR behind the working folder's cases/golden, only a note said so).
-          // Whatever --only picks: it picks replays by kernel and replay name too, not by the file's
-          // name alone (forty-seventh session: --only deepseek had passed over an edited copy).
+          // That check runs whatever --only picks: it picks replays by kernel and replay name too, not
+          // by the file's name alone (forty-seventh session: --only deepseek passed over an edited copy).
           const bool copy = named && same_bytes(f, it->second);
           if (named && !copy)
             fail(Errc::invalid_argument,
                  "conform: golden case {} differs from {}, which runs under that name: rename one, or name one "
                  "folder (--golden)",
                  printable(f.string()), printable(it->second.string()));
+          // the note for a skipped copy where --only would pick the file by its name, as below
+          if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
           fmt::print(stderr, "note: conform: golden case {} skipped: {}{} runs under that name\n",
                      printable(f.string()), printable(it->second.string()), copy ? ", a copy of it," : "");
           continue;
