@@ -2425,6 +2425,14 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
            {"replay F --kv-cache fp8 --kv-cache nvfp4",
             "metrale replay: --kv-cache given 2 times ('fp8', 'nvfp4'); it takes one value"},
            {"--record a --record b info", "metrale info: --record given 2 times ('a', 'b'); it takes one value"},
+           // The adversarial trial, forty-seventh session: the values as a transform made them
+           // ('1000000000'), and "--backend=" with the next word taken as its value.
+           {"--record-limit 1GB --record-limit=2GB --record d info",
+            "metrale info: --record-limit given 2 times ('1GB', '2GB'); it takes one value"},
+           {"case run --backend= F",
+            "metrale: --backend= has no value after the '=' (give --backend=VALUE, or the "
+            "value as the next word)"},
+           {"conform --only=", "metrale: --only= has no value after the '='"},
            {"replay -m kimi-k3 F",
             "metrale replay: unknown option -m; did you mean --model? (metrale replay --help lists its options)"},
            {"replay F G", "metrale replay: 'G' is left over: FILE takes one value, given as 'F'"}}) {
