@@ -266,8 +266,7 @@ int run(int argc, char** argv, const std::string& family) {
   CLI::App app{fmt::format("fuzz_{}: the {} property family (tests/props/) for a budget from a seed", family, family)};
   // Bounds keep one batch short: the budget is checked between batches.
   auto* secs = app.add_option("--seconds", o.seconds, "time budget, 0.001 ≤ s ≤ 1e7 (default 10)")
-                   ->check(metrale::cli::decimal_number())
-                   ->check(CLI::Range(1e-3, 1e7));
+                   ->check(metrale::cli::decimal_in(1e-3, 1e7));
   app.add_option("--cases", o.cases,
                  "case budget: stops at the first batch that reaches it, once every property has run a batch "
                  "(so at least --batch cases a property)")

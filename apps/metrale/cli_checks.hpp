@@ -95,13 +95,19 @@ inline CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
 }
 
 /// A decimal number, all of the text ("2", "0.5", "1e-3"; not "abc", "0x10", "nan", "inf" or
-/// "1e-3x"): CLI11 alone reads hex and says only "not in range" of text that is no number.
-inline CLI::Validator decimal_number() {
-  return {[](std::string& s) {
+/// "1e-3x"), within [lo, hi]: CLI11 alone reads hex, says only "not in range" of text that is no
+/// number, and gives its range as "0.001000 to 10000000.000000". A number past a double's range
+/// ("1e-400") is outside [lo, hi], not "no number".
+inline CLI::Validator decimal_in(double lo, double hi) {
+  return {[lo, hi](std::string& s) {
             double v = 0;
             const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
-            if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || !std::isfinite(v))
+            const bool whole = !s.empty() && end == s.data() + s.size();
+            if (!whole || (ec != std::errc{} && ec != std::errc::result_out_of_range) || std::isnan(v) ||
+                (ec == std::errc{} && std::isinf(v)))
               return "'" + s + "' is not a number (2, 0.5, 1e-3)";
+            if (ec == std::errc::result_out_of_range || v < lo || v > hi)
+              return fmt::format("'{}' is outside {} to {}", s, lo, hi);
             return std::string{};
           },
           ""};
