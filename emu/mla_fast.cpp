@@ -48,9 +48,14 @@ int q_scale_exponent(std::uint32_t big) {
   return std::min(126, 141 - field);
 }
 
-// The kernel's logit_factor: a row's unscale factor times the logit scale, held at FP32's largest
-// value, so that a zero dot product keeps its logit 0 (inf × 0 is NaN).
-float logit_factor(float unscale, float scale) { return std::fmin(unscale * scale, std::numeric_limits<float>::max()); }
+// The kernel's logit_factor: a row's unscale factor times the logit scale, held within FP32's
+// finite range, so that a zero dot product keeps its logit 0 (±inf × 0 is NaN). (The 64-head and
+// heads-in-M kernels hold the factor in base-2 units, times log2(e); either way a nonzero dot
+// product's logit is then at least 2^94 in magnitude, so the softmax picks the same keys.)
+float logit_factor(float unscale, float scale) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  return std::fmax(std::fmin(unscale * scale, kMax), -kMax);
+}
 
 // One block's partial: per head of its group, the unnormalised O, the running max and the sum.
 struct Partial {
@@ -99,12 +104,12 @@ Partial split_partial(Block& blk, std::uint32_t z, Global<const Bf16> q, std::ui
     }
     for (std::uint32_t row = 0; row < G; ++row) {
       // Phase B: the row's logits over the tile.
+      const float factor = logit_factor(q_down[row], logit_scale);
       std::vector<float> sv(tile_keys);
       for (std::uint32_t key = 0; key < tile_keys; ++key) {
         float dot = 0.0f;
         for (std::uint32_t d = 0; d < q_head_dim; ++d) dot += q_s[row][d] * k_s[key][d];
-        sv[key] =
-            tile + key < end ? dot * logit_factor(q_down[row], logit_scale) : -std::numeric_limits<float>::infinity();
+        sv[key] = tile + key < end ? dot * factor : -std::numeric_limits<float>::infinity();
       }
       // Phase C: online softmax; P is rounded to FP16 for P·V, the sum keeps FP32.
       const float m_new = std::max(m[row], *std::max_element(sv.begin(), sv.end()));

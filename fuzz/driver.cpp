@@ -110,11 +110,6 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
                                     const fs::path& dir, const std::string& report) {
   std::vector<fs::path> written;
   fs::create_directories(dir);
-  // Staged and renamed into place as every file the project writes: a link or a folder at the
-  // name is refused, and a failed write is an error (the adversarial trial, forty-seventh session:
-  // an ofstream had written through a link, and a failure went unsaid).
-  StagedFile(dir / "report.txt", report + "\ninput: " + failing.description + "\n").commit();
-  written.push_back(dir / "report.txt");
   for (std::size_t i = 0; i < failing.cases.size(); ++i) {
     const auto path = dir / fmt::format("{:02}_{}.safetensors", i, failing.cases[i].entry);
     to_safetensors(failing.cases[i]).write(path);
@@ -133,6 +128,11 @@ std::vector<fs::path> write_failure(const props::Property& p, const rc::detail::
       for (const auto& e : fs::recursive_directory_iterator(dir / "launches"))
         if (e.is_regular_file()) written.push_back(e.path());
   }
+  // After the cases (or the recorded launches), which reproduce the failure without it, staged and renamed into place
+  // as every file the project writes: a link or a folder at the name is refused, and a failed write is an error (the
+  // adversarial trial, forty-seventh session: an ofstream had written through a link, and a failure went unsaid).
+  StagedFile(dir / "report.txt", report + "\ninput: " + failing.description + "\n").commit();
+  written.insert(written.begin(), dir / "report.txt");
   std::sort(written.begin() + 1, written.end());
   return written;
 }

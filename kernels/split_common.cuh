@@ -156,10 +156,14 @@ __device__ inline QScale q_scale_of(uint32_t big) {
 }
 
 // A Q row's logit factor: its unscale factor 2^-e times the logit scale `scale` (both finite),
-// held at FP32's largest value where the product passes it. A key whose dot product with the
-// scaled row is 0 then keeps the logit 0, as in the seed kernel, where inf × 0 had made it NaN
-// (max |q| × scale past about 2^142); any dot product of 1 or more gives inf, as the seed's does.
-__device__ inline float logit_factor(float unscale, float scale) { return fminf(unscale * scale, 3.40282347e38f); }
+// held within FP32's finite range where the product passes it (either sign: the launchers take a
+// negative scale). A key whose dot product with the scaled row is 0 then keeps the logit 0, as in
+// the seed kernel, where inf × 0 had made it NaN (|max |q| × scale| past about 2^142); a nonzero
+// dot product (at least about 2^-34 in FP16 × FP16 terms) gives a logit of at least 2^94 in
+// magnitude, or ±inf, so the softmax picks the keys the unclamped logits would.
+__device__ inline float logit_factor(float unscale, float scale) {
+  return fmaxf(fminf(unscale * scale, 3.40282347e38f), -3.40282347e38f);
+}
 
 // Q rows [head0, head0 + rows) of sequence s as FP16, a warp per row (rows past num_q_heads are
 // zeros): each row scaled by q_scale_of its largest magnitude, its 16-byte unit `part` (8 dims,

@@ -106,9 +106,10 @@ TEST_CASE("the wgmma entries' partials match the float64 reference", "[mla_fast]
   test::check_case(gen::split_kernel_case(p, GENERATE(1u, 3u), entry));
 }
 
-// Every raw split entry with K all zeros under a Q row near FP32's top and a logit scale whose
-// product with the row's unscale factor (2^112) passes FP32: the logits stay 0 (a uniform
-// softmax, as in the seed kernel and the reference) where inf × 0 had made them NaN.
+// Every raw split entry with K all zeros (a compressed pool's too) under a Q row near FP32's top
+// and a logit scale, of either sign, whose product with the row's unscale factor (2^112) passes
+// FP32: the logits stay 0 (a uniform softmax, as in the seed kernel and the reference) where
+// ±inf × 0 had made them NaN.
 TEST_CASE("every split entry keeps a zero K's logits 0 under a scale past FP32", "[mla_fast][wgmma]") {
   gen::PagedSpec p;
   p.format = GENERATE(KvFormat::fp8, KvFormat::nvfp4);
@@ -119,8 +120,11 @@ TEST_CASE("every split entry keeps a zero K's logits 0 under a scale past FP32",
                                                                               {gen::SplitEntry::wgmma16_rs, 16},
                                                                               {gen::SplitEntry::wgmma_latent, 70}}));
   p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = heads, p.block_size = 16, p.num_seqs = 2;
-  p.max_blocks_per_seq = 10, p.num_blocks = 20, p.seq_lens = {150, 65}, p.q_range = 1e38f, p.inv_sqrt_d = 1e6f;
+  p.max_blocks_per_seq = 10, p.num_blocks = 20, p.seq_lens = {150, 65}, p.q_range = 1e38f;
+  p.inv_sqrt_d = GENERATE(1e6f, -1e6f);  // the launchers take a negative scale: −inf × 0 was NaN too
   p.k_scale = 1.0f, p.zero_k = true, p.latent = entry == gen::SplitEntry::wgmma_latent;
+  // a compressed pool's K rows zeroed too (FP8 only; none over one latent pool)
+  if (p.format == KvFormat::fp8 && !p.latent) p.comp_pool = true, p.comp_block_count = 2;
   const KernelCase c = gen::split_kernel_case(p, 2, entry);
   test::check_case(c);
 }

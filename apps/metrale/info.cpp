@@ -102,9 +102,12 @@ void add_info(CLI::App& app) {
     std::string emu_error;
     try {
       emu.emplace(options);
-    } catch (const Error& e) {  // its message begins with the setting: "METRALE_EMU_THREADS='abc' is not ..."
+    } catch (const Error& e) {  // a bad setting's message begins with it: "METRALE_EMU_THREADS='abc' is not ..."
       emu_error = e.what();
-      in_error.push_back(emu_error.substr(0, emu_error.find('=')));
+      const std::size_t eq = emu_error.find('=');
+      const bool setting = emu_error.starts_with("METRALE_") && eq != std::string::npos &&
+                           emu_error.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_") == eq;
+      in_error.push_back(setting ? emu_error.substr(0, eq) : "the emulator");  // (a worker thread that did not start)
     }
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
     for (const auto& b : backend_status())

@@ -290,17 +290,30 @@ int main(int argc, char** argv) {
     }
   };
   name_top_options(app);
-  // "--backend=" with nothing after the '=': CLI11 takes the next word as its value ("--backend:
+  // "--backend=" with nothing after the '=': CLI11 takes the next word as the value ("--backend:
   // 'x.safetensors' is not one of ...") or says a TEXT is missing (the adversarial trial,
-  // forty-seventh session); CLI11 takes no empty value that way, so this refuses nothing it ran.
-  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i)
-    if (const std::string_view a = argv[i]; a.starts_with("--") && a.size() > 3 && a.ends_with('=')) {
-      fmt::print(stderr,
-                 "metrale: {} has no value after the '=' (give {}VALUE, or the value as the next word)\n"
-                 "Run with --help for more information.\n",
-                 metrale::printable(a), metrale::printable(a));
-      return static_cast<int>(CLI::ExitCodes::ValidationError);
-    }
+  // forty-seventh session). Only where the first '=' ends the word, and the command named before
+  // it (or one above, whose options it takes too) has an option of that name that takes a value:
+  // a flag's "--json=" sets it, and an unknown name is CLI11's to name.
+  const CLI::App* at = &app;
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    const std::string_view a = argv[i];
+    for (const CLI::App* sub : at->get_subcommands({}))
+      if (sub->check_name(std::string(a))) {
+        at = sub;
+        break;
+      }
+    if (!a.starts_with("--") || a.size() <= 3 || a.find('=') != a.size() - 1) continue;
+    for (const CLI::App* up = at; up != nullptr; up = up->get_parent())
+      if (const CLI::Option* o = up->get_option_no_throw(std::string(a.substr(0, a.size() - 1)));
+          o != nullptr && o->get_items_expected_max() != 0) {
+        fmt::print(stderr,
+                   "metrale: {} has no value after the '=' (give {}VALUE, or the value as the next word)\n"
+                   "Run with --help for more information.\n",
+                   metrale::printable(a), metrale::printable(a));
+        return static_cast<int>(CLI::ExitCodes::ValidationError);
+      }
+  }
   try {
     app.parse(argc, argv);
     if (record_dir.empty() && record_limit != 0) spdlog::warn("--record-limit without --record: nothing is recorded");
