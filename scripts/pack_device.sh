@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 stage=$(mktemp -d) && trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,lib,kernels,golden}
 # fuzz_capacity: the test that kills a fuzz driver mid-run; fuzz_argorder, fuzz_validation: the test of the
-# launcher families on the devices the emulator plays (all six drivers would pass the carry limit)
+# launcher families on the devices the emulator plays; fuzz_paged: the test of a failure's report.txt
+# (all six drivers would pass the carry limit)
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity build/bin/fuzz_argorder build/bin/fuzz_validation build/bin/fuzz_paged "$stage/bin/"
 # hm_trace's builds (scripts/device_latent.sh, device_step_gap.sh, device_hm_variants.sh), where
 # `cmake --build build --target hm_trace` built them
