@@ -1,6 +1,7 @@
 #include "metrale/model_case.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -8,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "metrale/error.hpp"
+#include "metrale/formats.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/mla_decode.hpp"
 
@@ -138,6 +140,28 @@ float amax(std::span<const float> x) {
   return m;
 }
 
+// Of the V rows' (kv_latent's) groups of 16 values as the NVFP4 cache holds them (each row from
+// its start, the last group padded with zeros), those that hold a nonzero value and how many of
+// them encode as zeros: their largest magnitude is below what an E4M3 group scale (amax / 6)
+// resolves (SPEC §3). The K rows' latent part is the same values.
+std::pair<std::size_t, std::size_t> nvfp4_groups_lost(std::span<const float> kv_latent, std::size_t kv_lora) {
+  std::size_t nonzero = 0, lost = 0;
+  std::array<float, kNvfp4Group> group{};
+  std::array<std::uint8_t, kNvfp4Group / 2> packed{};
+  for (std::size_t row = 0; row < kv_latent.size(); row += kv_lora)
+    for (std::size_t i = 0; i < kv_lora; i += kNvfp4Group) {
+      group.fill(0.0f);
+      std::copy_n(kv_latent.begin() + static_cast<std::ptrdiff_t>(row + i), std::min(kNvfp4Group, kv_lora - i),
+                  group.begin());
+      if (amax(group) == 0.0f) continue;
+      ++nonzero;
+      std::uint8_t scale = 0;
+      nvfp4_encode_group(group, packed, scale);
+      lost += e4m3_decode(scale) == 0.0f ? 1 : 0;
+    }
+  return {nonzero, lost};
+}
+
 }  // namespace
 
 ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std::string case_name,
@@ -176,7 +200,7 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   pc.kv_cache_dim = d.cache_dim();
   pc.free_list_seed = 0x5EED;  // non-contiguous physical blocks, as in a long-running server
   // Per-tensor FP8 calibration: the largest K value (a rotated pair can grow by √2) and V value map to 448.
-  const float latent_max = std::max(amax(kv_latent), 1e-30f);
+  const float latent_max = amax(kv_latent);
   // (A k_rope value whose rotation can pass FP32's range had the cache refuse the scale, "k_scale
   // inf", a name the file does not hold: adversarial trial, forty-fourth session.)
   const float rope_amax = amax(k_rope);
@@ -186,11 +210,39 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
          "tensor k_rope holds {} in magnitude; rotated, a pair can grow by √2 to {:.6g}, past FP32's range, so no "
          "cache scale covers it",
          rope_amax, rope_max);
-  pc.k_scale = static_cast<float>(std::max<double>(latent_max, rope_max) / kE4m3Max);
-  pc.v_scale = options.latent ? pc.k_scale : latent_max / kE4m3Max;
+  const double k_max = std::max<double>(latent_max, rope_max);
+  if (options.kv_cache == KvFormat::fp8) {
+    // The scale (largest magnitude / 448) an FP32 normal number, else it keeps fewer than 24 bits
+    // and the codes round away (the adversarial trial, forty-eighth session: a fixed floor of 1e-30
+    // on the largest magnitude took kv_latent values of 1e-36 to 93% error, read as a FAIL).
+    const double least = double{kE4m3Max} * std::numeric_limits<float>::min();
+    const auto resolvable = [least](double max, const char* rows) {
+      if (max > 0 && max < least)
+        fail(Errc::invalid_argument,
+             "the {} largest magnitude is {:.6g}, below {:.6g} (448 × FP32's smallest normal number), so an fp8 "
+             "cache's scale for them (largest / 448) would be subnormal",
+             rows, max, least);
+    };
+    resolvable(k_max, "K rows' (kv_latent, and k_rope rotated)");
+    if (!options.latent) resolvable(latent_max, "V rows' (kv_latent)");
+  }
+  // An all-zero tensor takes scale 1/448: any scale stores its zeros exactly.
+  pc.k_scale = static_cast<float>((k_max > 0 ? k_max : 1.0) / kE4m3Max);
+  pc.v_scale = options.latent ? pc.k_scale : (latent_max > 0 ? latent_max : 1.0f) / kE4m3Max;
   pc.latent = options.latent;
 
-  ReplayResult r{std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {}, false};
+  ReplayResult r{
+      std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {}, false, {}};
+  if (options.kv_cache == KvFormat::nvfp4) {
+    // The format has no tensor scale (SPEC §3), so a case of small values can lose them all; said
+    // beside the result (the adversarial trial, forty-eighth session: values of about 1e-3 gave
+    // o all zeros, read as a kernel's FAIL).
+    if (const auto [nonzero, lost] = nvfp4_groups_lost(kv_latent, d.kv_lora); lost > 0)
+      r.notes.push_back(fmt::format(
+          "the nvfp4 cache stores {} of kv_latent's {} nonzero groups of 16 values as zeros: their largest magnitude "
+          "is at most 6 × 2^-10 ≈ 0.00586, where the group's E4M3 scale (amax / 6) rounds to 0 (SPEC §3)",
+          lost, nonzero));
+  }
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   r.stages.emplace_back("load case", since(t0));
 
@@ -319,7 +371,7 @@ ReplayResult replay_kimi_case(GpuBackend& gpu, const SafeTensors& file, std::str
   // A gated case that holds the ungated output too has it checked as well (it had been ignored).
   const bool also_ungated = gated && file.has("attn_out");
   const auto want_ungated = also_ungated ? tensor(file, "attn_out", {H, dv}) : std::vector<float>{};
-  ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, false, {}, {}, false};
+  ReplayResult r{std::move(case_name), gpu.name(), KvFormat::fp8, 0, false, {}, {}, false, {}};
   r.stages.emplace_back("load case", since(t0));
 
   t0 = clock::now();

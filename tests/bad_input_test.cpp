@@ -329,6 +329,18 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
                   {"tensor k_rope holds 3.4e+38 in magnitude; rotated, a pair can grow by √2 to 4.80833e+38, past "
                    "FP32's range"});
   }
+  SECTION("KV values whose fp8 scale would be subnormal") {  // (before: floored at 1e-30 / 448, and a
+    for (const char* name : {"kv_latent", "k_rope"}) {       // FAIL at 93% error; adversarial trial)
+      auto values = f.at(name).to_f32();
+      for (float& v : values) v = std::ldexp(v, -124);
+      f.tensors[name] = Tensor::from<float>(f.at(name).shape, values);
+    }
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"the K rows' (kv_latent, and k_rope rotated) largest magnitude is ",
+                   "below 5.26621e-36 (448 × FP32's smallest normal number)"});
+    // an nvfp4 cache has no such scale: the case runs (its groups stored as zeros, noted)
+    CHECK_FALSE(replay_deepseek_case(gpu, f, "case", {KvFormat::nvfp4, 16}).notes.empty());
+  }
   SECTION("an Inf in kv_latent") {
     auto values = f.at("kv_latent").to_f32();
     values[7] = std::numeric_limits<float>::infinity();

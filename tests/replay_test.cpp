@@ -110,6 +110,59 @@ TEST_CASE("replay of every golden case, both cache formats, block sizes 1, 16, 6
   CHECK(gpu.live_allocations().empty());
 }
 
+// A case's tensors times powers of two: q by 2^e, the KV rows (kv_latent, k_rope) by 2^-e, and the
+// file's expected outputs to match (q_absorbed by 2^e; o_latent and attn_out, linear in V, by
+// 2^-e). The logits are unchanged, so the replay's errors are the unscaled case's.
+namespace {
+SafeTensors scaled_case(SafeTensors f, int e) {
+  const auto scale = [&f](const char* name, int by) {
+    auto values = f.at(name).to_f32();
+    for (float& v : values) v = std::ldexp(v, by);
+    f.tensors[name] = Tensor::from<float>(f.at(name).shape, values);
+  };
+  for (const char* name : {"q_nope", "q_rope", "q_absorbed"}) scale(name, e);
+  for (const char* name : {"kv_latent", "k_rope", "o_latent", "attn_out"}) scale(name, -e);
+  return f;
+}
+}  // namespace
+
+// The FP8 calibration had floored the largest magnitude at 1e-30 (the adversarial trial,
+// forty-eighth session): KV values near 1e-35 quantised against a scale a thousand times too large.
+TEST_CASE("replay of KV values near 1e-35 over an fp8 cache keeps the unscaled case's errors", "[replay]") {
+  emu::EmulatorBackend gpu;
+  const auto file = SafeTensors::read(test::golden(kCases[0]));
+  const auto base = replay_deepseek_case(gpu, file, "case", {KvFormat::fp8, 16});
+  const auto small = replay_deepseek_case(gpu, scaled_case(file, 115), "case", {KvFormat::fp8, 16});
+  REQUIRE(small.metrics.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    INFO(small.metrics[i].name << " rel_l2 " << small.metrics[i].rel_l2 << " unscaled " << base.metrics[i].rel_l2);
+    CHECK(small.metrics[i].rel_l2 == Approx(base.metrics[i].rel_l2).epsilon(1e-3));
+  }
+  CHECK(small.pass);
+  CHECK(small.notes.empty());
+}
+
+// NVFP4 has no tensor scale (SPEC §3): a group whose largest magnitude is at most 6 × 2^-10 gets
+// scale 0 and is stored as zeros. A replay says so beside its FAIL.
+TEST_CASE("replay over an nvfp4 cache notes the kv_latent groups it stores as zeros", "[replay]") {
+  emu::EmulatorBackend gpu;
+  const auto file = SafeTensors::read(test::golden(kCases[0]));
+  const auto base = replay_deepseek_case(gpu, file, "case", {KvFormat::nvfp4, 16});
+  CHECK(base.pass);
+  CHECK(base.notes.empty());
+  // Every kv_latent value of the case is below 96 in magnitude, so times 2^-14 every group is lost.
+  const auto kv = file.at("kv_latent").to_f32();
+  float amax = 0;
+  for (float v : kv) amax = std::max(amax, std::fabs(v));
+  REQUIRE(amax < 96);
+  const std::size_t groups = kv.size() / 16;  // kv_lora 512: whole groups, none all zero
+  const auto lost = replay_deepseek_case(gpu, scaled_case(file, 14), "case", {KvFormat::nvfp4, 16});
+  REQUIRE(lost.notes.size() == 1);
+  CHECK_THAT(lost.notes[0], Catch::Contains(fmt::format("stores {} of kv_latent's {} nonzero groups", groups, groups)));
+  CHECK_FALSE(lost.pass);
+  CHECK(lost.metrics[1].rel_l2 == Approx(1.0));  // o_latent all zeros
+}
+
 TEST_CASE("metrale replay --json prints the documented object and exits 0", "[replay][cli]") {
   const std::string cmd = std::string(METRALE_CLI) + " replay " +
                           test::golden("dsv3_h8_t300_theta50k.safetensors").string() + " --kv-cache fp8 --backend emu --json";
@@ -126,6 +179,7 @@ TEST_CASE("metrale replay --json prints the documented object and exits 0", "[re
   CHECK(j["kv_cache"] == "fp8");
   CHECK(j["block_size"] == 16);
   CHECK(j["pass"] == true);
+  CHECK(j["notes"] == nlohmann::json::array());  // a golden case's values lose nothing
   for (const char* m : {"q_absorbed", "o_latent", "attn_out"}) {
     INFO(m);
     CHECK(j["metrics"][m]["rel_l2"].get<double>() < 5e-2);

@@ -44,6 +44,7 @@ void print_table(const ReplayResult& r, const KvDescription& kv) {
                m.max_abs);
   fmt::print("\n{:<52} {:>10}\n", "stage", "ms");
   for (const auto& [stage, ms] : r.stages) fmt::print("{:<52} {:>10.2f}\n", stage, ms);
+  for (const auto& note : r.notes) fmt::print("\nnote: {}\n", note);
   fmt::print("\n{}\n", r.pass ? "PASS" : "FAIL");
 }
 
@@ -64,6 +65,7 @@ void print_json(const ReplayResult& r, const KvDescription& kv) {
         {"rel_l2", m.rel_l2}, {"rel_l2_tolerance", m.tolerance}, {"pass", m.pass}, {"max_abs", m.max_abs}};
   for (const auto& [stage, ms] : r.stages) j["stages_ms"][stage] = ms;
   j["pass"] = r.pass;
+  j["notes"] = r.notes;
   // (A file name need not be UTF-8: such bytes print as U+FFFD.)
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
 }

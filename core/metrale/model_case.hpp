@@ -42,6 +42,9 @@ struct ReplayResult {
   std::vector<CaseMetric> metrics;  // q_absorbed, o_latent, attn_out
   StageTimes stages;                // load → prefill → each decode stage
   bool pass = false;
+  /// What the replay found in the case's values that bears on the result: kv_latent groups an
+  /// nvfp4 cache stores as zeros (its E4M3 group scale rounds to 0, SPEC §3). Printed beside it.
+  std::vector<std::string> notes;
 };
 
 /// Whether `file` is a model case (a golden case of docs/conformance.md: a q_nope tensor and
