@@ -21,6 +21,7 @@
 
 #include "metrale/error.hpp"
 #include "metrale/files.hpp"
+#include "metrale/json_checks.hpp"
 
 namespace metrale {
 
@@ -136,66 +137,6 @@ std::optional<std::uint64_t> json_u64(const Json& j) {
   return std::nullopt;
 }
 
-// A first pass over the header that builds nothing: the nesting depth and, in every object,
-// each key once. (nlohmann's parser callback, which could check the same, rescans the enclosing
-// object at each nested object's end: a header of 50,000 entries took minutes.)
-class HeaderChecks final : public nlohmann::json_sax<Json> {
- public:
-  explicit HeaderChecks(std::string_view name) : name_(name) {}
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t) override { return value(); }
-  bool number_unsigned(number_unsigned_t) override { return value(); }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool string(string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool start_object(std::size_t) override {
-    value();
-    open(true);
-    return true;
-  }
-  bool key(string_t& k) override {
-    if (!keys_.back().insert(k).second)
-      fail(Errc::invalid_argument, "{}: header has key '{}' twice", name_, excerpt(k));
-    return true;
-  }
-  bool end_object() override { return close(); }
-  bool start_array(std::size_t) override {
-    value();
-    open(false);
-    return true;
-  }
-  bool end_array() override { return close(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    fail(Errc::invalid_argument, "{}: header is not valid json: {}", name_, e.what());
-  }
-
- private:
-  bool value() {
-    if (++values_ > kMaxJsonValues)
-      fail(Errc::invalid_argument, "{}: header holds more than {} json values (a tensor's entry needs about 8)", name_,
-           kMaxJsonValues);
-    return true;
-  }
-  void open(bool object) {
-    if (++depth_ > kMaxJsonDepth)
-      fail(Errc::invalid_argument, "{}: header json nests deeper than {} levels", name_, kMaxJsonDepth);
-    if (object) keys_.emplace_back();
-    objects_.push_back(object);
-  }
-  bool close() {
-    if (objects_.back()) keys_.pop_back();
-    objects_.pop_back();
-    --depth_;
-    return true;
-  }
-  std::string_view name_;
-  int depth_ = 0;
-  std::uint64_t values_ = 0;
-  std::vector<bool> objects_;                          // each open container: an object?
-  std::vector<std::unordered_set<std::string>> keys_;  // one set per open object, innermost last
-};
-
 Json parse_header_json(std::string_view text, std::string_view name) {
   // JSON keeps the last of duplicate keys silently; two entries for one tensor
   // name (or two values of one metadata key, or two dtypes of one tensor) would
@@ -204,8 +145,8 @@ Json parse_header_json(std::string_view text, std::string_view name) {
   if (const auto nul = text.find('\0'); nul != std::string_view::npos)
     fail(Errc::invalid_argument, "{}: header holds a NUL byte at offset {}", name, nul);
   if (text.starts_with("\xEF\xBB\xBF")) fail(Errc::invalid_argument, "{}: header starts with a byte-order mark", name);
-  HeaderChecks checks(name);
-  Json::sax_parse(text.begin(), text.end(), &checks);
+  check_json_shape(
+      text, {fmt::format("{}: header", name), kMaxJsonDepth, kMaxJsonValues, " (a tensor's entry needs about 8)"});
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {

@@ -15,7 +15,6 @@
 #include <numeric>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,6 +31,7 @@
 #include "metrale/error.hpp"
 #include "metrale/files.hpp"
 #include "metrale/formats.hpp"
+#include "metrale/json_checks.hpp"
 #include "metrale/k3_fast.hpp"
 #include "metrale/mla_absorbed.hpp"
 #include "metrale/mla_decode.hpp"
@@ -355,8 +355,11 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
 // is two or three launches.
 constexpr int kMaxBlockingGroup = 100;
 
-// bench/torch_baseline.py's JSON nests three levels (the rows' objects); deeper is not its.
+// bench/torch_baseline.py's JSON nests three levels (the rows' objects) and holds about 1,400
+// values in some KB (192 rows); a file far past either is not its.
 constexpr int kMaxTorchJsonDepth = 8;
+constexpr std::uint64_t kMaxTorchJsonValues = 1'000'000;
+constexpr std::uintmax_t kMaxTorchJsonBytes = 64u << 20;
 
 // The dense matmul rates a --torch file may give, in TFLOP/s: a GPU's, not a value in other units
 // (FLOP/s would be 10^12 times it) or a typing slip.
@@ -366,7 +369,7 @@ constexpr double kLeastTflops = 1, kMostTflops = 1e6;
 // matmul_tflops a number from kLeastTflops to kMostTflops; rows a non-empty array of objects with
 // unsigned B, L and H, each shape once, and best_us a positive number or null; timing, when there,
 // a --timing name. Errors: `invalid_argument` naming the file, the row and the key.
-void check_torch_json(const ordered_json& torch, const std::string& path) {
+void check_torch_json(const nlohmann::json& torch, const std::string& path) {
   if (!torch.is_object()) fail(Errc::invalid_argument, "bench --torch {}: not a JSON object", path);
   if (const auto it = torch.find("timing");
       it != torch.end() && !(it->is_string() && Bench::timing_named(it->get<std::string>())))
@@ -428,7 +431,7 @@ struct SweepAxes {
   std::vector<std::uint32_t> batch{1, 8, 32, 128}, context{1024, 4096, 16384, 65536}, heads{16, 64, 128};
 };
 
-void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const ordered_json& torch, const SweepAxes& axes,
+void sweep(Bench& bench, GpuBackend& gpu, double copy_bw, const nlohmann::json& torch, const SweepAxes& axes,
            ordered_json& j) {
   const double mm = torch.contains("matmul_tflops") ? torch["matmul_tflops"].get<double>() * 1e12 : 0.0;
   auto torch_us = [&](std::uint32_t B, std::uint32_t L, std::uint32_t H) -> std::optional<double> {
@@ -564,35 +567,30 @@ void add_bench(CLI::App& app) {
       spdlog::warn("bench: --timing {} times runs on a device; the emulator's figures are wall clock", opts->timing);
     // Every refusal before anything runs or a --json file is truncated (a bad --torch file first,
     // so that it is found without a device too).
-    ordered_json torch = ordered_json::object();
+    nlohmann::json torch = nlohmann::json::object();
     if (!opts->torch.empty()) {
       std::error_code ec;
       const auto type = fs::status(opts->torch, ec).type();
       if (type == fs::file_type::not_found) fail(Errc::not_found, "bench --torch {}: no such file", opts->torch);
       if (type != fs::file_type::regular)  // a FIFO would block the read for ever
         fail(Errc::invalid_argument, "bench --torch {}: not a regular file", opts->torch);
-      std::ifstream in(opts->torch);
+      // Read whole (a baseline is some KB), its shape checked in one pass before it is parsed:
+      // nlohmann's parser callback, which had checked it, took 51 s over 240,000 keys (the
+      // adversarial trial, forty-eighth session).
+      const auto size = fs::file_size(opts->torch, ec);
+      if (ec) fail(Errc::not_found, "bench --torch {}: cannot open the file ({})", opts->torch, ec.message());
+      if (size > kMaxTorchJsonBytes)
+        fail(Errc::invalid_argument, "bench --torch {}: {} bytes, more than a baseline's {} (it is some KB)",
+             opts->torch, size, kMaxTorchJsonBytes);
+      std::ifstream in(opts->torch, std::ios::binary);
       if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
-      try {
-        // The file's JSON is a few levels deep; a deeper one is refused while it is read, and so is
-        // an object with a key twice (the parser would keep the last silently).
-        std::vector<std::set<std::string>> keys;  // of each object open
-        torch = ordered_json::parse(in, [&](int depth, nlohmann::json::parse_event_t event, ordered_json& parsed) {
-          using Event = nlohmann::json::parse_event_t;
-          if (depth > kMaxTorchJsonDepth)
-            fail(Errc::invalid_argument, "bench --torch {}: JSON nests deeper than {} levels", opts->torch,
-                 kMaxTorchJsonDepth);
-          if (event == Event::object_start) keys.emplace_back();
-          if (event == Event::object_end) keys.pop_back();
-          if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second)
-            fail(Errc::invalid_argument, "bench --torch {}: key '{}' twice in one object", opts->torch,
-                 parsed.get<std::string>());
-          return true;
-        });
-      } catch (const nlohmann::json::exception& e) {
-        fail(Errc::invalid_argument, "bench --torch {}: not the JSON of bench/torch_baseline.py ({})", opts->torch,
-             e.what());
-      }
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      if (in.bad()) fail(Errc::not_found, "bench --torch {}: cannot read the file", opts->torch);
+      // The file's JSON is a few levels deep, and an object with a key twice is refused (the
+      // parser would keep the last silently).
+      check_json_shape(text, {fmt::format("bench --torch {}: JSON", opts->torch), kMaxTorchJsonDepth,
+                              kMaxTorchJsonValues, " (a baseline row holds 7)"});
+      torch = nlohmann::json::parse(text);
       check_torch_json(torch, opts->torch);
       // Rows timed one way set against rows timed the other would move the ratios by the host's
       // launch latency (a file without "timing" predates the setting: lone).
