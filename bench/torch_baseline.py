@@ -94,10 +94,13 @@ def main(out_path, rows_from=None, timing="lone"):
     if timing == "blocking":
         HOLD = {"cycles": HOLD_CYCLES, "event": torch.cuda.Event(enable_timing=True)}
     copy_gbps, matmul_tflops = ceilings()
-    print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing})", flush=True)
+    # which PyTorch and GPU, as its kernels (cuBLAS's among them) set the baseline
+    where = {"torch_version": torch.__version__, "device": torch.cuda.get_device_name()}
+    print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing}; "
+          f"torch {where['torch_version']} on {where['device']})", flush=True)
     if rows_from is not None:
         with open(out_path, "w") as f:
-            json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing,
+            json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing, **where,
                        "rows": earlier["rows"], "rows_from": rows_from}, f, indent=1)
         return
     scale = 1 / math.sqrt(192)
@@ -133,8 +136,8 @@ def main(out_path, rows_from=None, timing="lone"):
             del kv
             torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing, "rows": rows}, f,
-                  indent=1)
+        json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing, **where, "rows": rows},
+                  f, indent=1)
 
 
 if __name__ == "__main__":
