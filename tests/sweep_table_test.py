@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""bench/sweep_table.py on hand-made sweep JSON: the figures it derives, and its refusals.
+"""bench/sweep_table.py on hand-made sweep JSON: the figures it derives, and its refusals; and
+docs/performance.md's sweep table against the script's output for the JSON it names.
 
 Run by CTest (tests/CMakeLists.txt); standard library only.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import unittest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "sweep_table.py")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SCRIPT = os.path.join(ROOT, "bench", "sweep_table.py")
 
 
 def row(**changes):
@@ -95,6 +98,27 @@ class SweepTable(unittest.TestCase):
                               check=False)
         self.assertEqual(done.returncode, 2)
         self.assertIn("/nonexistent/sweep.json: No such file or directory", done.stderr)
+
+
+class DocumentedSweep(unittest.TestCase):
+    def test_the_docs_table_is_the_named_runs(self):
+        """"The sweep" in docs/performance.md names its JSON (`python3 bench/sweep_table.py FILE`);
+        its rows are the script's rows for that file, every one of them."""
+        with open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("\n## The sweep"):]
+        section = section[:section.index("\n## ", 1)]
+        named = re.search(r"`python3 bench/sweep_table\.py (bench/results/[^`\s]+\.json)`", section)
+        self.assertIsNotNone(named, "no `python3 bench/sweep_table.py bench/results/FILE.json` in The sweep")
+        done = subprocess.run([sys.executable, SCRIPT, os.path.join(ROOT, named.group(1))], capture_output=True,
+                              text=True, check=True)
+
+        def rows(md):
+            return [line for line in md.splitlines() if line.startswith("| fp8 ") or line.startswith("| nvfp4 ")]
+
+        want = rows(done.stdout)
+        self.assertEqual(len(want), 192)
+        self.assertEqual(rows(section), want)
 
 
 if __name__ == "__main__":
