@@ -225,6 +225,25 @@ TEST_CASE("check_output and same_arithmetic_tolerance hold across 2^20-value sli
   CHECK(check_output("o", bf16(gb), bf16(wb), {0, 0, 3}).pass);
 }
 
+// A report's worst element where nothing fails: the element nearest its tolerance (the fresh-user
+// trial, forty-eighth session: every passing check's "worst" was empty, where the docs promise it).
+TEST_CASE("check_output names the element nearest its tolerance when every element passes", "[kernel_case]") {
+  const std::vector<float> want{1.0f, 2.0f, 4.0f, 8.0f};
+  std::vector<float> got = want;
+  got[1] += 0.5f;  // 0.5 of the 1 + 0.25·2 = 1.5 allowed: a third
+  got[3] -= 2.0f;  // 2 of 1 + 0.25·8 = 3 allowed: two thirds, the nearest
+  const OutputCheck r = check_output("x", f32(got), f32(want), {1.0, 0.25, 0});
+  CHECK(r.pass);
+  CHECK(r.worst == "[3] got 6 expected 8 (within its tolerance)");
+  CHECK(r.tolerance_used == Approx(2.0 / 3.0));
+  // an exact output has none; a failing one names the failing element, not the nearest passing one
+  CHECK(check_output("x", f32(want), f32(want), {1.0, 0.25, 0}).worst.empty());
+  got[0] += 10.0f;
+  const OutputCheck bad = check_output("x", f32(got), f32(want), {1.0, 0.25, 0});
+  CHECK(bad.bad == 1);
+  CHECK(bad.worst == "[0] got 11 expected 1");
+}
+
 // A relative tolerance of ∞ (which parse_tolerance accepts) once failed exact zeros: ∞·0 is NaN.
 TEST_CASE("check_output with an infinite relative tolerance passes exact zeros, fails off zero", "[kernel_case]") {
   const Tolerance tol{0, std::numeric_limits<double>::infinity(), 0};

@@ -111,7 +111,10 @@ struct OutputCheck {
   /// or the ULPs where those are allowed, whichever allows more): at most 1 passes; infinite for
   /// a non-finite mismatch or an error where nothing is allowed.
   double tolerance_used = 0;
-  std::string worst;  // the element furthest outside, for the report
+  /// For the report: the failing element furthest from its expectation, "[i] got g expected w";
+  /// where none fails, the element nearest its tolerance, "... (within its tolerance)"; empty
+  /// where every element is exact.
+  std::string worst;
   bool pass = false;
 };
 /// Compare an output with its expectation. NaN passes only against NaN, an
