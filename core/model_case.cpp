@@ -140,26 +140,61 @@ float amax(std::span<const float> x) {
   return m;
 }
 
-// Of the V rows' (kv_latent's) groups of 16 values as the NVFP4 cache holds them (each row from
-// its start, the last group padded with zeros), those that hold a nonzero value and how many of
-// them encode as zeros: their largest magnitude is below what an E4M3 group scale (amax / 6)
-// resolves (SPEC §3). The K rows' latent part is the same values.
-std::pair<std::size_t, std::size_t> nvfp4_groups_lost(std::span<const float> kv_latent, std::size_t kv_lora) {
-  std::size_t nonzero = 0, lost = 0;
+// The K and V rows as the paged cache holds them, for the notes below: the decoder's BF16 values,
+// K = [kv_latent ‖ k_rope ‖ 0…] and V = [kv_latent ‖ 0…], `width` (kv_cache_dim) wide. Where the
+// rope rotates a pair, both its values are taken at the pair's norm, the most either can reach, so
+// what the notes count as stored as zeros is stored as zeros.
+struct CacheRows {
+  std::vector<float> k, v;
+  std::size_t width = 0;
+};
+CacheRows cache_rows(std::span<const float> kv_latent, std::span<const float> k_rope, const MlaDims& d, bool rotate) {
+  const std::size_t T = kv_latent.size() / d.kv_lora, w = d.cache_dim();
+  CacheRows rows{std::vector<float>(T * w, 0.0f), std::vector<float>(T * w, 0.0f), w};
+  for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t i = 0; i < d.kv_lora; ++i)
+      rows.k[t * w + i] = rows.v[t * w + i] = bf16_round(kv_latent[t * d.kv_lora + i]);
+    for (std::size_t i = 0; i < d.rope; ++i) {
+      const float x = bf16_round(k_rope[t * d.rope + i]);
+      const float pair = i % 2 == 0 && i + 1 < d.rope ? bf16_round(k_rope[t * d.rope + i + 1])
+                         : i % 2 == 1                 ? bf16_round(k_rope[t * d.rope + i - 1])
+                                                      : 0.0f;
+      rows.k[t * w + d.kv_lora + i] = rotate ? std::hypot(x, pair) : x;
+    }
+  }
+  return rows;
+}
+
+struct Stored {
+  std::size_t nonzero = 0, zeros = 0;  // of the values (FP8) or the 16-value groups (NVFP4) that are not 0
+  Stored& operator+=(const Stored& o) {
+    nonzero += o.nonzero, zeros += o.zeros;
+    return *this;
+  }
+};
+// FP8: a value's E4M3 code (value / scale) is 0 at most 2^-10 × scale in magnitude.
+Stored fp8_zeros(std::span<const float> rows, float scale) {
+  Stored s;
+  for (float x : rows)
+    if (x != 0.0f) ++s.nonzero, s.zeros += e4m3_decode(e4m3_encode(x / scale)) == 0.0f ? 1 : 0;
+  return s;
+}
+// NVFP4: a group whose E4M3 scale (its largest magnitude / 6) rounds to 0 stores zeros (SPEC §3).
+Stored nvfp4_zeros(std::span<const float> rows, std::size_t width) {
+  Stored s;
   std::array<float, kNvfp4Group> group{};
   std::array<std::uint8_t, kNvfp4Group / 2> packed{};
-  for (std::size_t row = 0; row < kv_latent.size(); row += kv_lora)
-    for (std::size_t i = 0; i < kv_lora; i += kNvfp4Group) {
+  for (std::size_t row = 0; row < rows.size(); row += width)
+    for (std::size_t i = 0; i < width; i += kNvfp4Group) {
       group.fill(0.0f);
-      std::copy_n(kv_latent.begin() + static_cast<std::ptrdiff_t>(row + i), std::min(kNvfp4Group, kv_lora - i),
-                  group.begin());
+      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row + i), std::min(kNvfp4Group, width - i), group.begin());
       if (amax(group) == 0.0f) continue;
-      ++nonzero;
+      ++s.nonzero;
       std::uint8_t scale = 0;
       nvfp4_encode_group(group, packed, scale);
-      lost += e4m3_decode(scale) == 0.0f ? 1 : 0;
+      s.zeros += e4m3_decode(scale) == 0.0f ? 1 : 0;
     }
-  return {nonzero, lost};
+  return s;
 }
 
 }  // namespace
@@ -200,11 +235,12 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   pc.kv_cache_dim = d.cache_dim();
   pc.free_list_seed = 0x5EED;  // non-contiguous physical blocks, as in a long-running server
   // Per-tensor FP8 calibration: the largest K value (a rotated pair can grow by √2) and V value map to 448.
+  const bool rotate = rope != "none";
   const float latent_max = amax(kv_latent);
   // (A k_rope value whose rotation can pass FP32's range had the cache refuse the scale, "k_scale
   // inf", a name the file does not hold: adversarial trial, forty-fourth session.)
   const float rope_amax = amax(k_rope);
-  const double rope_max = std::sqrt(2.0) * rope_amax;
+  const double rope_max = (rotate ? std::sqrt(2.0) : 1.0) * rope_amax;
   if (rope_max > std::numeric_limits<float>::max())
     fail(Errc::invalid_argument,
          "tensor k_rope holds {} in magnitude; rotated, a pair can grow by √2 to {:.6g}, past FP32's range, so no "
@@ -213,18 +249,20 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
   const double k_max = std::max<double>(latent_max, rope_max);
   if (options.kv_cache == KvFormat::fp8) {
     // The scale (largest magnitude / 448) an FP32 normal number, else it keeps fewer than 24 bits
-    // and the codes round away (the adversarial trial, forty-eighth session: a fixed floor of 1e-30
-    // on the largest magnitude took kv_latent values of 1e-36 to 93% error, read as a FAIL).
+    // (the adversarial trial, forty-eighth session: a fixed floor of 1e-30 on the largest
+    // magnitude had taken kv_latent values of 1e-36 to 93% error, read as a FAIL).
     const double least = double{kE4m3Max} * std::numeric_limits<float>::min();
-    const auto resolvable = [least](double max, const char* rows) {
+    const auto resolvable = [least](double max, const char* rows, const std::string& from) {
       if (max > 0 && max < least)
         fail(Errc::invalid_argument,
-             "the {} largest magnitude is {:.6g}, below {:.6g} (448 × FP32's smallest normal number), so an fp8 "
-             "cache's scale for them (largest / 448) would be subnormal",
-             rows, max, least);
+             "the {} rows' largest magnitude is {:.6g} ({}), below {:.6g} (448 × FP32's smallest normal number), so "
+             "an fp8 cache's scale for them (largest / 448) would be subnormal",
+             rows, max, from, least);
     };
-    resolvable(k_max, "K rows' (kv_latent, and k_rope rotated)");
-    if (!options.latent) resolvable(latent_max, "V rows' (kv_latent)");
+    resolvable(k_max, "K",
+               fmt::format("kv_latent's {:.6g}; k_rope's {:.6g}{}", latent_max, rope_amax,
+                           rotate ? " × √2, as the rotation can grow a pair" : ""));
+    if (!options.latent) resolvable(latent_max, "V", "kv_latent's");
   }
   // An all-zero tensor takes scale 1/448: any scale stores its zeros exactly.
   pc.k_scale = static_cast<float>((k_max > 0 ? k_max : 1.0) / kE4m3Max);
@@ -233,15 +271,27 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
 
   ReplayResult r{
       std::move(case_name), gpu.name(), options.kv_cache, options.block_size, options.latent, {}, {}, false, {}};
-  if (options.kv_cache == KvFormat::nvfp4) {
-    // The format has no tensor scale (SPEC §3), so a case of small values can lose them all; said
-    // beside the result (the adversarial trial, forty-eighth session: values of about 1e-3 gave
-    // o all zeros, read as a kernel's FAIL).
-    if (const auto [nonzero, lost] = nvfp4_groups_lost(kv_latent, d.kv_lora); lost > 0)
+  {
+    // Values the cache stores as zeros, said beside the result (the adversarial trial,
+    // forty-eighth session: KV values of about 1e-3 over an nvfp4 cache gave o all zeros, read
+    // as a kernel's FAIL). NVFP4 has no tensor scale (SPEC §3), so any group lost is noted; an
+    // fp8 cache's scale follows the tensor, and rounds its smallest values to 0 in any real case
+    // (a few in a million), so more than 1% are noted.
+    const CacheRows rows = cache_rows(kv_latent, k_rope, d, rotate);
+    const bool fp8 = options.kv_cache == KvFormat::fp8;
+    Stored kept = fp8 ? fp8_zeros(rows.k, pc.k_scale) : nvfp4_zeros(rows.k, rows.width);
+    if (!options.latent) kept += fp8 ? fp8_zeros(rows.v, pc.v_scale) : nvfp4_zeros(rows.v, rows.width);
+    const std::string pools = options.latent ? "its one pool's rows (V = K)" : "its K and V rows";
+    if (fp8 && kept.zeros * 100 > kept.nonzero)
       r.notes.push_back(fmt::format(
-          "the nvfp4 cache stores {} of kv_latent's {} nonzero groups of 16 values as zeros: their largest magnitude "
+          "the fp8 cache stores {} of the {} nonzero values of {} as zeros: each is at most 2^-10 times its pool's "
+          "scale (K {:.6g}{}), half the smallest E4M3 step",
+          kept.zeros, kept.nonzero, pools, pc.k_scale, options.latent ? "" : fmt::format(", V {:.6g}", pc.v_scale)));
+    if (!fp8 && kept.zeros > 0)
+      r.notes.push_back(fmt::format(
+          "the nvfp4 cache stores {} of the {} nonzero groups of 16 values of {} as zeros: their largest magnitude "
           "is at most 6 × 2^-10 ≈ 0.00586, where the group's E4M3 scale (amax / 6) rounds to 0 (SPEC §3)",
-          lost, nonzero));
+          kept.zeros, kept.nonzero, pools));
   }
   auto since = [](clock::time_point a) { return std::chrono::duration<double, std::milli>(clock::now() - a).count(); };
   r.stages.emplace_back("load case", since(t0));

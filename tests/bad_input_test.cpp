@@ -336,10 +336,23 @@ TEST_CASE("bad input: a DeepSeek case with a tensor of the wrong dtype names the
       f.tensors[name] = Tensor::from<float>(f.at(name).shape, values);
     }
     require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
-                  {"the K rows' (kv_latent, and k_rope rotated) largest magnitude is ",
-                   "below 5.26621e-36 (448 × FP32's smallest normal number)"});
+                  {"the K rows' largest magnitude is ", "(kv_latent's ", "; k_rope's ",
+                   " × √2, as the rotation can grow a pair), below 5.26621e-36 (448 × FP32's smallest normal number)"});
     // an nvfp4 cache has no such scale: the case runs (its groups stored as zeros, noted)
     CHECK_FALSE(replay_deepseek_case(gpu, f, "case", {KvFormat::nvfp4, 16}).notes.empty());
+  }
+  SECTION("V values whose fp8 scale would be subnormal, K's not") {  // (the diff review: the V rows'
+    auto values = f.at("kv_latent").to_f32();                        // refusal had no test)
+    for (float& v : values) v = std::ldexp(v, -124);
+    f.tensors["kv_latent"] = Tensor::from<float>(f.at("kv_latent").shape, values);
+    require_error([&] { (void)replay_deepseek_case(gpu, f, "case", {}); }, Errc::invalid_argument,
+                  {"the V rows' largest magnitude is ", " (kv_latent's), below 5.26621e-36"});
+    // One latent pool has K's scale alone, so V's codes round to 0: run, and said in a note.
+    const auto latent = replay_deepseek_case(gpu, f, "case", {KvFormat::fp8, 16, true});
+    REQUIRE(latent.notes.size() == 1);
+    CHECK_THAT(latent.notes[0], Catch::Matchers::Contains(" nonzero values of its one pool's rows (V = K) as zeros: "
+                                                          "each is at most 2^-10 times its pool's scale"));
+    CHECK_FALSE(latent.pass);
   }
   SECTION("an Inf in kv_latent") {
     auto values = f.at("kv_latent").to_f32();
@@ -2858,6 +2871,36 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
 // Golden folders with a file of the same name: a copy is skipped with a note, a file that differs
 // is an error (the adversarial trial, forty-fifth session: an edited copy in METRALE_GOLDEN_DIR was
 // skipped with only a note, and the run read PASS).
+// A golden replay's notes reach conform's output and report (the diff review, forty-eighth session:
+// conform had dropped them, so its FAIL read as a kernel's error).
+TEST_CASE("conform prints a golden replay's notes and writes them to its report", "[bad_input][cli]") {
+  TempPath cases("_note_cases"), golden("_note_golden"), report("_note_report");
+  for (const auto* d : {&cases, &golden}) std::filesystem::create_directories(d->path);
+  recorded_decode_case().write(cases.path / "k.safetensors");
+  test::scaled_case(SafeTensors::read(test::golden("dsv3_h16_t37.safetensors")), 14)
+      .write(golden.path / "zsmall.safetensors");
+  std::string out;
+  CHECK(run_cli("conform --backend emu --only \"zsmall nvfp4 block 16\" --cases " + cases.path.string() + " --golden " +
+                    golden.path.string() + " --report " + report.path.string(),
+                out) == 1);
+  CHECK_THAT(out, Catch::Matchers::Contains("FAIL golden zsmall nvfp4 block 16"));
+  CHECK_THAT(out, Catch::Matchers::Contains("  note: the nvfp4 cache stores "));
+  std::ifstream json_file(report.path / "report.json"), md_file(report.path / "report.md");
+  REQUIRE(json_file);
+  const auto json = nlohmann::json::parse(json_file);
+  std::size_t golden_cases = 0;  // (two pools and one latent pool); the kernel case has no note
+  for (const auto& c : json["cases"]) {
+    INFO(c.dump());
+    const bool replay = c["group"] == "golden";
+    golden_cases += replay ? 1 : 0;
+    REQUIRE(c["notes"].size() == (replay ? 1u : 0u));
+    if (replay) CHECK_THAT(c["notes"][0].get<std::string>(), Catch::Matchers::Contains("nvfp4 cache stores"));
+  }
+  CHECK(golden_cases >= 1);
+  const std::string md{std::istreambuf_iterator<char>(md_file), std::istreambuf_iterator<char>()};
+  CHECK_THAT(md, Catch::Matchers::Contains("- note: the nvfp4 cache stores"));
+}
+
 TEST_CASE("bad input: conform refuses same-named golden files that differ", "[bad_input][cli]") {
   TempPath cases("_dup_cases"), first("_dup_golden_a"), second("_dup_golden_b");
   for (const auto* d : {&cases, &first, &second}) std::filesystem::create_directories(d->path);
@@ -2871,14 +2914,15 @@ TEST_CASE("bad input: conform refuses same-named golden files that differ", "[ba
   CHECK_THAT(out,
              Catch::Matchers::Contains("note: conform: golden case " + (second.path / "zq_dup.safetensors").string() +
                                        " skipped: " + (first.path / "zq_dup.safetensors").string() +
-                                       ", a copy of it, runs under that name"));
+                                       ", a copy of it, is the file taken under that name"));
   write_bytes(second.path / "zq_dup.safetensors", std::vector<std::byte>(4, std::byte{0x42}));
   out.clear();
   CHECK(run_cli(args, out) == 2);
-  CHECK_THAT(out, Catch::Matchers::Contains("error (invalid_argument): conform: golden case " +
-                                            (second.path / "zq_dup.safetensors").string() + " differs from " +
-                                            (first.path / "zq_dup.safetensors").string() +
-                                            ", which runs under that name: rename one, or name one folder (--golden)"));
+  CHECK_THAT(out,
+             Catch::Matchers::Contains("error (invalid_argument): conform: golden case " +
+                                       (second.path / "zq_dup.safetensors").string() + " differs from " +
+                                       (first.path / "zq_dup.safetensors").string() +
+                                       ", the file taken under that name: rename one, or name one folder (--golden)"));
   CHECK_THAT(out, !Catch::Matchers::Contains("FAIL golden"));  // refused before anything runs
   // The same under an --only that picks replays by their kernel, not the file's name (before: no
   // check, and no note).

@@ -110,29 +110,13 @@ TEST_CASE("replay of every golden case, both cache formats, block sizes 1, 16, 6
   CHECK(gpu.live_allocations().empty());
 }
 
-// A case's tensors times powers of two: q by 2^e, the KV rows (kv_latent, k_rope) by 2^-e, and the
-// file's expected outputs to match (q_absorbed by 2^e; o_latent and attn_out, linear in V, by
-// 2^-e). The logits are unchanged, so the replay's errors are the unscaled case's.
-namespace {
-SafeTensors scaled_case(SafeTensors f, int e) {
-  const auto scale = [&f](const char* name, int by) {
-    auto values = f.at(name).to_f32();
-    for (float& v : values) v = std::ldexp(v, by);
-    f.tensors[name] = Tensor::from<float>(f.at(name).shape, values);
-  };
-  for (const char* name : {"q_nope", "q_rope", "q_absorbed"}) scale(name, e);
-  for (const char* name : {"kv_latent", "k_rope", "o_latent", "attn_out"}) scale(name, -e);
-  return f;
-}
-}  // namespace
-
 // The FP8 calibration had floored the largest magnitude at 1e-30 (the adversarial trial,
 // forty-eighth session): KV values near 1e-35 quantised against a scale a thousand times too large.
 TEST_CASE("replay of KV values near 1e-35 over an fp8 cache keeps the unscaled case's errors", "[replay]") {
   emu::EmulatorBackend gpu;
   const auto file = SafeTensors::read(test::golden(kCases[0]));
   const auto base = replay_deepseek_case(gpu, file, "case", {KvFormat::fp8, 16});
-  const auto small = replay_deepseek_case(gpu, scaled_case(file, 115), "case", {KvFormat::fp8, 16});
+  const auto small = replay_deepseek_case(gpu, test::scaled_case(file, 115), "case", {KvFormat::fp8, 16});
   REQUIRE(small.metrics.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) {
     INFO(small.metrics[i].name << " rel_l2 " << small.metrics[i].rel_l2 << " unscaled " << base.metrics[i].rel_l2);
@@ -144,21 +128,30 @@ TEST_CASE("replay of KV values near 1e-35 over an fp8 cache keeps the unscaled c
 
 // NVFP4 has no tensor scale (SPEC §3): a group whose largest magnitude is at most 6 × 2^-10 gets
 // scale 0 and is stored as zeros. A replay says so beside its FAIL.
-TEST_CASE("replay over an nvfp4 cache notes the kv_latent groups it stores as zeros", "[replay]") {
+TEST_CASE("replay over an nvfp4 cache notes the groups it stores as zeros", "[replay]") {
   emu::EmulatorBackend gpu;
   const auto file = SafeTensors::read(test::golden(kCases[0]));
   const auto base = replay_deepseek_case(gpu, file, "case", {KvFormat::nvfp4, 16});
   CHECK(base.pass);
   CHECK(base.notes.empty());
-  // Every kv_latent value of the case is below 96 in magnitude, so times 2^-14 every group is lost.
-  const auto kv = file.at("kv_latent").to_f32();
-  float amax = 0;
-  for (float v : kv) amax = std::max(amax, std::fabs(v));
-  REQUIRE(amax < 96);
-  const std::size_t groups = kv.size() / 16;  // kv_lora 512: whole groups, none all zero
-  const auto lost = replay_deepseek_case(gpu, scaled_case(file, 14), "case", {KvFormat::nvfp4, 16});
+  // Every kv_latent value of the case is below 96 in magnitude and every rotated k_rope value too
+  // (a pair's norm, at most √2 × the largest), so times 2^-14 every group is lost.
+  const auto largest = [&file](const char* name) {
+    float m = 0;
+    for (float v : file.at(name).to_f32()) m = std::max(m, std::fabs(v));
+    return m;
+  };
+  REQUIRE(largest("kv_latent") < 96);
+  REQUIRE(std::sqrt(2.0f) * largest("k_rope") < 96);
+  // The cache's rows (kv_lora 512, rope 64, 576 wide): K = [latent ‖ rope], 36 groups of 16; V =
+  // [latent ‖ 0…], 32 groups that are not all zero.
+  const auto T = static_cast<std::size_t>(file.meta_i64("tokens"));
+  const auto lost = replay_deepseek_case(gpu, test::scaled_case(file, 14), "case", {KvFormat::nvfp4, 16});
   REQUIRE(lost.notes.size() == 1);
-  CHECK_THAT(lost.notes[0], Catch::Contains(fmt::format("stores {} of kv_latent's {} nonzero groups", groups, groups)));
+  CHECK_THAT(lost.notes[0],
+             Catch::Contains(fmt::format("stores {0} of the {0} nonzero groups of 16 values of its K and "
+                                         "V rows as zeros",
+                                         T * (36 + 32))));
   CHECK_FALSE(lost.pass);
   CHECK(lost.metrics[1].rel_l2 == Approx(1.0));  // o_latent all zeros
 }

@@ -61,6 +61,21 @@ void require_error(F&& body, Errc code, std::initializer_list<std::string> needl
   FAIL("no metrale::Error was thrown");
 }
 
+/// A DeepSeek golden case's tensors times powers of two: q by 2^e, the KV rows (kv_latent,
+/// k_rope) by 2^-e, and the file's expected outputs to match (q_absorbed by 2^e; o_latent and
+/// attn_out, linear in V, by 2^-e). The logits are unchanged, so a replay's errors are the
+/// unscaled case's as long as the cache holds the smaller values.
+inline SafeTensors scaled_case(SafeTensors f, int e) {
+  const auto scale = [&f](const char* name, int by) {
+    auto values = f.at(name).to_f32();
+    for (float& v : values) v = std::ldexp(v, by);
+    f.tensors[name] = Tensor::from<float>(f.at(name).shape, values);
+  };
+  for (const char* name : {"q_nope", "q_rope", "q_absorbed"}) scale(name, e);
+  for (const char* name : {"kv_latent", "k_rope", "o_latent", "attn_out"}) scale(name, -e);
+  return f;
+}
+
 /// ‖a − b‖ / ‖b‖ (b the reference); NaN anywhere gives NaN.
 inline double rel_l2(std::span<const double> a, std::span<const double> b) {
   double num = 0, den = 0;

@@ -60,6 +60,7 @@ struct CaseResult {
   std::vector<Check> checks;
   std::string error;    // the exception, when the case could not run: "error (<code>): <message>"
   std::string message;  // its message alone
+  std::vector<std::string> notes;  // what a golden replay found in its values (ReplayResult::notes)
   bool pass() const {
     return error.empty() && std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.pass; });
   }
@@ -143,7 +144,7 @@ std::string default_folder(const std::string& relative, bool& from_source_tree) 
 // Run `body` into a result; an error is the case's failure, not the run's.
 template <class F>
 CaseResult guarded(std::string group, std::string kernel, std::string name, F&& body) {
-  CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, "", ""};
+  CaseResult r{std::move(group), std::move(kernel), std::move(name), {}, "", "", {}};
   try {
     body(r);
   } catch (const std::exception& e) {
@@ -225,6 +226,7 @@ void add_metrics(CaseResult& r, const ReplayResult& replay) {
                             ? fmt::format("rel_l2 {:.3e} > tolerance {:.3e}", m.rel_l2, m.tolerance)
                             : fmt::format("rel_l2 {} (tolerance {:.3e})", m.rel_l2, m.tolerance),
                         m.pass});
+  r.notes = replay.notes;
 }
 
 // One replay of a golden file: its kernel and name for --only (they follow from the file's name,
@@ -342,6 +344,7 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
                      {"name", r.name},
                      {"pass", r.pass()},
                      {"error", r.error},
+                     {"notes", r.notes},
                      {"checks", checks}});
   }
   const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
@@ -420,12 +423,13 @@ void write_reports(const fs::path& dir, const ordered_json& device, const RunInf
     md << fmt::format("| {} | {} | {} | {} | {} | {} |\n", k.first, k.second, row.cases, row.failed, cells(row.vs_ref),
                       cells(row.vs_emu));
   for (const auto& r : results) {
-    if (r.pass()) continue;
-    md << "\n## FAIL " << r.name << "\n\n";
-    if (!r.error.empty()) md << "error: " << r.error << "\n";
+    if (r.pass() && r.notes.empty()) continue;
+    md << "\n## " << (r.pass() ? "Note on " : "FAIL ") << r.name << "\n\n";
+    if (!r.error.empty()) md << r.error << "\n";  // "error (<code>): <message>"
     for (const auto& c : r.checks)
       if (!c.pass)
         md << fmt::format("- {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
+    for (const auto& note : r.notes) md << "- note: " << note << "\n";
   }
   // Both files staged, then put in place as one change (StagedFile::commit_all): an error (a full
   // disk, a folder in the way, a file that cannot be replaced) leaves the old pair as it was,
@@ -550,12 +554,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
           const bool copy = named && same_bytes(f, it->second);
           if (named && !copy)
             fail(Errc::invalid_argument,
-                 "conform: golden case {} differs from {}, which runs under that name: rename one, or name one "
+                 "conform: golden case {} differs from {}, the file taken under that name: rename one, or name one "
                  "folder (--golden)",
                  printable(f.string()), printable(it->second.string()));
           // the note for a skipped copy where --only would pick the file by its name, as below
           if (!opts->only.empty() && f.stem().string().find(opts->only) == std::string::npos) continue;
-          fmt::print(stderr, "note: conform: golden case {} skipped: {}{} runs under that name\n",
+          fmt::print(stderr, "note: conform: golden case {} skipped: {}{} is the file taken under that name\n",
                      printable(f.string()), printable(it->second.string()), copy ? ", a copy of it," : "");
           continue;
         }
@@ -638,7 +642,8 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
                          variable == nullptr ? "conform --golden " : std::string(variable) + " ", printable(dir),
                          files_in[i] == 1 ? std::string("its one .safetensors file is not one")
                                           : fmt::format("none of its {} .safetensors files is one", files_in[i])),
-             ""});
+             "",
+             {}});
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
@@ -660,11 +665,12 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     for (const auto& [k, v] : summary) fmt::print("{:<8} {:<46} {:>6} {:>6}\n", k.first, k.second, v.first, v.second);
     const auto failed = std::count_if(results.begin(), results.end(), [](const CaseResult& r) { return !r.pass(); });
     for (const auto& r : results)
-      if (!r.pass()) {
-        fmt::print("FAIL {} {}\n", r.group, r.name);
+      if (!r.pass() || !r.notes.empty()) {
+        fmt::print("{} {} {}\n", r.pass() ? "note on" : "FAIL", r.group, r.name);
         if (!r.error.empty()) fmt::print("  {}\n", r.error);
         for (const auto& c : r.checks)
           if (!c.pass) fmt::print("  {} vs {}: {} of {} bad, worst {}\n", c.output, c.against, c.bad, c.count, c.worst);
+        for (const auto& note : r.notes) fmt::print("  note: {}\n", note);
       }
     std::string where = gpu->name();
     if (device.contains("device"))

@@ -42,8 +42,9 @@ struct ReplayResult {
   std::vector<CaseMetric> metrics;  // q_absorbed, o_latent, attn_out
   StageTimes stages;                // load → prefill → each decode stage
   bool pass = false;
-  /// What the replay found in the case's values that bears on the result: kv_latent groups an
-  /// nvfp4 cache stores as zeros (its E4M3 group scale rounds to 0, SPEC §3). Printed beside it.
+  /// What the replay found in the case's values that bears on the result: the K and V values the
+  /// paged cache stores as zeros (an nvfp4 group whose E4M3 scale rounds to 0, SPEC §3; more than
+  /// 1% of the values under an fp8 scale). `metrale replay` and `conform` print them beside it.
   std::vector<std::string> notes;
 };
 
