@@ -94,14 +94,17 @@ def main(out_path, rows_from=None, timing="lone"):
     if timing == "blocking":
         HOLD = {"cycles": HOLD_CYCLES, "event": torch.cuda.Event(enable_timing=True)}
     copy_gbps, matmul_tflops = ceilings()
-    # which PyTorch and GPU, as its kernels (cuBLAS's among them) set the baseline
+    # which PyTorch and GPU measured the ceilings and, unless --rows-from, the rows: its kernels
+    # (cuBLAS's among them) set the baseline
     where = {"torch_version": torch.__version__, "device": torch.cuda.get_device_name()}
     print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {matmul_tflops:.0f} TFLOP/s (timing {timing}; "
           f"torch {where['torch_version']} on {where['device']})", flush=True)
     if rows_from is not None:
         with open(out_path, "w") as f:
+            # the ceilings are this run's; the rows keep the PyTorch and GPU they were measured on
+            rows_where = {"rows_torch_version": earlier.get("torch_version"), "rows_device": earlier.get("device")}
             json.dump({"copy_gbps": copy_gbps, "matmul_tflops": matmul_tflops, "timing": timing, **where,
-                       "rows": earlier["rows"], "rows_from": rows_from}, f, indent=1)
+                       **rows_where, "rows": earlier["rows"], "rows_from": rows_from}, f, indent=1)
         return
     scale = 1 / math.sqrt(192)
     rows = []

@@ -1,6 +1,6 @@
 #include "metrale/json_checks.hpp"
 
-#include <unordered_set>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,7 +66,8 @@ class ShapeChecks final : public nlohmann::json_sax<Json> {
   int depth_ = 0;
   std::uint64_t values_ = 0;
   std::vector<bool> objects_;                          // each open container: an object?
-  std::vector<std::unordered_set<std::string>> keys_;  // one set per open object, innermost last
+  // one set per open object, innermost last (ordered: no hash a crafted file could make collide)
+  std::vector<std::set<std::string>> keys_;
 };
 
 }  // namespace

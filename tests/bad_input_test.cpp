@@ -2752,8 +2752,9 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
           {R"({"matmul_tflops": 7.9e14})", "matmul_tflops 790000000000000.0 is not a matmul rate"},
           // Before: the last of two keys was taken without a word.
           {R"({"rows": [], "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}]})",
-           "JSON has key 'rows' twice in one object"},
-          {R"({"rows": [{"B": 1, "L": 2, "B": 4, "H": 3, "best_us": 1.5}]})", "JSON has key 'B' twice in one object"},
+           "the file has key 'rows' twice in one object"},
+          {R"({"rows": [{"B": 1, "L": 2, "B": 4, "H": 3, "best_us": 1.5}]})",
+           "the file has key 'B' twice in one object"},
           {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": -5}]})",
            "rows[0] best_us -5 is not a positive time"},
           {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 0}]})",
@@ -2771,7 +2772,7 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
           {R"({"backend": "cuda", "copy_gbps": 3000, "sweep": []})", "metrale bench's own --json output"},
           // Before: a SIGSEGV (the value dumped into the message recursed off the stack).
           {"{\"matmul_tflops\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}",
-           "JSON nests deeper than 8 levels"},
+           "the file nests deeper than 8 levels"},
           {R"({"matmul_tflops": 700, "rows": {}})", "rows is not an array"},
           // Counted in one pass before the parse (the adversarial trial, forty-eighth session: the
           // parser callback that had checked the file took 51 s over 240,000 keys).
@@ -2782,7 +2783,7 @@ TEST_CASE("bad input: bench --torch names a baseline row's missing key", "[bad_i
                  return zeros;
                }() +
                "]}",
-           "JSON holds more than 1000000 json values (a baseline row holds 7)"},
+           "the file holds more than 1000000 json values (a baseline row holds 7)"},
           // Before: the first of two rows of one shape was taken without a word; a B past 2^64 − 1
           // was "no unsigned integer B" (35th session's helper).
           {R"({"matmul_tflops": 700, "rows": [{"B": 1, "L": 2, "H": 3, "best_us": 1.5}, {"B": 1, "L": 2, "H": 3, "best_us": 2}]})",

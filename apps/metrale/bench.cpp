@@ -355,8 +355,8 @@ void print_rows(const std::vector<Row>& rows, double copy_bw, ordered_json& j) {
 // is two or three launches.
 constexpr int kMaxBlockingGroup = 100;
 
-// bench/torch_baseline.py's JSON nests three levels (the rows' objects) and holds about 1,400
-// values in some KB (192 rows); a file far past either is not its.
+// bench/torch_baseline.py's JSON nests three levels (the rows' objects) and holds about 320
+// values in some KB (45 rows); a file far past either is not its.
 constexpr int kMaxTorchJsonDepth = 8;
 constexpr std::uint64_t kMaxTorchJsonValues = 1'000'000;
 constexpr std::uintmax_t kMaxTorchJsonBytes = 64u << 20;
@@ -574,21 +574,27 @@ void add_bench(CLI::App& app) {
       if (type == fs::file_type::not_found) fail(Errc::not_found, "bench --torch {}: no such file", opts->torch);
       if (type != fs::file_type::regular)  // a FIFO would block the read for ever
         fail(Errc::invalid_argument, "bench --torch {}: not a regular file", opts->torch);
-      // Read whole (a baseline is some KB), its shape checked in one pass before it is parsed:
-      // nlohmann's parser callback, which had checked it, took 51 s over 240,000 keys (the
-      // adversarial trial, forty-eighth session).
-      const auto size = fs::file_size(opts->torch, ec);
-      if (ec) fail(Errc::not_found, "bench --torch {}: cannot open the file ({})", opts->torch, ec.message());
-      if (size > kMaxTorchJsonBytes)
-        fail(Errc::invalid_argument, "bench --torch {}: {} bytes, more than a baseline's {} (it is some KB)",
-             opts->torch, size, kMaxTorchJsonBytes);
-      std::ifstream in(opts->torch, std::ios::binary);
-      if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
-      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-      if (in.bad()) fail(Errc::not_found, "bench --torch {}: cannot read the file", opts->torch);
+      // Read whole (a baseline is some KB) but no further than the bound, its shape checked in
+      // one pass before it is parsed: nlohmann's parser callback, which had checked it, took 51 s
+      // over 240,000 keys (the adversarial trial, forty-eighth session).
+      std::string text;
+      try {
+        std::ifstream in(opts->torch, std::ios::binary);
+        if (!in) fail(Errc::not_found, "bench --torch {}: cannot open the file", opts->torch);
+        std::array<char, 1 << 16> chunk{};
+        while (text.size() <= kMaxTorchJsonBytes &&
+               (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0))
+          text.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
+        if (in.bad()) fail(Errc::not_found, "bench --torch {}: cannot read the file", opts->torch);
+      } catch (const std::ios_base::failure& e) {  // (libstdc++'s filebuf throws on a read error)
+        fail(Errc::not_found, "bench --torch {}: cannot read the file ({})", opts->torch, e.what());
+      }
+      if (text.size() > kMaxTorchJsonBytes)
+        fail(Errc::invalid_argument, "bench --torch {}: more than {} bytes, past a baseline's some KB", opts->torch,
+             kMaxTorchJsonBytes);
       // The file's JSON is a few levels deep, and an object with a key twice is refused (the
       // parser would keep the last silently).
-      check_json_shape(text, {fmt::format("bench --torch {}: JSON", opts->torch), kMaxTorchJsonDepth,
+      check_json_shape(text, {fmt::format("bench --torch {}: the file", opts->torch), kMaxTorchJsonDepth,
                               kMaxTorchJsonValues, " (a baseline row holds 7)"});
       torch = nlohmann::json::parse(text);
       check_torch_json(torch, opts->torch);
@@ -679,6 +685,9 @@ void add_bench(CLI::App& app) {
     ordered_json j{{"backend", gpu->name()}, {"copy_gbps", copy_bw / 1e9}, {"rows", ordered_json::array()}};
     if (bench.on_device()) j["timing"] = opts->timing;
     if (torch.contains("matmul_tflops")) j["matmul_tflops"] = torch["matmul_tflops"];
+    // Where the baseline's rows came from, as bench/torch_baseline.py records it (not checked).
+    for (const char* key : {"torch_version", "device", "rows_torch_version", "rows_device"})
+      if (const auto it = torch.find(key); it != torch.end() && it->is_string()) j["torch"][key] = *it;
     if (opts->sweep) {
       // The clusters the plans count on (plan_split_decode): of each clustered entry's blocks, 1 to
       // 8 a cluster, as many as the device runs at once (none without the wgmma entries).
