@@ -2324,7 +2324,15 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   CHECK_THAT(out, Catch::Matchers::Contains("without --backend: auto (METRALE_BACKEND empty)"));
   out.clear();
   CHECK(run_cli("info", out, "METRALE_BACKEND=emu") == 0);
-  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)"));
+  CHECK_THAT(out, Catch::Matchers::Contains("without --backend: emu (METRALE_BACKEND)\n"));
+  out.clear();  // a backend that cannot run here is said to (exit 0: the setting is not in error)
+  CHECK(run_cli("info", out, "METRALE_BACKEND=cuda") == 0);
+  const auto usable = test::backends();
+  const bool cuda_runs = std::ranges::find(usable, "cuda") != usable.end();
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      cuda_runs ? "without --backend: cuda (METRALE_BACKEND)\n"
+                                : "without --backend: cuda (METRALE_BACKEND); it cannot run here, so the commands "
+                                  "that run kernels fail without --backend"));
   TempPath dir("_record");
   out.clear();  // METRALE_CUDA_FATBIN_DIR: not a folder; a folder with one module's image; one with none
   CHECK(run_cli("info", out, "METRALE_CUDA_FATBIN_DIR=/nonexistent") == 2);

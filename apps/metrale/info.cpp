@@ -119,7 +119,14 @@ void add_info(CLI::App& app) {
       fmt::print("  without --backend: auto (METRALE_BACKEND {})\n",
                  std::getenv("METRALE_BACKEND") ? "empty" : "unset");
     } else if (std::ranges::find(kBackendNames, choice) != std::end(kBackendNames)) {
-      fmt::print("  without --backend: {} (METRALE_BACKEND)\n", choice);
+      // A backend that cannot run here is said beside it (the fresh-user trial, forty-eighth
+      // session: info read as fine while every kernel command failed); not an error of the
+      // setting itself, so info still exits 0.
+      const auto statuses = backend_status();
+      const auto it = std::ranges::find_if(statuses, [&](const auto& b) { return b.name == choice; });
+      const bool runs = choice == "auto" || (it != statuses.end() && it->can_run);
+      fmt::print("  without --backend: {} (METRALE_BACKEND){}\n", choice,
+                 runs ? "" : "; it cannot run here, so the commands that run kernels fail without --backend");
     } else {
       fmt::print("  without --backend: an error: METRALE_BACKEND '{}' is not emu, cuda or auto\n", printable(choice));
       in_error.emplace_back("METRALE_BACKEND");
