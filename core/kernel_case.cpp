@@ -987,4 +987,37 @@ Tolerance backend_tolerance(const KernelCase& c, const std::string& output, cons
   return it != c.backend_tolerance.end() ? it->second : default_tolerance(c, output, want);
 }
 
+std::string describe_kernel_case(const KernelCase& c) {
+  std::string out = fmt::format("case      {}\nkernel    {}.{}\n", c.name, c.module, c.entry);
+  const auto dims = [](const Dim3& d) { return fmt::format("[{}, {}, {}]", d.x, d.y, d.z); };
+  out += c.shape_recorded ? fmt::format("launch    grid {}, block {} (recorded: a run refuses another shape)\n",
+                                        dims(c.grid), dims(c.block))
+                          : std::string("launch    as the launcher computes it (none recorded)\n");
+  const auto tensor = [](const Tensor& t) {
+    return fmt::format("{} [{}], {} bytes", to_string(t.dtype), fmt::join(t.shape, ", "), t.data.size());
+  };
+  const auto tolerance = [](const Tolerance& t) {
+    return fmt::format("abs {:g}, rel {:g}, ulps {}", t.abs, t.rel, t.ulps);
+  };
+  const auto section = [&out](const char* title, bool empty) {
+    out += fmt::format("{}\n", title);
+    if (empty) out += "  (none)\n";
+  };
+  section("scalars", c.scalars.empty());
+  for (const auto& [name, v] : c.scalars)
+    out += fmt::format("  {:<22} {} ({})\n", name, format_scalar(v), to_string(v.kind));
+  section("inputs", c.inputs.empty() && c.aliases.empty());
+  for (const auto& [name, t] : c.inputs) out += fmt::format("  {:<22} {}\n", name, tensor(t));
+  for (const auto& [name, target] : c.aliases) out += fmt::format("  {:<22} = {} (one buffer)\n", name, target);
+  section("expected", c.expected.empty());
+  for (const auto& [name, t] : c.expected) {
+    out += fmt::format("  {:<22} {}\n  {:<22} tolerance {} ({})\n", name, tensor(t), "",
+                       tolerance(expected_tolerance(c, name, t)),
+                       c.tolerance.contains(name) ? "the case's" : "the default: another backend's result");
+    if (const auto it = c.backend_tolerance.find(name); it != c.backend_tolerance.end())
+      out += fmt::format("  {:<22} between backends {}\n", "", tolerance(it->second));
+  }
+  return out;
+}
+
 }  // namespace metrale

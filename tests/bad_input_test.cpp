@@ -19,6 +19,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -2880,6 +2881,35 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
 // Golden folders with a file of the same name: a copy is skipped with a note, a file that differs
 // is an error (the adversarial trial, forty-fifth session: an edited copy in METRALE_GOLDEN_DIR was
 // skipped with only a note, and the run read PASS).
+// `case show` against the file's own header: each scalar as its metadata holds it, each tensor's
+// dtype and shape; a file that is no case is an error line (exit 2), and the others still print.
+TEST_CASE("case show prints the kernel and launch and scalars and tensors a case file holds", "[cli]") {
+  TempPath dir("_show");
+  std::filesystem::create_directories(dir.path);
+  const SafeTensors f = recorded_decode_case();
+  f.write(dir.path / "a.safetensors");
+  write_bytes(dir.path / "b.safetensors", std::vector<std::byte>(4, std::byte{0x41}));
+  std::string out;
+  CHECK(run_cli("case show " + dir.path.string(), out) == 2);
+  INFO(out);
+  CHECK_THAT(out, Catch::Matchers::Contains("kernel    " + f.meta("module") + "." + f.meta("entry") + "\n"));
+  const auto dims = [](std::string d) { return "[" + std::regex_replace(d, std::regex(","), ", ") + "]"; };
+  CHECK_THAT(out, Catch::Matchers::Contains("launch    grid " + dims(f.meta("grid")) + ", block " +
+                                            dims(f.meta("block")) + " (recorded"));
+  for (const char* scalar : {"block_size", "cache_stride", "inv_sqrt_d", "k_scale", "num_q_heads", "sliding_window"})
+    CHECK_THAT(out, Catch::Matchers::Matches("(.|\n)*\n  " + std::string(scalar) + " +" +
+                                             std::regex_replace(f.meta(scalar), std::regex("\\."), "\\.") +
+                                             " \\((u32|i32|f32|u64)\\)\n(.|\n)*"));
+  for (const auto& [name, t] : f.tensors) {
+    if (name.starts_with("tolerance.")) continue;
+    const std::string shown = name.starts_with("expected.") ? name.substr(9) : name;
+    CHECK_THAT(out, Catch::Matchers::Contains(fmt::format("  {:<22} {} [{}], {} bytes\n", shown, to_string(t.dtype),
+                                                          fmt::join(t.shape, ", "), t.data.size())));
+  }
+  CHECK_THAT(out, Catch::Matchers::Contains("tolerance abs "));
+  CHECK_THAT(out, Catch::Matchers::Contains("b.safetensors\nerror (invalid_argument): "));
+}
+
 // A golden replay's notes reach conform's output and report (the diff review, forty-eighth session:
 // conform had dropped them, so its FAIL read as a kernel's error).
 TEST_CASE("conform prints a golden replay's notes and writes them to its report", "[bad_input][cli]") {

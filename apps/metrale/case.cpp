@@ -1,4 +1,5 @@
-// metrale case run FILE...: kernel case files (SPEC §5) on a backend, compared with their expectations.
+// metrale case run FILE...: kernel case files (SPEC §5) on a backend, compared with their expectations;
+// metrale case show FILE...: what they hold.
 #include <algorithm>
 #include <filesystem>
 #include <new>
@@ -19,6 +20,61 @@
 
 namespace metrale::cli {
 
+namespace {
+
+// The case files that `args` (files and folders of them) name, each once: a path that is not
+// there, a folder without .safetensors files (its subfolders that hold some are named) and a
+// folder that cannot be listed are errors naming `command`.
+std::vector<std::filesystem::path> case_files(const std::vector<std::string>& args, const char* command) {
+  // A path that is not there at all: said before anything runs (it had been a table row of an
+  // empty name for "nosuch/": fresh-user trial, forty-fifth session).
+  std::vector<std::string> missing;
+  std::string note;  // where one of them is relative: the folder it is relative to
+  for (const auto& f : args)
+    if (std::error_code ec; std::filesystem::symlink_status(f, ec).type() == std::filesystem::file_type::not_found) {
+      missing.push_back(printable(f));
+      if (note.empty()) note = relative_note(f);
+    }
+  if (!missing.empty())
+    fail(Errc::not_found, "case {}: {} {} not exist{}", command, fmt::join(missing, ", "),
+         missing.size() == 1 ? "does" : "do", printable(note));
+  std::vector<std::filesystem::path> files;
+  for (const auto& f : args) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(f, ec)) {  // a file, or an error read_kernel_case names
+      files.emplace_back(f);
+      continue;
+    }
+    const std::vector<std::filesystem::path> in_folder = safetensors_in_folder(f, ec);
+    if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
+    files.insert(files.end(), in_folder.begin(), in_folder.end());
+    // A folder without cases would otherwise pass with nothing run. Its subfolders are not
+    // searched; those that hold cases are named.
+    if (in_folder.empty()) {
+      std::vector<std::string> holders;
+      for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
+        if (std::error_code sub_ec; it->is_directory(sub_ec) && !safetensors_in_folder(it->path(), sub_ec).empty())
+          holders.push_back(it->path().string());
+      fail(Errc::not_found, "folder {} holds no .safetensors case files{}", f,
+           holders.empty()
+               ? std::string()
+               : fmt::format(" (subfolders are not searched; these hold some: {})", fmt::join(holders, ", ")));
+    }
+  }
+  // A file named twice (or in a folder named too) runs once: the summary counts files. Each
+  // file's canonical path is found once, then the (path, file) pairs sorted and made unique.
+  std::vector<std::pair<std::filesystem::path, std::filesystem::path>> keyed;
+  for (auto& f : files) keyed.emplace_back(file_key(f), std::move(f));
+  std::sort(keyed.begin(), keyed.end());
+  keyed.erase(std::unique(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+              keyed.end());
+  files.clear();
+  for (auto& [key, f] : keyed) files.push_back(std::move(f));
+  return files;
+}
+
+}  // namespace
+
 void add_case(CLI::App& app, std::function<void(int)> set_exit) {
   struct Opts {
     std::vector<std::string> files;
@@ -33,52 +89,28 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       ->check(non_empty_path());
   run->add_option("--backend", opts->backend, "emu, cuda or auto (default: METRALE_BACKEND, else auto)")
       ->check(backend_name());
-  run->callback([opts, set_exit] {
-    // A path that is not there at all: said before anything runs (it had been a table row of an
-    // empty name for "nosuch/": fresh-user trial, forty-fifth session).
-    std::vector<std::string> missing;
-    std::string note;  // where one of them is relative: the folder it is relative to
-    for (const auto& f : opts->files)
-      if (std::error_code ec; std::filesystem::symlink_status(f, ec).type() == std::filesystem::file_type::not_found) {
-        missing.push_back(printable(f));
-        if (note.empty()) note = relative_note(f);
-      }
-    if (!missing.empty())
-      fail(Errc::not_found, "case run: {} {} not exist{}", fmt::join(missing, ", "),
-           missing.size() == 1 ? "does" : "do", printable(note));
-    std::vector<std::filesystem::path> files;
-    for (const auto& f : opts->files) {
-      std::error_code ec;
-      if (!std::filesystem::is_directory(f, ec)) {  // a file, or an error read_kernel_case names
-        files.emplace_back(f);
-        continue;
-      }
-      const std::vector<std::filesystem::path> in_folder = safetensors_in_folder(f, ec);
-      if (ec) fail(Errc::invalid_argument, "cannot list folder {}: {}", f, ec.message());
-      files.insert(files.end(), in_folder.begin(), in_folder.end());
-      // A folder without cases would otherwise pass with nothing run. Its subfolders are not
-      // searched; those that hold cases are named.
-      if (in_folder.empty()) {
-        std::vector<std::string> holders;
-        for (std::filesystem::directory_iterator it(f, ec), end; !ec && it != end; it.increment(ec))
-          if (std::error_code sub_ec; it->is_directory(sub_ec) && !safetensors_in_folder(it->path(), sub_ec).empty())
-            holders.push_back(it->path().string());
-        fail(Errc::not_found, "folder {} holds no .safetensors case files{}", f,
-             holders.empty()
-                 ? std::string()
-                 : fmt::format(" (subfolders are not searched; these hold some: {})", fmt::join(holders, ", ")));
+  // What a case holds, without running it (the fresh-user trial, forty-eighth session: reading a
+  // case file took a script of one's own).
+  auto* show = cmd->add_subcommand("show", "print what kernel case files hold: kernel, launch, scalars, tensors");
+  show->add_option("FILE", opts->files, "kernel case files (.safetensors) or folders of them")
+      ->required()
+      ->check(non_empty_path());
+  show->callback([opts, set_exit] {
+    int errors = 0;
+    const auto files = case_files(opts->files, "show");
+    for (const auto& path : files) {
+      fmt::print("{}{}\n", &path == files.data() ? "" : "\n", printable(path.string()));
+      try {
+        fmt::print("{}", describe_kernel_case(read_kernel_case(path)));
+      } catch (const Error&) {
+        ++errors;
+        fmt::print("{}\n", error_line());
       }
     }
-    // A file named twice (or in a folder named too) runs once: the summary counts files. Each
-    // file's canonical path is found once, then the (path, file) pairs sorted and made unique.
-    std::vector<std::pair<std::filesystem::path, std::filesystem::path>> keyed;
-    for (auto& f : files) keyed.emplace_back(file_key(f), std::move(f));
-    std::sort(keyed.begin(), keyed.end());
-    keyed.erase(
-        std::unique(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
-        keyed.end());
-    files.clear();
-    for (auto& [key, f] : keyed) files.push_back(std::move(f));
+    set_exit(errors == 0 ? 0 : 2);
+  });
+  run->callback([opts, set_exit] {
+    std::vector<std::filesystem::path> files = case_files(opts->files, "run");
     auto gpu = make_backend(opts->backend);
     // Rows are labelled by file, its stem (two formats' recordings of one launch share the case's
     // name); a file name cannot fake a row.

@@ -137,4 +137,10 @@ Tolerance expected_tolerance(const KernelCase& c, const std::string& output, con
 /// The case's backend_tolerance for `output`, else as expected_tolerance's default.
 Tolerance backend_tolerance(const KernelCase& c, const std::string& output, const Tensor& want);
 
+/// A case as a person reads it (`metrale case show`): the kernel, the launch shape (recorded, or
+/// the launcher's), each scalar with its kind, each input's dtype, shape and bytes (an alias as
+/// the input it shares), each expectation with the tolerance `case run` judges it by (the case's
+/// own, or the default) and any backend tolerance. Lines end in '\n'. No errors.
+std::string describe_kernel_case(const KernelCase& c);
+
 }  // namespace metrale
