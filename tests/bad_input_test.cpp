@@ -2444,19 +2444,19 @@ TEST_CASE("bad input: an unknown command or option is named, at the top and unde
   // only "The following argument was not expected: frobnicate").
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"bogus", "metrale: unknown command 'bogus'; the commands: replay, info, case, conform, bench"},
-           {"case bogus", "metrale case: unknown command 'bogus'; the commands: run"},
+           {"case bogus", "metrale case: unknown command 'bogus'; the commands: run, show"},
            {"replay --bogus", "metrale replay: unknown option --bogus (metrale replay --help lists its options)"},
            {"case run --bogus", "metrale case run: unknown option --bogus"},
            // none given: CLI11's line and the commands
            {"", "A subcommand is required\nThe commands of metrale: replay, info, case, conform, bench"},
-           {"case", "A subcommand is required\nThe commands of metrale case: run (metrale case COMMAND --help)"},
+           {"case", "A subcommand is required\nThe commands of metrale case: run, show (metrale case COMMAND --help)"},
            {"--bogus", "metrale: unknown option --bogus (metrale --help lists its options)"},
            // An option's value is not the command, and the command after it is named too (carried
            // since the forty-third session: only the option was).
            {"--backend emu bogus",
             "(metrale replay --backend ...); the commands that take it: replay, case run, conform, bench\n"
             "metrale: unknown command 'bogus'; the commands: replay, "},
-           {"--backend=emu case bogus", "\nmetrale case: unknown command 'bogus'; the commands: run"},
+           {"--backend=emu case bogus", "\nmetrale case: unknown command 'bogus'; the commands: run, show"},
            {"--sweep bogus", "\nmetrale: unknown command 'bogus'"},
            // --json is replay's flag and bench's FILE: its value skipped (the diff review)
            {"--json out.json bogus", "\nmetrale: unknown command 'bogus'"},
