@@ -140,60 +140,50 @@ float amax(std::span<const float> x) {
   return m;
 }
 
-// The K and V rows as the paged cache holds them, for the notes below: the decoder's BF16 values,
-// K = [kv_latent ‖ k_rope ‖ 0…] and V = [kv_latent ‖ 0…], `width` (kv_cache_dim) wide. Where the
-// rope rotates a pair, both its values are taken at the pair's norm, the most either can reach, so
-// what the notes count as stored as zeros is stored as zeros.
-struct CacheRows {
-  std::vector<float> k, v;
-  std::size_t width = 0;
-};
-CacheRows cache_rows(std::span<const float> kv_latent, std::span<const float> k_rope, const MlaDims& d, bool rotate) {
-  const std::size_t T = kv_latent.size() / d.kv_lora, w = d.cache_dim();
-  CacheRows rows{std::vector<float>(T * w, 0.0f), std::vector<float>(T * w, 0.0f), w};
-  for (std::size_t t = 0; t < T; ++t) {
-    for (std::size_t i = 0; i < d.kv_lora; ++i)
-      rows.k[t * w + i] = rows.v[t * w + i] = bf16_round(kv_latent[t * d.kv_lora + i]);
-    for (std::size_t i = 0; i < d.rope; ++i) {
-      const float x = bf16_round(k_rope[t * d.rope + i]);
-      const float pair = i % 2 == 0 && i + 1 < d.rope ? bf16_round(k_rope[t * d.rope + i + 1])
-                         : i % 2 == 1                 ? bf16_round(k_rope[t * d.rope + i - 1])
-                                                      : 0.0f;
-      rows.k[t * w + d.kv_lora + i] = rotate ? std::hypot(x, pair) : x;
-    }
-  }
-  return rows;
-}
-
 struct Stored {
   std::size_t nonzero = 0, zeros = 0;  // of the values (FP8) or the 16-value groups (NVFP4) that are not 0
-  Stored& operator+=(const Stored& o) {
-    nonzero += o.nonzero, zeros += o.zeros;
-    return *this;
-  }
 };
 // FP8: a value's E4M3 code (value / scale) is 0 at most 2^-10 × scale in magnitude.
-Stored fp8_zeros(std::span<const float> rows, float scale) {
-  Stored s;
-  for (float x : rows)
+void count_fp8(std::span<const float> row, float scale, Stored& s) {
+  for (float x : row)
     if (x != 0.0f) ++s.nonzero, s.zeros += e4m3_decode(e4m3_encode(x / scale)) == 0.0f ? 1 : 0;
-  return s;
 }
 // NVFP4: a group whose E4M3 scale (its largest magnitude / 6) rounds to 0 stores zeros (SPEC §3).
-Stored nvfp4_zeros(std::span<const float> rows, std::size_t width) {
-  Stored s;
+void count_nvfp4(std::span<const float> row, Stored& s) {
   std::array<float, kNvfp4Group> group{};
   std::array<std::uint8_t, kNvfp4Group / 2> packed{};
-  for (std::size_t row = 0; row < rows.size(); row += width)
-    for (std::size_t i = 0; i < width; i += kNvfp4Group) {
-      group.fill(0.0f);
-      std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(row + i), std::min(kNvfp4Group, width - i), group.begin());
-      if (amax(group) == 0.0f) continue;
-      ++s.nonzero;
-      std::uint8_t scale = 0;
-      nvfp4_encode_group(group, packed, scale);
-      s.zeros += e4m3_decode(scale) == 0.0f ? 1 : 0;
+  for (std::size_t i = 0; i < row.size(); i += kNvfp4Group) {
+    group.fill(0.0f);
+    std::copy_n(row.begin() + static_cast<std::ptrdiff_t>(i), std::min(kNvfp4Group, row.size() - i), group.begin());
+    if (amax(group) == 0.0f) continue;
+    ++s.nonzero;
+    std::uint8_t scale = 0;
+    nvfp4_encode_group(group, packed, scale);
+    s.zeros += e4m3_decode(scale) == 0.0f ? 1 : 0;
+  }
+}
+// Of the K and V rows as the paged cache holds them (the decoder's BF16 values, K = [kv_latent ‖
+// k_rope ‖ 0…] and V = [kv_latent ‖ 0…], kv_cache_dim wide; one latent pool holds K alone), the
+// nonzero values or groups and those it stores as zeros. Where the rope rotates a pair, both its
+// values are taken at the pair's norm, the most either can reach, so what is counted as stored as
+// zeros is. A row at a time: a case's tokens are bounded by its file alone.
+Stored stored_zeros(std::size_t tokens, std::span<const float> kv_latent, std::span<const float> k_rope,
+                    const MlaDims& d, bool rotate, const PagedCacheConfig& pc) {
+  Stored s;
+  std::vector<float> k(d.cache_dim(), 0.0f), v(d.cache_dim(), 0.0f);
+  const auto count = [&](std::span<const float> row, float scale) {
+    pc.format == KvFormat::fp8 ? count_fp8(row, scale, s) : count_nvfp4(row, s);
+  };
+  for (std::size_t t = 0; t < tokens; ++t) {
+    for (std::size_t i = 0; i < d.kv_lora; ++i) k[i] = v[i] = bf16_round(kv_latent[t * d.kv_lora + i]);
+    for (std::size_t i = 0; i < d.rope; ++i) {
+      const float x = bf16_round(k_rope[t * d.rope + i]);
+      const std::size_t mate = i ^ 1;  // the pair (2i, 2i + 1)
+      k[d.kv_lora + i] = rotate && mate < d.rope ? std::hypot(x, bf16_round(k_rope[t * d.rope + mate])) : x;
     }
+    count(k, pc.k_scale);
+    if (!pc.latent) count(v, pc.v_scale);
+  }
   return s;
 }
 
@@ -277,10 +267,8 @@ ReplayResult replay_deepseek_case(GpuBackend& gpu, const SafeTensors& file, std:
     // as a kernel's FAIL). NVFP4 has no tensor scale (SPEC §3), so any group lost is noted; an
     // fp8 cache's scale follows the tensor, and rounds its smallest values to 0 in any real case
     // (a few in a million), so more than 1% are noted.
-    const CacheRows rows = cache_rows(kv_latent, k_rope, d, rotate);
+    const Stored kept = stored_zeros(T, kv_latent, k_rope, d, rotate, pc);
     const bool fp8 = options.kv_cache == KvFormat::fp8;
-    Stored kept = fp8 ? fp8_zeros(rows.k, pc.k_scale) : nvfp4_zeros(rows.k, rows.width);
-    if (!options.latent) kept += fp8 ? fp8_zeros(rows.v, pc.v_scale) : nvfp4_zeros(rows.v, rows.width);
     const std::string pools = options.latent ? "its one pool's rows (V = K)" : "its K and V rows";
     if (fp8 && kept.zeros * 100 > kept.nonzero)
       r.notes.push_back(fmt::format(
