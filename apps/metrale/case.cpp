@@ -105,6 +105,9 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
       } catch (const Error&) {
         ++errors;
         fmt::print("{}\n", error_line());
+      } catch (const std::bad_alloc&) {  // the next file may still fit
+        ++errors;
+        fmt::print("{}\n", error_line());
       }
     }
     set_exit(errors == 0 ? 0 : 2);

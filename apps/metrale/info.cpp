@@ -110,7 +110,8 @@ void add_info(CLI::App& app) {
       in_error.push_back(setting ? emu_error.substr(0, eq) : "the emulator");  // (a worker thread that did not start)
     }
     fmt::print("metrale {}\n\nbackends\n", METRALE_VERSION);
-    for (const auto& b : backend_status())
+    const auto statuses = backend_status();
+    for (const auto& b : statuses)
       fmt::print("  {:<6} built: {:<3}  runs here: {:<3}  {}\n", b.name, b.built ? "yes" : "no",
                  b.can_run ? "yes" : "no", b.detail);
     // What a command without --backend asks for (make_backend refuses an unknown name then).
@@ -122,7 +123,6 @@ void add_info(CLI::App& app) {
       // A backend that cannot run here is said beside it (the fresh-user trial, forty-eighth
       // session: info read as fine while every kernel command failed); not an error of the
       // setting itself, so info still exits 0.
-      const auto statuses = backend_status();
       const auto it = std::ranges::find_if(statuses, [&](const auto& b) { return b.name == choice; });
       const bool runs = choice == "auto" || (it != statuses.end() && it->can_run);
       fmt::print("  without --backend: {} (METRALE_BACKEND){}\n", choice,
