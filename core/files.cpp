@@ -91,8 +91,12 @@ void remove_staged_then_end(int sig) {
   ::raise(sig);  // blocked in the handler; delivered after it under the default action (SA_RESETHAND)
 }
 
+// A full disk, a quota or the file-size limit (ulimit -f) is a capacity, not a bad argument (the
+// fresh-user trial, forty-eighth session: "error (invalid_argument): ... (File too large)").
 [[noreturn]] void cannot_write(const std::filesystem::path& target, int err) {
-  fail(Errc::invalid_argument, "cannot write {} ({})", target.string(), std::strerror(err));
+  const bool full = err == ENOSPC || err == EFBIG || err == EDQUOT;
+  fail(full ? Errc::capacity_exceeded : Errc::invalid_argument, "cannot write {} ({})", target.string(),
+       std::strerror(err));
 }
 
 const char* describe_type(std::filesystem::file_type type) {

@@ -24,7 +24,9 @@ namespace metrale {
 /// `invalid_argument` "cannot write <target> (<reason>)" when it cannot be created or written,
 /// or when something other than a regular file is at the target (a symbolic link, a FIFO, a
 /// device: the rename would replace it), or a file the user may not write (faccessat(2) W_OK, the effective IDs: the
-/// rename needs only the folder's permission); nothing is then left behind.
+/// rename needs only the folder's permission); `capacity_exceeded`, the same message, when the
+/// disk is full, a quota is reached or the file passes the file-size limit (ENOSPC, EDQUOT,
+/// EFBIG); nothing is then left behind.
 class StagedFile {
  public:
   StagedFile(std::filesystem::path target, std::span<const std::byte> bytes);
