@@ -2,7 +2,7 @@
 # What holds up the 16-head blocks at B = 32 × 4K × 16 heads (docs/performance.md, "Forty-first
 # and forty-eighth sessions"): ncu's full set (warp states, scheduler, shared-memory wavefronts and
 # bank conflicts, pipes), the SMs' least and most active cycles, and the stall samples per SASS
-# line and per source line, for the warp-specialised mla_paged_decode_wgmma16_nvfp4 over one
+# line (its --print-source cuda page lists the source without samples), for the warp-specialised mla_paged_decode_wgmma16_nvfp4 over one
 # latent pool and the FP8 register-operand block (mla_paged_decode_wgmma16_rs_fp8, or its cluster
 # entry _rs_combine_fp8 where the plan fuses the step) over one latent pool and over two pools
 # (the row the 16-head target misses). If the card is an H200 and SWEEP=1, the sweep (scripts/device_perf.sh,
@@ -33,7 +33,6 @@ profile() {  # NAME KERNEL_REGEX CACHE LAYOUT
   if [ "$rc" -ne 0 ] || [ ! -f "$OUT/$1.ncu-rep" ]; then failed=1; return; fi
   ncu -i "$OUT/$1.ncu-rep" --page details > "$OUT/$1_details.txt" 2>&1
   ncu -i "$OUT/$1.ncu-rep" --page source --csv --print-source sass > "$OUT/$1_sass.csv" 2>&1
-  ncu -i "$OUT/$1.ncu-rep" --page source --csv --print-source cuda > "$OUT/$1_cuda.csv" 2>&1
   ncu -i "$OUT/$1.ncu-rep" --page raw --csv --metrics sm__cycles_active.min,sm__cycles_active.max,\
 sm__cycles_active.avg,gpc__cycles_elapsed.max > "$OUT/$1_active.csv" 2>&1
   grep -E "Duration|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Eligible Warps|Registers Per|DRAM Throughput" \
@@ -46,6 +45,6 @@ profile fp8_separate 'wgmma16_rs_(combine_)?fp8$' fp8 separate
 # One archive of the reports and logs (a call brings back at most eight files), the rest then removed.
 cd "$OUT" || exit 1
 files=()
-for f in *.ncu-rep *_details.txt *_sass.csv *_cuda.csv *_active.csv *_run.txt perf.txt sweep.* torch.*; do [ ! -e "$f" ] || files+=("$f"); done
-tar -czf ncu.tgz "${files[@]}" && rm -f ./*.ncu-rep ./*_sass.csv ./*_cuda.csv ./*_run.txt || failed=1
+for f in *.ncu-rep *_details.txt *_sass.csv *_active.csv *_run.txt perf.txt sweep.* torch.*; do [ ! -e "$f" ] || files+=("$f"); done
+tar -czf ncu.tgz "${files[@]}" && rm -f ./*.ncu-rep ./*_sass.csv ./*_run.txt || failed=1
 exit "$failed"
