@@ -2,7 +2,8 @@
 # What holds up the 16-head blocks at B = 32 × 4K × 16 heads (docs/performance.md, "Forty-first
 # and forty-eighth sessions"): ncu's full set (warp states, scheduler, shared-memory wavefronts and
 # bank conflicts, pipes), the SMs' least and most active cycles, and the stall samples per SASS
-# line (its --print-source cuda page lists the source without samples), for the warp-specialised mla_paged_decode_wgmma16_nvfp4 over one
+# line (bench/ncu_phases.py splits them before, in and after the loop; the --print-source cuda
+# page lists the source without samples), for the warp-specialised mla_paged_decode_wgmma16_nvfp4 over one
 # latent pool and the FP8 register-operand block (mla_paged_decode_wgmma16_rs_fp8, or its cluster
 # entry _rs_combine_fp8 where the plan fuses the step) over one latent pool and over two pools
 # (the row the 16-head target misses). If the card is an H200 and SWEEP=1, the sweep (scripts/device_perf.sh,
