@@ -897,8 +897,13 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
   };
   got.check_size(), want.check_size();            // the slices below read numel values of each
   to_doubles(got, 0, 0), to_doubles(want, 0, 0);  // an error for a dtype it cannot compare, even when empty
-  double worst_excess = -1;
-  double nearest_used = 0;  // while nothing fails, `worst` is the element nearest its tolerance
+  // The element `worst` names, written once at the end (not at each new leader: a tensor whose
+  // errors grow along it would format a line an element): the failing element furthest from its
+  // expectation, else the passing one nearest its tolerance.
+  struct Element {
+    std::size_t i = 0;
+    double got = 0, want = 0, by = -1;
+  } failing, nearest{0, 0, 0, 0};
   for (std::size_t begin = 0; begin < r.count; begin += kSlice) {
     const std::size_t n = std::min(kSlice, r.count - begin);
     const auto gs = to_doubles(got, begin, n), ws = to_doubles(want, begin, n);
@@ -925,21 +930,19 @@ OutputCheck check_output(const std::string& name, const Tensor& got, const Tenso
         double used = !std::isfinite(diff) || !std::isfinite(w) ? inf : allowed > 0 ? diff / allowed : inf;
         if (ulp_pair) used = std::min(used, static_cast<double>(ulps(i)) / tol.ulps);
         r.tolerance_used = std::max(r.tolerance_used, used);
-        if (r.bad == 0 && ok && used > nearest_used) {
-          nearest_used = used;
-          r.worst = fmt::format("[{}] got {} expected {} (within its tolerance)", i, g, w);
-        }
+        if (ok && used > nearest.by) nearest = {i, g, w, used};
       }
       if (!ok) {
-        if (r.bad++ == 0) r.worst.clear();  // a failing element's, from now on
+        ++r.bad;
         const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff;
-        if (excess > worst_excess) {
-          worst_excess = excess;
-          r.worst = fmt::format("[{}] got {} expected {}", i, g, w);
-        }
+        if (excess > failing.by) failing = {i, g, w, excess};
       }
     }
   }
+  if (r.bad > 0)
+    r.worst = fmt::format("[{}] got {} expected {}", failing.i, failing.got, failing.want);
+  else if (nearest.by > 0)
+    r.worst = fmt::format("[{}] got {} expected {} (within its tolerance)", nearest.i, nearest.got, nearest.want);
   r.pass = r.bad == 0;
   return r;
 }
