@@ -16,69 +16,19 @@
 // With HM_TRACE_AS_BENCH=1 the data are `metrale bench`'s instead: one 16 MiB draw repeated over
 // the pool, q uniform in [-1, 1) and its logit scale (1/sqrt(192) x 0.01).
 #include "mla_wgmma.cu"
+#include "trace_util.cuh"
 
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <system_error>
-#include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "hm_trace: %s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
-
-template <class T>
-T* upload(const std::vector<T>& host) {
-  T* device = nullptr;
-  check(cudaMalloc(&device, host.size() * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-  return device;
-}
-
-// Argument `what` (argv[i]) as an integer in [least, most] and a multiple of `step`, or exit 2
-// with a message naming it.
-uint32_t argument(const char* program, const char* what, const char* text, uint64_t least, uint64_t most,
-                  uint64_t step = 1) {
-  uint64_t value = 0;
-  const char* end = text + std::strlen(text);
-  const auto [ptr, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc{} || ptr != end || value < least || value > most || value % step != 0) {
-    std::fprintf(stderr, "%s: %s '%s' is not an integer from %llu to %llu%s\n", program, what, text,
-                 static_cast<unsigned long long>(least), static_cast<unsigned long long>(most),
-                 step > 1 ? ", a multiple of 64" : "");
-    std::exit(2);
-  }
-  return static_cast<uint32_t>(value);
-}
+using trace_util::argument;
+using trace_util::check;
+using trace_util::mean_us;
+using trace_util::upload;
 
 // core/mla_fast.cpp's wgmma_latent_shared_bytes(): the heads-in-M block's dynamic shared memory.
 constexpr uint32_t kLatentShared = 1024 + 64 * 576 * 2 + 2 * 64 * 576 * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 4 * 8;
-
-// The mean time of 20 launches back to back, in µs (after the caller's warm-up launch).
-template <class Launch>
-double mean_us(const Launch& launch) {
-  constexpr int kReps = 20;
-  cudaEvent_t t0, t1;
-  check(cudaEventCreate(&t0), "cudaEventCreate");
-  check(cudaEventCreate(&t1), "cudaEventCreate");
-  check(cudaEventRecord(t0), "cudaEventRecord");
-  for (int r = 0; r < kReps; ++r) launch();
-  check(cudaEventRecord(t1), "cudaEventRecord");
-  check(cudaDeviceSynchronize(), "timed launches");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-  return 1e3 * ms / kReps;
-}
 
 // Both blocks of one format over one pool, each timed over 20 launches, then the largest
 // difference of their partials (o against the largest |o|, m and l relative); 0 where they agree.
@@ -142,9 +92,8 @@ int run_nvfp4(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const std::vecto
     for (uint32_t i = 0; i < kData; ++i) pool[b * kStride + i] = static_cast<uint8_t>(rng());
     for (uint32_t i = kData; i < kStride; ++i) pool[b * kStride + i] = static_cast<uint8_t>(0x30 | (rng() & 0x0F));
   }
-  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  std::shuffle(table.begin(), table.end(), rng);
+  const std::vector<int32_t> table = trace_util::shuffled_table(B, blocks_per_seq, rng),
+                             lens(B, static_cast<int32_t>(L));
   const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
   const uint8_t* d_pool = upload(pool);
   const int32_t *d_table = upload(table), *d_lens = upload(lens);
@@ -184,6 +133,7 @@ int run_fp8(uint32_t B, uint32_t L, uint32_t H, uint32_t kps, const uint8_t* d_p
 
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
+  trace_util::g_program = program;
   if (argc != 5 && argc != 6) {
     std::fprintf(
         stderr,
@@ -198,28 +148,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: MODE %s is not partial, cluster, fused, fp8 or nvfp4\n", program, mode);
     return 2;
   }
-  const uint32_t B = argument(program, "B", argv[1], 1, 65535), L = argument(program, "L", argv[2], 64, 1 << 20, 64);
-  const uint32_t H = argument(program, "H", argv[3], 1, 1024),
-                 kps = argument(program, "KEYS_PER_SPLIT", argv[4], 64, L, 64);
+  const uint32_t B = argument("B", argv[1], 1, 65535), L = argument("L", argv[2], 64, 1 << 20, 64);
+  const uint32_t H = argument("H", argv[3], 1, 1024), kps = argument("KEYS_PER_SPLIT", argv[4], 64, L, 64);
   if (uint64_t{B} * L * 576 > (uint64_t{64} << 30)) {
     std::fprintf(stderr, "%s: a pool of B x L x 576 bytes = %llu is above 64 GiB\n", program,
                  static_cast<unsigned long long>(uint64_t{B} * L * 576));
     return 2;
   }
-  // The device first: its SASS is sm_90a's alone (and without a driver the runtime reports only
-  // that the driver is older than it).
-  int devices = 0, major = 0, minor = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "%s: no usable CUDA device (cudaGetDeviceCount: %s); it needs an sm_90 GPU\n", program,
-                 e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
-    return 1;
-  }
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), "cudaDeviceGetAttribute");
-  if (major != 9 || minor != 0) {
-    std::fprintf(stderr, "%s: device 0 is sm_%d%d; the block is built for sm_90a alone\n", program, major, minor);
-    return 1;
-  }
+  trace_util::require_sm90();
   constexpr uint32_t kDim = 576, kBlock = 64;
   const uint32_t blocks_per_seq = L / kBlock, splits = (L + kps - 1) / kps;
   if (!partial && !nvfp4 && !fp8 && splits > (cluster ? 8u : 1u)) {
@@ -230,22 +166,13 @@ int main(int argc, char** argv) {
   const bool as_bench = as_bench_env != nullptr && std::strcmp(as_bench_env, "1") == 0;
   const float logit_scale = as_bench ? 0.01f / std::sqrt(192.0f) : 0.07f;
   std::mt19937_64 rng(1);
-  std::vector<uint8_t> pool(nvfp4 ? 0 : size_t{B} * L * kDim);  // MODE nvfp4 builds its own
-  const size_t drawn = as_bench ? std::min<size_t>(pool.size(), size_t{16} << 20) : pool.size();
-  for (size_t i = 0; i < drawn; ++i) pool[i] = static_cast<uint8_t>(rng()) & 0xB7;
-  for (size_t i = drawn; i < pool.size(); ++i) pool[i] = pool[i % drawn];
-  std::vector<uint16_t> q(size_t{B} * H * kDim);  // BF16 (truncated) of uniform values in [-2, 2) ([-1, 1) as bench)
-  std::uniform_real_distribution<float> uniform(as_bench ? -1.0f : -2.0f, as_bench ? 1.0f : 2.0f);
-  for (auto& x : q) {
-    const float f = uniform(rng);
-    uint32_t bits = 0;
-    std::memcpy(&bits, &f, 4);
-    x = static_cast<uint16_t>(bits >> 16);
-  }
+  const std::vector<uint8_t> pool =
+      trace_util::random_fp8(nvfp4 ? 0 : size_t{B} * L * kDim, as_bench, rng);  // MODE nvfp4 builds its own
+  // BF16 (truncated) of uniform values in [-2, 2) ([-1, 1) as bench)
+  const std::vector<uint16_t> q = trace_util::random_bf16(size_t{B} * H * kDim, as_bench ? 1.0f : 2.0f, rng);
   if (nvfp4) return run_nvfp4(B, L, H, kps, q, 0.02f, rng);
-  std::vector<int32_t> table(size_t{B} * blocks_per_seq), lens(B, static_cast<int32_t>(L));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  std::shuffle(table.begin(), table.end(), rng);
+  const std::vector<int32_t> table = trace_util::shuffled_table(B, blocks_per_seq, rng),
+                             lens(B, static_cast<int32_t>(L));
   const auto* d_q = reinterpret_cast<const __nv_bfloat16*>(upload(q));
   const uint8_t* d_pool = upload(pool);
   const int32_t *d_table = upload(table), *d_lens = upload(lens);

@@ -86,7 +86,8 @@ function(hm_trace_build name)  # [FATBIN] [MACRO ...]: built with -DMACRO each
   add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/${name}
                      COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} ${define}
                              -o ${PROJECT_BINARY_DIR}/bin/${name} ${hm_trace_src}
-                     DEPENDS ${hm_trace_src} ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
+                     DEPENDS ${hm_trace_src} ${PROJECT_SOURCE_DIR}/bench/trace_util.cuh ${METRALE_KERNEL_SOURCES}
+                             ${METRALE_KERNEL_HEADERS}
                      COMMENT "nvcc bench/hm_trace.cu ${shown} -> ${name} (90a)")
   set(outputs ${PROJECT_BINARY_DIR}/bin/${name})
   if(hm_FATBIN)
@@ -107,3 +108,14 @@ hm_trace_build(hm_trace_cycles METRALE_HM_TRACE)
 hm_trace_build(hm_trace_preg FATBIN METRALE_HM_P_REGS)
 hm_trace_build(hm_trace_grouped FATBIN METRALE_HM_NVFP4_GROUPED)
 add_custom_target(hm_trace DEPENDS ${hm_trace_bins})
+
+# bench/step_trace.cu: the staged FP8 16-head block in its clusters, alone, with each block's
+# phases stamped on the wall clock (-DMETRALE_STEP_TRACE): where a memory-bound step's fixed cost
+# goes. Not built by default (`--target step_trace`); sm_90a.
+add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/bin/step_trace
+                   COMMAND ${CUDAToolkit_NVCC_EXECUTABLE} ${hm_trace_flags} -DMETRALE_STEP_TRACE
+                           -o ${PROJECT_BINARY_DIR}/bin/step_trace ${PROJECT_SOURCE_DIR}/bench/step_trace.cu
+                   DEPENDS ${PROJECT_SOURCE_DIR}/bench/step_trace.cu ${PROJECT_SOURCE_DIR}/bench/trace_util.cuh
+                           ${METRALE_KERNEL_SOURCES} ${METRALE_KERNEL_HEADERS}
+                   COMMENT "nvcc bench/step_trace.cu -DMETRALE_STEP_TRACE -> step_trace (90a)")
+add_custom_target(step_trace DEPENDS ${PROJECT_BINARY_DIR}/bin/step_trace)

@@ -578,6 +578,30 @@ struct ClusterOut {
 };
 constexpr uint32_t kMaxClusterSplits = 8;  // the portable cluster size
 
+// Wall-clock stamps (%globaltimer, ns) of a 16-head block's phases, thread 0's, per block into
+// g_step_trace (bench/step_trace.cu prints them): a diagnostic build, -DMETRALE_STEP_TRACE;
+// otherwise nothing. Marks: 0 the block starts, 1 Q stored (the first tile on its way), 2 the first
+// K landed, 3 the walk done, 4 the partial written, 5 the cluster's first barrier passed, 6 the
+// combine's sums written, 7 the block ends. Column kStepMarks holds the block's SM.
+#ifdef METRALE_STEP_TRACE
+constexpr uint32_t kStepMarks = 8, kStepTraceBlocks = 16384;
+__device__ unsigned long long g_step_trace[kStepTraceBlocks][kStepMarks + 1];
+__device__ void step_mark(uint32_t k) {
+  const uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x != 0 || b >= kStepTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_step_trace[b][k] = t;
+  if (k == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_step_trace[b][kStepMarks] = sm;
+  }
+}
+#else
+__device__ void step_mark(uint32_t) {}
+#endif
+
 // cluster_combine's sums for dims [d_begin, d_end) of one head, four a step from 4·part, over
 // exactly kN chunks (peer[c]: chunk c's row, w[c] its weight): the chunks summed by residue mod 4,
 // each term rounded on its own (combine_term), the four sums added in order and scaled by inv.
@@ -618,6 +642,7 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
   const cg::cluster_group cluster = cg::this_cluster();
   metrale::allow_next_kernel();  // every block of the grid is past its keys: the next may start
   cluster.sync();                // every block's partial written, and seen
+  step_mark(5);
   const uint32_t hl = threadIdx.x / kParts, part = threadIdx.x % kParts, h = head0 + hl;
   const uint32_t width = 4 * ((kDim + 4 * n - 1) / (4 * n));
   const uint32_t d_begin = min(kDim, z * width), d_end = min(kDim, d_begin + width);
@@ -644,7 +669,9 @@ __device__ void cluster_combine(const ClusterOut& out, const float* rows, const 
       default: cluster_sum<8, kParts>(peer, w, inv, dst, d_begin, d_end, part); break;
     }
   }
+  step_mark(6);
   cluster.sync();  // every block's rows stay until the cluster has read them
+  step_mark(7);
 }
 // cluster_combine's part for the threads of a block past its first kThreads: the cluster's two
 // barriers, reading nothing.
@@ -695,6 +722,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   const uint32_t begin = chunk.begin, end = chunk.end;
 
   using Feed = HalfFeed<1, Rows>;
+  step_mark(0);
   if (tid == 0) mbar_init(bars, Feed::arrivals()), mbar_init(bars + 1, Feed::arrivals()), fence_mbar_init();
   __syncthreads();  // the mbarriers ready before any copy counts off at them
   // One latent pool as both caches (FP8): a key's one row serves Q·Kᵀ and P·V, and the two slots
@@ -710,6 +738,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
       [&](uint32_t row, uint32_t part, const uint32_t(&w)[4]) { store_q_permuted(sq, row, part, w); });
   fence_to_async_proxy();
   __syncthreads();
+  step_mark(1);
 
   const uint32_t r0 = 16 * warp + lane / 4, qrow = 8 * warp + lane / 4;
   auto head_of = [&](uint32_t jj) { return head16_of(jj, lane); };
@@ -730,6 +759,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
       uint8_t* const rows = h == 0 ? sk : sv;
       mbar_wait(bars + h, (i / 2) % 2);
       __syncthreads();  // this tile's rows everywhere, the other slot read everywhere
+      if (i == 0) step_mark(2);
       feed.locate(tile + kTileKeys);
       if (h == 0) {  // constant halves: an index the compiler cannot see would put the feed on the stack
         feed.stage(tile + kTileKeys, 1);
@@ -749,6 +779,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
   for (uint32_t tile = begin, i = 0; !latent && tile < end; tile += kTileKeys, ++i) {
     feed.wait(0, i);
     __syncthreads();  // this tile's K everywhere
+    if (i == 0) step_mark(2);
     feed.locate(tile + kTileKeys);
     float sacc[8];
     if constexpr (kNvfp4) {
@@ -775,6 +806,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
     feed.stage(tile + kTileKeys, 1);
   }
   cp_async_wait_all();
+  step_mark(3);
   // The sums over the block's keys: lanes of one lane%4, then the four warps in order.
 #pragma unroll
   for (uint32_t jj = 0; jj < 4; ++jj) {
@@ -814,6 +846,7 @@ __device__ void wgmma16_rs_decode(const __nv_bfloat16* q, const Out& out, uint32
       ml[1] = (red[hl] + red[kRows16 + hl]) + (red[2 * kRows16 + hl] + red[3 * kRows16 + hl]);
     }
   }
+  step_mark(4);
   if constexpr (Out::cluster)
     cluster_combine<kRows16, 128>(out, cluster_rows, cluster_ml, s, head0, num_q_heads, z, num_splits);
 }

@@ -12,9 +12,9 @@ mkdir -p "$stage"/{bin,lib,kernels,golden}
 # launcher families on the devices the emulator plays; fuzz_paged: the test of a failure's report.txt
 # (all six drivers would pass the carry limit)
 cp build/bin/metrale build/bin/metrale_tests build/bin/fuzz_capacity build/bin/fuzz_argorder build/bin/fuzz_validation build/bin/fuzz_paged "$stage/bin/"
-# hm_trace's builds (scripts/device_latent.sh, device_step_gap.sh, device_hm_variants.sh), where
-# `cmake --build build --target hm_trace` built them
-for tool in hm_trace hm_trace_cycles hm_trace_preg hm_trace_grouped; do
+# hm_trace's builds (scripts/device_latent.sh, device_step_gap.sh, device_hm_variants.sh) and
+# step_trace (device_step_trace.sh), where `cmake --build build --target hm_trace step_trace` built them
+for tool in hm_trace hm_trace_cycles hm_trace_preg hm_trace_grouped step_trace; do
   [ ! -x "build/bin/$tool" ] || cp "build/bin/$tool" "$stage/bin/"
 done
 strip "$stage"/bin/*
