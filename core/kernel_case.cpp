@@ -16,6 +16,7 @@
 #include "metrale/mla_decode.hpp"
 #include "metrale/mla_fast.hpp"
 #include "metrale/model_case.hpp"
+#include "validate.hpp"
 
 namespace metrale {
 
@@ -866,7 +867,7 @@ std::map<std::string, Tensor> run_kernel_case(GpuBackend& gpu, const KernelCase&
       // refused as "<name> is null", which no file can hold: name what the file lacks (the
       // adversarial trial, forty-seventh session).
       for (const auto& p : a.fields.pointers)
-        if (ptrs.count(p) == 0 && e.message().ends_with(fmt::format(": {} is null", p)))
+        if (ptrs.count(p) == 0 && e.message().ends_with(": " + detail::Validator::null_pointer(p)))
           fail(e.code(), "{}: the case has no tensor '{}', a pointer parameter {} needs", e.message(), p, c.entry);
       throw;
     }

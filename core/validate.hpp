@@ -73,8 +73,11 @@ struct Validator {
 
   void non_null(std::initializer_list<std::pair<const char*, DevicePtr>> ptrs) const {
     for (const auto& [name, p] : ptrs)
-      if (!p) fail(Errc::invalid_argument, "{}: {} is null", kernel, name);
+      if (!p) fail(Errc::invalid_argument, "{}: {}", kernel, null_pointer(name));
   }
+  /// non_null's words for a null `name` (after "<kernel>: "): run_kernel_case matches them to say
+  /// which tensor a case file lacks.
+  static std::string null_pointer(std::string_view name) { return fmt::format("{} is null", name); }
   /// Each pointer a multiple of `bytes` (its elements' size or vector width): "<name> <addr> is not
   /// <bytes>-byte aligned".
   void aligned(std::uint64_t bytes, std::initializer_list<std::pair<const char*, DevicePtr>> ptrs) const {
