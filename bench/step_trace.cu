@@ -17,9 +17,11 @@
 // - how many blocks are still walking at fractions of the step.
 // A diagnostic for kernel work (docs/performance.md, "What limits it"), not part of the product;
 // the CMake target `step_trace` builds it (sm_90a, needs nvcc):
-//   step_trace B L KEYS_PER_SPLIT [REPS]       e.g. step_trace 32 4096 640
+//   step_trace B L KEYS_PER_SPLIT [REPS [MODE]]       e.g. step_trace 32 4096 640
 // KEYS_PER_SPLIT is the dispatcher's chunk (B = 32 × 4K: 640 keys, 7 splits on the H200), at most
-// 8 splits (a portable cluster).
+// 8 splits (a portable cluster). MODE cluster (the default) runs the cluster entry; partial runs
+// the split kernel alone (mla_paged_decode_wgmma16_rs_fp8, its partials to global memory, the
+// combine not launched), any number of splits.
 #include "mla_wgmma.cu"
 #include "trace_util.cuh"
 
@@ -85,8 +87,10 @@ struct Run {
   uint32_t sms = 0, most_per_sm = 0;
 };
 
-// The stamps of `blocks` blocks after a launch, as one Run (`decode`: all eight marks).
-Run read_run(uint32_t blocks, bool decode, double event_us, const std::vector<uint32_t>& tiles) {
+// The stamps of `blocks` blocks after a launch, as one Run: the blocks' start (mark 0) to their
+// end (mark `end`: 7, or 4 for the partial entry, which ends with its partial stored); `decode`:
+// the phases too.
+Run read_run(uint32_t blocks, uint32_t end, bool decode, double event_us, const std::vector<uint32_t>& tiles) {
   std::vector<unsigned long long> t(size_t{blocks} * (kStepMarks + 1));
   check(cudaMemcpyFromSymbol(t.data(), g_step_trace, t.size() * sizeof t[0]), "cudaMemcpyFromSymbol");
   unsigned long long spin_end = 0;
@@ -96,7 +100,7 @@ Run read_run(uint32_t blocks, bool decode, double event_us, const std::vector<ui
   std::vector<uint32_t> per_sm(1024);
   for (uint32_t b = 0; b < blocks; ++b) {
     first = std::min(first, at(b, 0)), last_start = std::max(last_start, at(b, 0));
-    last_end = std::max(last_end, at(b, 7));
+    last_end = std::max(last_end, at(b, end));
     ++per_sm[std::min<unsigned long long>(at(b, kStepMarks), 1023)];
   }
   Run r;
@@ -108,7 +112,7 @@ Run read_run(uint32_t blocks, bool decode, double event_us, const std::vector<ui
   for (const uint32_t n : per_sm) r.sms += n != 0, r.most_per_sm = std::max(r.most_per_sm, n);
   if (!decode) return r;
   std::vector<double> per_tile;
-  for (size_t p = 0; p < kPhaseCount; ++p) {
+  for (size_t p = 0; p < kPhaseCount && kPhases[p].to <= end; ++p) {
     std::vector<double> d;
     for (uint32_t b = 0; b < blocks; ++b)
       d.push_back(static_cast<double>(at(b, kPhases[p].to) - at(b, kPhases[p].from)) * 1e-3);
@@ -151,7 +155,8 @@ Run medians(const std::vector<Run>& runs) {
 
 // `reps` traced launches of `launch`, each behind a 30 µs spin, their figures' medians.
 template <class Launch>
-Run traced(const Launch& launch, uint32_t blocks, bool decode, uint32_t reps, const std::vector<uint32_t>& tiles) {
+Run traced(const Launch& launch, uint32_t blocks, uint32_t end, bool decode, uint32_t reps,
+           const std::vector<uint32_t>& tiles) {
   cudaEvent_t t0, t1;
   check(cudaEventCreate(&t0), "cudaEventCreate");
   check(cudaEventCreate(&t1), "cudaEventCreate");
@@ -164,7 +169,7 @@ Run traced(const Launch& launch, uint32_t blocks, bool decode, uint32_t reps, co
     check(cudaDeviceSynchronize(), "traced launch");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-    runs.push_back(read_run(blocks, decode, 1e3 * ms, tiles));
+    runs.push_back(read_run(blocks, end, decode, 1e3 * ms, tiles));
   }
   return medians(runs);
 }
@@ -181,20 +186,28 @@ void print_run(const char* what, const Run& r, double back_to_back) {
 int main(int argc, char** argv) {
   const char* program = std::strrchr(argv[0], '/') != nullptr ? std::strrchr(argv[0], '/') + 1 : argv[0];
   trace_util::g_program = program;
-  if (argc != 4 && argc != 5) {
+  if (argc < 4 || argc > 6) {
     std::fprintf(stderr,
-                 "usage: %s B L KEYS_PER_SPLIT [REPS] (L and KEYS_PER_SPLIT multiples of 64, at most 8 splits)\n",
+                 "usage: %s B L KEYS_PER_SPLIT [REPS [cluster|partial]] (L and KEYS_PER_SPLIT multiples of 64; "
+                 "cluster: at most 8 splits)\n",
                  program);
     return 2;
   }
   using trace_util::argument;
   const uint32_t B = argument("B", argv[1], 1, 65535), L = argument("L", argv[2], 64, 1 << 20, 64);
   const uint32_t kps = argument("KEYS_PER_SPLIT", argv[3], 64, L, 64);
-  const uint32_t reps = argc == 5 ? argument("REPS", argv[4], 1, 1000) : 20;
+  const uint32_t reps = argc >= 5 ? argument("REPS", argv[4], 1, 1000) : 20;
+  const char* const mode = argc == 6 ? argv[5] : "cluster";
+  const bool in_clusters = std::strcmp(mode, "cluster") == 0;
+  if (!in_clusters && std::strcmp(mode, "partial") != 0) {
+    std::fprintf(stderr, "%s: MODE %s is not cluster or partial\n", program, mode);
+    return 2;
+  }
   const uint32_t splits = (L + kps - 1) / kps, blocks = splits * B;
-  if (splits > kMaxClusterSplits || blocks > kStepTraceBlocks || uint64_t{B} * L * kDim > (uint64_t{16} << 30)) {
-    std::fprintf(stderr, "%s: %u splits of %u blocks in all (at most 8 and %u), or a pool above 16 GiB\n", program,
-                 splits, blocks, kStepTraceBlocks);
+  if ((in_clusters && splits > kMaxClusterSplits) || blocks > kStepTraceBlocks ||
+      uint64_t{B} * L * kDim > (uint64_t{16} << 30)) {
+    std::fprintf(stderr, "%s: %u splits, %u blocks in all (at most 8 in clusters and %u), or a pool above 16 GiB\n",
+                 program, splits, blocks, kStepTraceBlocks);
     return 2;
   }
   trace_util::require_sm90();
@@ -207,45 +220,66 @@ int main(int argc, char** argv) {
   const int32_t* table = trace_util::upload(trace_util::shuffled_table(B, L / kBlock, rng));
   const int32_t* lens = trace_util::upload(std::vector<int32_t>(B, static_cast<int32_t>(L)));
   __nv_bfloat16* o = nullptr;
+  float *o_partial = nullptr, *ml_partial = nullptr;
   check(cudaMalloc(&o, size_t{B} * kHeads * kDim * 2), "cudaMalloc");
+  check(cudaMalloc(&o_partial, size_t{blocks} * kHeads * kDim * 4), "cudaMalloc");
+  check(cudaMalloc(&ml_partial, size_t{blocks} * kHeads * 8), "cudaMalloc");
   const float logit_scale = 0.01f / std::sqrt(192.0f);  // metrale bench's
   std::vector<uint32_t> tiles(blocks);
   for (uint32_t b = 0; b < blocks; ++b) tiles[b] = (std::min(L, (b % splits + 1) * kps) - b % splits * kps) / 64;
 
   for (const void* entry : {reinterpret_cast<const void*>(mla_paged_decode_wgmma16_rs_combine_fp8),
+                            reinterpret_cast<const void*>(mla_paged_decode_wgmma16_rs_fp8),
                             reinterpret_cast<const void*>(step_trace_empty)})
     check(cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared), "cudaFuncSetAttribute");
   const dim3 grid(splits, 1, B);
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = splits, cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  const cudaLaunchConfig_t config{grid, 128, kShared, nullptr, &cluster, 1};
+  cluster.val.clusterDim.x = in_clusters ? splits : 1, cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  const cudaLaunchConfig_t config{grid, 128, kShared, nullptr, &cluster, in_clusters ? 1u : 0u};
   int at_once = 0;
-  check(cudaOccupancyMaxActiveClusters(&at_once, mla_paged_decode_wgmma16_rs_combine_fp8, &config),
-        "cudaOccupancyMaxActiveClusters");
+  if (in_clusters)
+    check(cudaOccupancyMaxActiveClusters(&at_once, mla_paged_decode_wgmma16_rs_combine_fp8, &config),
+          "cudaOccupancyMaxActiveClusters");
   const auto decode = [&] {
-    check(cudaLaunchKernelEx(&config, mla_paged_decode_wgmma16_rs_combine_fp8, q, k_pool, v_pool,
+    if (in_clusters) {
+      check(
+          cudaLaunchKernelEx(&config, mla_paged_decode_wgmma16_rs_combine_fp8, q, k_pool, v_pool,
                              static_cast<const float*>(nullptr), o, table, lens, L / kBlock, kHeads, kDim, kDim, kBlock,
                              logit_scale, uint64_t{kDim}, 0u, static_cast<const uint8_t*>(nullptr), 0u, kps, 1.0f),
           "cudaLaunchKernelEx");
+    } else {
+      check(cudaLaunchKernelEx(&config, mla_paged_decode_wgmma16_rs_fp8, q, k_pool, v_pool, o_partial, ml_partial,
+                               table, lens, L / kBlock, kHeads, kDim, kDim, kBlock, logit_scale, uint64_t{kDim}, 0u,
+                               static_cast<const uint8_t*>(nullptr), 0u, kps),
+            "cudaLaunchKernelEx");
+    }
   };
   const auto empty = [&] { check(cudaLaunchKernelEx(&config, step_trace_empty), "cudaLaunchKernelEx"); };
   decode(), empty();
   check(cudaDeviceSynchronize(), "warm-up launches");
 
   const double bytes = static_cast<double>(keys) * 2 * kDim + 2.0 * B * kHeads * kDim * 2;
-  std::printf(
-      "B=%u L=%u H=%u keys_per_split=%u: %u splits, grid %u blocks in clusters of %u (%d clusters at once), "
-      "%.1f MB a step\n",
-      B, L, kHeads, kps, splits, blocks, splits, at_once, bytes * 1e-6);
-  const Run e = traced(empty, blocks, false, reps, tiles);
+  if (in_clusters) {
+    std::printf(
+        "B=%u L=%u H=%u keys_per_split=%u: %u splits, grid %u blocks in clusters of %u (%d clusters at once), "
+        "%.1f MB a step\n",
+        B, L, kHeads, kps, splits, blocks, splits, at_once, bytes * 1e-6);
+  } else {
+    std::printf(
+        "B=%u L=%u H=%u keys_per_split=%u: %u splits, grid %u blocks, partials to global memory (no combine), "
+        "%.1f MB a step\n",
+        B, L, kHeads, kps, splits, blocks, bytes * 1e-6);
+  }
+  const uint32_t end = in_clusters ? 7 : 4;
+  const Run e = traced(empty, blocks, 7, false, reps, tiles);
   print_run("empty kernel", e, trace_util::mean_us(empty));
-  const Run d = traced(decode, blocks, true, reps, tiles);
+  const Run d = traced(decode, blocks, end, true, reps, tiles);
   const double back_to_back = trace_util::mean_us(decode);
-  print_run("decode step ", d, back_to_back);
+  print_run(in_clusters ? "decode step " : "split kernel", d, back_to_back);
   std::printf("  bytes over the span: %.0f GB/s; over the event time: %.0f GB/s\n", bytes / d.span * 1e-3,
               bytes / d.event * 1e-3);
-  for (size_t p = 0; p < kPhaseCount; ++p)
+  for (size_t p = 0; p < kPhaseCount && kPhases[p].to <= end; ++p)
     std::printf("  %-40s median %7.2f us, largest %7.2f\n", kPhases[p].name, d.phase_median[p], d.phase_max[p]);
   std::printf("  walk per tile after the first: median %.2f us\n", d.walk_per_tile);
   std::printf("  blocks walking at 25/50/75/90%% of the span: %.0f / %.0f / %.0f / %.0f of %u\n", d.walking[0],

@@ -10,9 +10,12 @@ mkdir -p "$OUT"
 tar -C .carry -xzf .carry/pack.tgz  # scripts/pack_device.sh
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-# B L KEYS_PER_SPLIT: B = 32 × 4K as planned (7 splits of 10 tiles) and in 8, 4 and 2 splits;
-# B = 128 × 1K as planned (2 splits of 8); B = 8 × 4K and B = 1 × 1K in clusters of 8.
-for row in "32 4096 640" "32 4096 512" "32 4096 1024" "32 4096 2048" "128 1024 512" "8 4096 512" "1 1024 128" "32 16384 2048"; do
+# B L KEYS_PER_SPLIT [REPS MODE]: B = 32 × 4K as planned (7 splits of 10 tiles in clusters) and
+# in 8, 4 and 2 splits, and its split kernel alone in 8 splits (256 blocks of 8 tiles: the walk
+# balanced) and 16; B = 128 × 1K as planned (2 splits of 8); B = 8 × 4K and B = 1 × 1K in
+# clusters of 8; B = 32 × 16K in clusters of 8 and its split kernel alone as planned (8 splits).
+for row in "32 4096 640" "32 4096 512" "32 4096 1024" "32 4096 2048" "32 4096 512 20 partial" \
+  "32 4096 256 20 partial" "128 1024 512" "8 4096 512" "1 1024 128" "32 16384 2048" "32 16384 2048 20 partial"; do
   echo "== step_trace $row"
   timeout 60 .carry/bin/step_trace $row 2>&1
 done | tee "$OUT/step_trace.txt"
