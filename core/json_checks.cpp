@@ -73,6 +73,11 @@ class ShapeChecks final : public nlohmann::json_sax<Json> {
 }  // namespace
 
 void check_json_shape(std::string_view text, const JsonShape& shape) {
+  // The parser would stop at a NUL (and ignore what follows: the adversarial trial, forty-ninth
+  // session, on a --torch file) and skip a byte-order mark; JSON text has neither.
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    fail(Errc::invalid_argument, "{} holds a NUL byte at offset {}", shape.subject, nul);
+  if (text.starts_with("\xEF\xBB\xBF")) fail(Errc::invalid_argument, "{} starts with a byte-order mark", shape.subject);
   ShapeChecks checks(shape);
   Json::sax_parse(text.begin(), text.end(), &checks);
 }

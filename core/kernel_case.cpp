@@ -513,7 +513,8 @@ Tolerance parse_tolerance(const std::string& case_name, const std::string& tname
   const auto v = t.values<double>();
   if (v.size() != 3) fail(Errc::invalid_argument, "case {}: {} must hold [abs, rel, ulps]", case_name, tname);
   if (!(v[0] >= 0) || !(v[1] >= 0))
-    fail(Errc::invalid_argument, "case {}: {} abs {} and rel {} must be non-negative", case_name, tname, v[0], v[1]);
+    fail(Errc::invalid_argument, "case {}: {} abs {} and rel {} must be non-negative numbers (+inf allowed, not nan)",
+         case_name, tname, v[0], v[1]);
   if (!(v[2] >= 0 && v[2] <= std::numeric_limits<std::uint32_t>::max() && v[2] == std::floor(v[2])))
     fail(Errc::invalid_argument, "case {}: {} ulps {} is not a whole number in [0, {}]", case_name, tname, v[2],
          std::numeric_limits<std::uint32_t>::max());

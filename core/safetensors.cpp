@@ -141,10 +141,7 @@ Json parse_header_json(std::string_view text, std::string_view name) {
   // JSON keeps the last of duplicate keys silently; two entries for one tensor
   // name (or two values of one metadata key, or two dtypes of one tensor) would
   // let two readers see different files, so they are refused in every object.
-  // (The JSON parser would stop at a NUL and skip a byte-order mark; the format has neither.)
-  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
-    fail(Errc::invalid_argument, "{}: header holds a NUL byte at offset {}", name, nul);
-  if (text.starts_with("\xEF\xBB\xBF")) fail(Errc::invalid_argument, "{}: header starts with a byte-order mark", name);
+  // (A NUL or a byte-order mark is refused there too.)
   check_json_shape(
       text, {fmt::format("{}: header", name), kMaxJsonDepth, kMaxJsonValues, " (a tensor's entry needs about 8)"});
   try {
@@ -214,9 +211,12 @@ Entry parse_entry(const std::string& tensor_name, const Json& j, std::uint64_t d
   std::size_t numel = 1;
   for (const Json& dim : shape) {
     const auto d = json_u64(dim);
-    if (!d || *d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    if (!d)
       fail(Errc::invalid_argument, "{}: tensor '{}' shape {} has a dimension that is not a non-negative integer", name,
            tensor, brief(shape));
+    if (*d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail(Errc::invalid_argument, "{}: tensor '{}' shape {} has a dimension {} past 2^63 - 1", name, tensor,
+           brief(shape), *d);
     const auto n = checked_mul(numel, static_cast<std::size_t>(*d));
     if (!n)
       fail(Errc::invalid_argument, "{}: tensor '{}' shape {} overflows the element count", name, tensor, brief(shape));

@@ -410,6 +410,10 @@ TEST_CASE("safetensors rejects bad tensor entries", "[safetensors][malformed]") 
                     {"'t'", "overflows"});
   require_malformed(R"({"t": {"dtype": "F64", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", 0,
                     {"'t'", "overflows"});
+  // a dimension past int64: named as too large, not as "not a non-negative integer" (adversarial
+  // trial, forty-ninth session)
+  require_malformed(R"({"t": {"dtype": "U8", "shape": [9223372036854775808], "data_offsets": [0, 0]}})", 0,
+                    {"'t'", "a dimension 9223372036854775808 past 2^63 - 1"});
 }
 
 // A header's names and strings can be megabytes long; a message echoes their start only.

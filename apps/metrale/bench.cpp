@@ -553,10 +553,12 @@ void add_bench(CLI::App& app) {
   cmd->callback([opts] {
     // Under blocking a group's launches queue behind the held stream: a few per step, well inside
     // the stream's queue (past it the backend's watchdog would fail the run after 2 s).
+    // A command-line mistake: CLI11's exit code, as the options' own checks give.
     if (opts->timing == "blocking" && opts->group > kMaxBlockingGroup)
-      fail(Errc::invalid_argument,
-           "bench: --group {} with --timing blocking: at most {} (a group's launches all queue behind the held stream)",
-           opts->group, kMaxBlockingGroup);
+      throw CLI::ValidationError(
+          "--group", fmt::format("{} with --timing blocking: at most {} (a group's launches all queue behind the held "
+                                 "stream)",
+                                 opts->group, kMaxBlockingGroup));
     auto gpu = make_backend(opts->backend);
     if (recorder_made())  // --record DIR: the emulator, writing a case file a launch
       spdlog::warn("bench: --record times the emulator writing every launch as a case file, not a device");

@@ -325,6 +325,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
     // What the command printed first (info's list, which its error points to as "above"), then the error.
     std::fflush(stdout);
+    // A print to a full or closed standard output throws from inside the library ("cannot write
+    // to file"): say so as every command's end does (the adversarial trial, forty-ninth session).
+    if (std::ferror(stdout) != 0) return metrale::cli::with_output_written(2);
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
   }

@@ -21,7 +21,8 @@ struct JsonShape {
 /// could see different documents). nlohmann's parser callback could check the same, but it
 /// rescans the enclosing object at each nested object's end: quadratic in an object's size (a
 /// safetensors header of 50,000 entries took minutes; a --torch file of 240,000 keys, 51 s).
-/// Errors: `invalid_argument`, starting with `shape.subject`: "is not valid json: <the parser's
+/// Errors: `invalid_argument`, starting with `shape.subject`: "holds a NUL byte at offset <n>",
+/// "starts with a byte-order mark", "is not valid json: <the parser's
 /// reason>", "nests deeper than <max_depth> levels", "holds more than <max_values> json
 /// values<values_hint>", "has key '<key>' twice in one object" (the key cut to an excerpt).
 void check_json_shape(std::string_view text, const JsonShape& shape);
