@@ -1497,6 +1497,9 @@ TEST_CASE("bad input: conform refuses a METRALE_GOLDEN_DIR that is not a folder 
   CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/nonexistent") == 2);
   // (the variable named: a fresh user's trial, thirty-sixth session, had only the path to go on)
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR: conform: no folder /nonexistent"));
+  out.clear();  // a relative one says what it is relative to, as case run does (fresh-user trial, forty-ninth session)
+  CHECK(run_cli("conform --backend emu --cases nosuchdir", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform: no folder nosuchdir (relative to "));
   out.clear();
   CHECK(run_cli("conform --backend emu --only rope_pairs", out, "METRALE_GOLDEN_DIR=/dev/null") == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR: conform: not a folder: /dev/null"));
@@ -2716,6 +2719,23 @@ TEST_CASE("bad input: conform fails a named golden folder that holds no model ca
   out.clear();  // the same folder through METRALE_GOLDEN_DIR, named as such
   CHECK(run_cli("conform --backend emu --only zq --cases " + dir, out, "METRALE_GOLDEN_DIR=" + dir) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("METRALE_GOLDEN_DIR " + dir + " holds no model case"));
+  // A folder of the number-format tables alone is named as such (fresh-user trial, forty-ninth
+  // session: "kernel case files go to --cases"), and --only that picks neither the folder nor its
+  // file runs without that row.
+  TempPath tables("_tables_golden");
+  std::filesystem::create_directories(tables.path);
+  std::filesystem::copy_file(
+      std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "golden" / "quant_codecs.safetensors",
+      tables.path / "quant_codecs.safetensors");
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only quant --golden " + tables.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("conform --golden " + tables.path.string() +
+                                            " holds no model case: its one .safetensors file is the number-format "
+                                            "tables (the formats tests read them)"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("go to --cases"));
+  out.clear();
+  CHECK(run_cli("conform --backend emu --only rope_pairs --golden " + tables.path.string(), out) == 0);
+  CHECK_THAT(out, !Catch::Matchers::Contains("holds no model case"));
 }
 
 TEST_CASE("conform --only runs the cases whose kernel or name holds the text, and refuses one that matches none",

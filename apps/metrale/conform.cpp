@@ -108,7 +108,7 @@ std::vector<fs::path> safetensors_in(const fs::path& dir, bool named, std::vecto
     fail(Errc::invalid_argument, "conform: cannot read folder {}: {}", dir.string(), ec.message());
   if (!fs::is_directory(status)) {
     const char* what = fs::exists(status) ? "not a folder:" : "no folder";
-    if (named) fail(Errc::not_found, "conform: {} {}", what, dir.string());
+    if (named) fail(Errc::not_found, "conform: {} {}{}", what, dir.string(), relative_note(dir));
     fmt::print(stderr, "warning: conform: {} {}{}, skipped\n", what, dir.string(), relative_note(dir));
     missing.push_back(dir.string());
     return {};
@@ -261,7 +261,7 @@ std::vector<GoldenReplay> golden_replays(GpuBackend& gpu, const std::string& nam
 // could not be read (it may be one).
 template <class Wanted>
 std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, const Wanted& wanted, std::string_view only,
-                                     bool& model_case, const std::function<bool()>& stopped) {
+                                     bool& model_case, bool& format_tables, const std::function<bool()>& stopped) {
   std::vector<CaseResult> out;
   const std::string name = printable(path.stem().string());
   const auto replays = golden_replays(gpu, name);
@@ -269,6 +269,7 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
   CaseResult read = guarded("golden", "model case file", name,
                             [&](CaseResult&) { file = SafeTensors::read(path, SafeTensors::Use::model_case); });
   model_case = !read.pass() || is_model_case(file);
+  format_tables = read.pass() && !model_case && is_format_tables(file);
   if (!read.pass()) {  // a file that cannot be read fails as one case; the others still run
     // (its replays' names too: one of them picked and left unchecked would pass unseen)
     if (wanted(read.kernel, read.name) ||
@@ -277,7 +278,7 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
     return out;
   }
   if (!model_case) {               // said where --only would have picked the file (its name), else noise
-    if (is_format_tables(file)) {  // said only when named
+    if (format_tables) {           // said only when named
       if (!only.empty() && name.find(only) != std::string::npos)
         fmt::print(stderr,
                    "note: conform: {} is the number-format tables (the formats tests read them), not a model "
@@ -620,30 +621,41 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
       }
     }
     if (stopped.empty()) phase("golden file", golden_files.size());
-    std::vector<std::size_t> model_cases(golden_dirs.size(), 0), files_in(golden_dirs.size(), 0);
+    std::vector<std::size_t> model_cases(golden_dirs.size(), 0), files_in(golden_dirs.size(), 0),
+        tables_in(golden_dirs.size(), 0), picked_in(golden_dirs.size(), 0);
     for (const auto& [f, dir] : golden_files) {
       if (!stopped.empty()) break;
-      bool model_case = false;
-      auto g = golden_cases(*gpu, f, wanted, opts->only, model_case, recording_stopped_here);
+      bool model_case = false, format_tables = false;
+      auto g = golden_cases(*gpu, f, wanted, opts->only, model_case, format_tables, recording_stopped_here);
       results.insert(results.end(), g.begin(), g.end());
       stop_at_record_limit();
-      ++files_in[dir], model_cases[dir] += model_case ? 1 : 0;
+      ++files_in[dir], model_cases[dir] += model_case ? 1 : 0, tables_in[dir] += format_tables ? 1 : 0;
+      picked_in[dir] += wanted("model case file", printable(f.stem().string())) ? 1 : 0;
     }
     // A golden folder the user named that holds no model case replays nothing: a failed case, not
-    // a PASS (adversarial trial, forty-fourth session: kernel case files given as --golden passed).
+    // a PASS (adversarial trial, forty-fourth session: kernel case files given as --golden passed),
+    // where --only picks the folder or one of its files (fresh-user trial, forty-ninth session:
+    // --only rope_pairs failed on a folder of the format tables).
     for (std::size_t i = 0; i < golden_dirs.size(); ++i)
-      if (const auto& [dir, named, variable] = golden_dirs[i]; named && files_in[i] > 0 && model_cases[i] == 0)
+      if (const auto& [dir, named, variable] = golden_dirs[i];
+          named && files_in[i] > 0 && model_cases[i] == 0 &&
+          (picked_in[i] > 0 || wanted("model case file", printable(dir)))) {
+        const bool one_table = files_in[i] == 1 && tables_in[i] == 1;
         results.push_back(
             {"golden",
              "model case file",
              printable(dir),
              {},
-             fmt::format("{}{} holds no model case: {} (kernel case files go to --cases)",
+             fmt::format("{}{} holds no model case: {}{}",
                          variable == nullptr ? "conform --golden " : std::string(variable) + " ", printable(dir),
-                         files_in[i] == 1 ? std::string("its one .safetensors file is not one")
-                                          : fmt::format("none of its {} .safetensors files is one", files_in[i])),
+                         one_table ? std::string("its one .safetensors file is the number-format tables (the formats "
+                                                 "tests read them)")
+                         : files_in[i] == 1 ? std::string("its one .safetensors file is not one")
+                                            : fmt::format("none of its {} .safetensors files is one", files_in[i]),
+                         one_table ? "" : " (kernel case files go to --cases)"),
              "",
              {}});
+      }
     if (results.empty() && skipped == 0 && !opts->only.empty())
       fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
