@@ -96,6 +96,11 @@ Run read_run(uint32_t blocks, uint32_t end, bool decode, double event_us, const 
   unsigned long long spin_end = 0;
   check(cudaMemcpyFromSymbol(&spin_end, g_spin_end, sizeof spin_end), "cudaMemcpyFromSymbol");
   const auto at = [&](uint32_t b, uint32_t k) { return t[size_t{b} * (kStepMarks + 1) + k]; };
+  // µs from mark `from` to mark `to` of block b (signed: a mark a block did not reach would
+  // otherwise show as 2^64 ns)
+  const auto between = [&](uint32_t b, uint32_t from, uint32_t to) {
+    return (static_cast<double>(at(b, to)) - static_cast<double>(at(b, from))) * 1e-3;
+  };
   unsigned long long first = ~0ull, last_start = 0, last_end = 0;
   std::vector<uint32_t> per_sm(1024);
   for (uint32_t b = 0; b < blocks; ++b) {
@@ -114,13 +119,12 @@ Run read_run(uint32_t blocks, uint32_t end, bool decode, double event_us, const 
   std::vector<double> per_tile;
   for (size_t p = 0; p < kPhaseCount && kPhases[p].to <= end; ++p) {
     std::vector<double> d;
-    for (uint32_t b = 0; b < blocks; ++b)
-      d.push_back(static_cast<double>(at(b, kPhases[p].to) - at(b, kPhases[p].from)) * 1e-3);
+    for (uint32_t b = 0; b < blocks; ++b) d.push_back(between(b, kPhases[p].from, kPhases[p].to));
     r.phase_median[p] = median(d);
     r.phase_max[p] = *std::max_element(d.begin(), d.end());
   }
   for (uint32_t b = 0; b < blocks; ++b)
-    if (tiles[b] > 1) per_tile.push_back(static_cast<double>(at(b, 3) - at(b, 2)) * 1e-3 / (tiles[b] - 1));
+    if (tiles[b] > 1) per_tile.push_back(between(b, 2, 3) / (tiles[b] - 1));
   r.walk_per_tile = median(per_tile);
   const double fractions[4] = {0.25, 0.5, 0.75, 0.9};
   for (int f = 0; f < 4; ++f) {

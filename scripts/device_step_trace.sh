@@ -3,7 +3,7 @@
 # two pools"): bench/step_trace.cu's stamps of the staged FP8 block in its clusters at the plans
 # the H200's dispatcher takes and beside them, then the product's own rows timed `blocking` in the
 # same call. Needs .carry/ (scripts/pack_device.sh after `cmake --build build --target
-# step_trace`); logs under $OUT. About a minute.
+# step_trace`); logs under $OUT. Built in the forty-ninth session, which got no device: not yet run.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
