@@ -26,12 +26,13 @@ namespace metrale::cli {
 /// A command's exit status once its standard output is flushed: `code`, or 2 with "error
 /// (invalid_argument): cannot write standard output (<reason>)" on standard error when what it
 /// printed could not all be written (a full disk, a closed stream), so that a script saving the
-/// output does not take a truncated file for a success.
-inline int with_output_written(int code) {
+/// output does not take a truncated file for a success. `known`: the reason of a write that
+/// failed before (a print's std::system_error), said where the flush gives none.
+inline int with_output_written(int code, int known = 0) {
   errno = 0;
   std::cout.flush();
   if (std::cout.good() && std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return code;
-  const int err = errno;
+  const int err = errno != 0 ? errno : known;
   std::fprintf(stderr, "error (invalid_argument): cannot write standard output (%s)\n",
                err != 0 ? std::strerror(err) : "a write failed");
   return 2;

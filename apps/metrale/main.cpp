@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/cfg/env.h>
@@ -322,12 +323,15 @@ int main(int argc, char** argv) {
                    app.get_subcommands().front()->get_name());
   } catch (const CLI::ParseError& e) {
     return exit_on_parse_error(app, e, argc, argv, record_dir);
-  } catch (const std::exception&) {  // metrale's, or a library's own: still an error, never a crash
+  } catch (const std::exception& e) {  // metrale's, or a library's own: still an error, never a crash
     // What the command printed first (info's list, which its error points to as "above"), then the error.
     std::fflush(stdout);
-    // A print to a full or closed standard output throws from inside the library ("cannot write
-    // to file"): say so as every command's end does (the adversarial trial, forty-ninth session).
-    if (std::ferror(stdout) != 0) return metrale::cli::with_output_written(2);
+    // A print to a full or closed standard output throws from inside fmt ("cannot write to file"):
+    // said as every command's end says it (the adversarial trial, forty-ninth session); another
+    // error is still printed.
+    const auto* failed = dynamic_cast<const std::system_error*>(&e);
+    if (failed != nullptr && std::ferror(stdout) != 0 && std::string_view(e.what()).starts_with("cannot write to file"))
+      return metrale::cli::with_output_written(2, failed->code().value());
     fmt::print(stderr, "{}\n", metrale::cli::error_line());
     return metrale::cli::with_output_written(2);
   }
