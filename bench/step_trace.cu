@@ -45,7 +45,6 @@ __global__ void step_trace_spin(unsigned long long ns) {
 
 // The decode kernel's grid, cluster and shared memory with no work: its start and end stamps.
 __global__ void __launch_bounds__(128, 2) step_trace_empty() {
-  extern __shared__ uint8_t unused[];
   step_mark(0);
   cooperative_groups::this_cluster().sync();
   step_mark(7);
@@ -175,6 +174,8 @@ Run traced(const Launch& launch, uint32_t blocks, uint32_t end, bool decode, uin
     check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
     runs.push_back(read_run(blocks, end, decode, 1e3 * ms, tiles));
   }
+  check(cudaEventDestroy(t0), "cudaEventDestroy");
+  check(cudaEventDestroy(t1), "cudaEventDestroy");
   return medians(runs);
 }
 

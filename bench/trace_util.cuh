@@ -80,6 +80,8 @@ double mean_us(const Launch& launch) {
   check(cudaDeviceSynchronize(), "timed launches");
   float ms = 0;
   check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+  check(cudaEventDestroy(t0), "cudaEventDestroy");
+  check(cudaEventDestroy(t1), "cudaEventDestroy");
   return 1e3 * ms / kReps;
 }
 
