@@ -180,8 +180,12 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
     std::string why = ec ? ec.message() : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder" : "";
     if (why.empty()) {
       std::string probe = (p / ".metrale-fuzz-out-XXXXXX").string();
+      // ENOENT for a folder that exists is its file system's refusal (/proc's), not a missing path.
       if (::mkdtemp(probe.data()) == nullptr)
-        why = "no folder can be made in " + quoted(p.string()) + ": " + std::strerror(errno);
+        why = "no folder can be made in " + quoted(p.string()) + ": " +
+              (errno == ENOENT ? std::string("its file system makes none (mkdir said \"No such file or directory\" "
+                                             "in a folder that exists)")
+                               : std::string(std::strerror(errno)));
       else
         ::rmdir(probe.c_str());
     }

@@ -1443,6 +1443,10 @@ TEST_CASE("bad input: a file named twice runs once, an empty filter is refused, 
                 out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no case matches --only 'no_such_kernel'"));
   CHECK_THAT(out, !Catch::Matchers::Contains("case-sensitive"));
+  // What there is to pick, named (the sweep's kernels, a seed one and a fast one among them).
+  CHECK_THAT(out, Catch::Matchers::Contains("the sweep's kernels are "));
+  CHECK_THAT(out, Catch::Matchers::Contains("mla_paged_decode_fp8, "));
+  CHECK_THAT(out, Catch::Matchers::Contains("mla_paged_decode_combine"));
   // The outermost folder it made, said (before, a mistyped parent was made without a word).
   CHECK_THAT(out, Catch::Matchers::Contains("conform --report: created " + root.string()));
   CHECK_THAT(out, Catch::Matchers::Contains("conform --report: removed " + root.string() +
@@ -1650,6 +1654,8 @@ TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothin
   CHECK(run("/proc/metrale_fuzz_out/failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("--out '/proc/metrale_fuzz_out/failures': not a directory that can be "
                                             "created (no folder can be made in '/proc': "));
+  // /proc's mkdir says ENOENT: said as the file system's refusal, not as a missing path.
+  CHECK_THAT(out, Catch::Matchers::Contains("its file system makes none"));
   out.clear();
   CHECK(run(scratch / "a_file" / "failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("is not a folder"));

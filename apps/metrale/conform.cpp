@@ -656,11 +656,19 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
              "",
              {}});
       }
-    if (results.empty() && skipped == 0 && !opts->only.empty())
-      fail(Errc::not_found, "conform: no case matches --only '{}'{}", opts->only,
+    if (results.empty() && skipped == 0 && !opts->only.empty()) {
+      // What there is to pick (the fresh-user trial, forty-ninth session: the error named none).
+      std::set<std::string> kernels;
+      for (const auto& c : sweep) kernels.insert(c.entry);
+      fail(Errc::not_found,
+           "conform: no case matches --only '{}'{}; the sweep's kernels are {} (a case's name or a "
+           "golden replay's kernel matches too)",
+           opts->only,
            std::any_of(opts->only.begin(), opts->only.end(), [](unsigned char c) { return std::isupper(c) != 0; })
                ? " (the match is case-sensitive)"
-               : "");
+               : "",
+           fmt::join(kernels, ", "));
+    }
     if (results.empty() && skipped > 0)  // nothing checked is not a PASS
       fail(Errc::unsupported, "conform: the device ({}) cannot run {}: nothing was checked", gpu->name(),
            skipped == 1 ? std::string("the one case selected") : fmt::format("any of the {} cases selected", skipped));
