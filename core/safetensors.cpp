@@ -335,24 +335,15 @@ std::vector<float> Tensor::to_f32() const {
 
 namespace {
 
-// The end of the data the header's tensors reference (the largest well-formed
-// data_offsets end; parse() rejects the malformed ones).
-std::uint64_t referenced_data_end(const Json& header) {
-  std::uint64_t end = 0;
-  if (!header.is_object()) return 0;
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey || !value.is_object() || !value.contains("data_offsets")) continue;
-    const Json& offsets = value.at("data_offsets");
-    if (!offsets.is_array() || offsets.size() != 2) continue;
-    if (const auto e = json_u64(offsets[1])) end = std::max(end, *e);
-  }
-  return end;
-}
-
-// parse() of the first bytes of a file of `total` bytes: every size check is
-// against `total`, and `bytes` holds at least the header and the data its
-// tensors reference, so a file is never read past what it describes.
-SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, std::string_view name) {
+// The header of a file of `total` bytes, every check made (length, JSON, entries, exact cover;
+// every size against `total`), its tensors' data not yet filled. `bytes` holds at least the
+// 8-byte length and the header, so a file is checked before any of its data is read.
+struct Header {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Entry> entries;
+  std::uint64_t data_begin = 0;  // 8 + the header's length
+};
+Header parse_header(std::span<const std::byte> bytes, std::uint64_t total, std::string_view name) {
   if (total < 8)
     fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, total);
   std::uint64_t header_len = 0;
@@ -373,18 +364,25 @@ SafeTensors parse_prefix(std::span<const std::byte> bytes, std::uint64_t total, 
     fail(Errc::invalid_argument, "{}: header is a json {}, not an object", name, header.type_name());
 
   const std::uint64_t data_size = rest - header_len;
-  const auto data = bytes.subspan(8 + header_len);
-  SafeTensors out;
-  std::map<std::string, Entry> entries;
+  Header out;
+  out.data_begin = 8 + header_len;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       out.metadata = parse_metadata(value, name);
     } else {
-      entries.emplace(key, parse_entry(key, value, data_size, name));
+      out.entries.emplace(key, parse_entry(key, value, data_size, name));
     }
   }
-  check_exact_cover(entries, data_size, name);
-  for (auto& [key, e] : entries) {
+  check_exact_cover(out.entries, data_size, name);
+  return out;
+}
+
+// The header's tensors filled from `bytes` (the whole file, or at least its header and data).
+SafeTensors fill(Header header, std::span<const std::byte> bytes) {
+  SafeTensors out;
+  out.metadata = std::move(header.metadata);
+  const auto data = bytes.subspan(header.data_begin);
+  for (auto& [key, e] : header.entries) {
     const auto src = data.subspan(e.begin, e.end - e.begin);
     e.tensor.data.assign(src.begin(), src.end());
     out.tensors.emplace(key, std::move(e.tensor));
@@ -400,7 +398,7 @@ std::uint64_t host_memory_bytes() {
 
 }  // namespace
 
-SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
+SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use, const HeaderCheck& check) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found)
@@ -417,9 +415,10 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
   const auto total = static_cast<std::uint64_t>(size);
   const std::string name = path.string();
 
-  // The length and the header first, then only the data the header's tensors
-  // reference: the file's size bounds nothing (a sparse file of a terabyte
-  // behind a small header is not read whole).
+  // The length and the header first, checked whole (its tensors must cover the data section
+  // exactly), and only then the data: the file's size bounds nothing (a sparse file of a terabyte
+  // behind a small header is refused unread), and neither does a tensor's (a case file whose
+  // header the caller refuses is refused unread).
   std::vector<std::byte> bytes;
   auto read_up_to = [&](std::uint64_t n) {
     const std::size_t have = bytes.size();
@@ -435,39 +434,40 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
   if (total >= 8) {
     std::uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
-    if (header_len <= std::min(total - 8, kMaxHeaderBytes)) {  // else parse_prefix says which limit it breaks
+    if (header_len <= std::min(total - 8, kMaxHeaderBytes))  // else parse_header says which limit it breaks
       read_up_to(8 + header_len);
-      const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
-      // An end past the data section is an error parse_prefix reports before it touches any data.
-      const std::uint64_t end = referenced_data_end(parse_header_json(text, name));
-      if (end <= total - 8 - header_len) {
-        // The bytes, then the tensors' copies of them: twice the data; a case run on the emulator
-        // then holds the tensors and, for each device byte, the byte and its written mark: three
-        // times; a model case's replay its tensors as FP32 and BF16 beside them and the caches:
-        // about six times (measured, forty-fourth session: 282 MB for a 46 MB file, 1.38 GB for
-        // 230 MB). Past the host's memory an allocation may still succeed (overcommit) and the
-        // process be killed as it fills it.
-        const std::uint64_t host = host_memory_bytes();
-        const bool model = use == Use::model_case;
-        if (host != 0 && end > host / (model ? 8 : 4))
-          fail(Errc::out_of_memory,
-               "{}: its tensors hold {} bytes, more than {} of this host's {} bytes of memory (reading them takes "
-               "twice that, {})",
-               name, end, model ? "an eighth" : "a quarter", host,
-               model ? "a replay about six times" : "a case run on the emulator three times");
-        read_up_to(8 + header_len + end);
-      }
-    }
   }
+  Header header = parse_header(bytes, total, name);
+  if (check) {
+    SafeTensors described;  // the tensors' dtypes and shapes, no data
+    described.metadata = header.metadata;
+    for (const auto& [key, e] : header.entries) described.tensors.emplace(key, e.tensor);
+    check(described);
+  }
+  // The bytes, then the tensors' copies of them: twice the data; a case run on the emulator then
+  // holds the tensors and, for each device byte, the byte and its written mark: three times; a
+  // model case's replay its tensors as FP32 and BF16 beside them and the caches: about six times
+  // (measured, forty-fourth session: 282 MB for a 46 MB file, 1.38 GB for 230 MB). Past the host's
+  // memory an allocation may still succeed (overcommit) and the process be killed as it fills it.
+  const std::uint64_t data_size = total - header.data_begin;  // all of it the tensors' (exact cover)
+  const std::uint64_t host = host_memory_bytes();
+  const bool model = use == Use::model_case;
+  if (host != 0 && data_size > host / (model ? 8 : 4))
+    fail(Errc::out_of_memory,
+         "{}: its tensors hold {} bytes, more than {} of this host's {} bytes of memory (reading them takes twice "
+         "that, {})",
+         name, data_size, model ? "an eighth" : "a quarter", host,
+         model ? "a replay about six times" : "a case run on the emulator three times");
+  read_up_to(total);
   try {
-    return parse_prefix(bytes, total, name);
+    return fill(std::move(header), bytes);
   } catch (const std::bad_alloc&) {  // the tensors' copies of the bytes
     fail(Errc::out_of_memory, "{}: cannot hold its {} bytes of tensors in memory", name, bytes.size());
   }
 }
 
 SafeTensors SafeTensors::parse(std::span<const std::byte> bytes, std::string_view name) {
-  return parse_prefix(bytes, bytes.size(), name);
+  return fill(parse_header(bytes, bytes.size(), name), bytes);
 }
 
 std::vector<std::byte> SafeTensors::serialize() const {

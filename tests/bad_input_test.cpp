@@ -222,6 +222,43 @@ TEST_CASE("bad input: a header whose data lies past a sparse file's end is refus
                 {tmp.path.string(), "'t'", fmt::format("[0, {}]", two_tib), "outside the data section"});
 }
 
+TEST_CASE("bad input: a kernel case file's header is checked before its data is read", "[bad_input][kernel_case]") {
+  // Before: every tensor was read before the case's checks (adversarial trial, forty-ninth
+  // session: a 3 GB tensor under a name that is no parameter took 11-24 s and 6.3 GB to refuse).
+  // A terabyte of a sparse file now fails on its name, not on the host's memory.
+  nlohmann::json header;
+  header["__metadata__"] = recorded_decode_case().metadata;
+  const std::uint64_t tib = std::uint64_t{1} << 40;
+  header["bogus"] = {{"dtype", "U8"}, {"shape", {tib}}, {"data_offsets", {0, tib}}};
+  TempPath tmp(".safetensors");
+  const std::vector<std::byte> head = header_only_file(header.dump());
+  write_bytes(tmp.path, head);
+  std::error_code ec;
+  std::filesystem::resize_file(tmp.path, head.size() + tib, ec);  // sparse: no disk, no memory
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); test skipped");
+    return;
+  }
+  require_error([&] { (void)read_kernel_case(tmp.path); }, Errc::invalid_argument,
+                {tmp.path.string(), "tensor 'bogus' is not a pointer parameter of mla_paged_decode_fp8"});
+  std::string out;  // and so through the CLI's case show
+  CHECK(run_cli("case show " + tmp.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("tensor 'bogus' is not a pointer parameter"));
+  // The header a check sees: dtypes and shapes, no data.
+  std::size_t seen = 0;
+  (void)SafeTensors::read(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                              "dsv3_h8_t300_fp8_0606_mla_paged_decode_fp8.safetensors",
+                          SafeTensors::Use::kernel_case, [&](const SafeTensors& h) {
+                            for (const auto& [name, t] : h.tensors) {
+                              INFO(name);
+                              CHECK(t.data.empty());
+                              CHECK(t.numel() > 0);
+                            }
+                            seen = h.tensors.size();
+                          });
+  CHECK(seen == recorded_decode_case().tensors.size());
+}
+
 TEST_CASE("bad input: a key given twice in a nested header object is refused", "[bad_input][safetensors]") {
   // Before: only top-level duplicates were refused; the last metadata value or dtype silently won.
   SECTION("a metadata key") {

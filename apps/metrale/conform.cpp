@@ -178,11 +178,15 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   // (its kernel "unreadable file" until the file names one: the summary had a blank row)
   constexpr const char* kUnread = "unreadable file";
   CaseResult result = guarded("file", kUnread, printable(path.filename().string()), [&](CaseResult& r) {
-    const SafeTensors file = SafeTensors::read(path);  // its errors name the file
-    r.kernel = file.metadata.count("entry") != 0 ? excerpt(file.meta("entry")) : "kernel case file";
-    if ((model_case = is_model_case(file)))  // (read_kernel_case would say "run it with metrale replay")
-      fail(Errc::invalid_argument, "{}: a model case, not a kernel case: conform replays those from --golden DIR",
-           path.string());
+    // The header checked before the data is read (read_kernel_case), then the whole file.
+    const auto check = [&](const SafeTensors& header) {
+      r.kernel = header.metadata.count("entry") != 0 ? excerpt(header.meta("entry")) : "kernel case file";
+      if ((model_case = is_model_case(header)))  // (read_kernel_case would say "run it with metrale replay")
+        fail(Errc::invalid_argument, "{}: a model case, not a kernel case: conform replays those from --golden DIR",
+             path.string());
+      (void)read_kernel_case(header, path);
+    };
+    const SafeTensors file = SafeTensors::read(path, SafeTensors::Use::kernel_case, check);  // its errors name it
     const KernelCase c = read_kernel_case(file, path);
     const auto alias = c.aliases.find("v_cache");
     const bool latent = alias != c.aliases.end() && alias->second == "k_cache";

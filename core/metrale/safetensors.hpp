@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -68,8 +69,12 @@ class SafeTensors {
   /// kernel case (reading takes twice it, a case run on the emulator three times: the tensors,
   /// each device byte and its written mark), an eighth for a model case (a replay holds about six
   /// times its file: the tensors as FP32 and BF16 beside them, and the caches).
+  /// `check`, where given, is called with the header once it has passed every check above: the
+  /// metadata and each tensor's dtype and shape, its data empty. It runs before any data is read,
+  /// so a file it refuses (its error is read's) costs no more than its header.
   enum class Use { kernel_case, model_case };
-  static SafeTensors read(const std::filesystem::path& path, Use use = Use::kernel_case);
+  using HeaderCheck = std::function<void(const SafeTensors& header)>;
+  static SafeTensors read(const std::filesystem::path& path, Use use = Use::kernel_case, const HeaderCheck& check = {});
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
   /// Write, tensors in name order, data 8-byte aligned, through a file beside `path` renamed over
