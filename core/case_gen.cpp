@@ -988,7 +988,10 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     small.fill = std::numeric_limits<std::int32_t>::max(), small.seed = ++s;
     out.push_back(split_path_case(small));
   }
-  // The raw split kernels (both entries) on the model's rows, and the combine.
+  // The raw split kernels (every entry) on the model's rows, and the combine. The mma.sync
+  // entries run on their own here: on sm_90 the dispatcher takes the wgmma ones, so a device
+  // conformance run would otherwise launch split16_nvfp4 nowhere and split_fp8 only inside a
+  // split path (fresh-user trial, fiftieth session).
   for (KvFormat f : {KvFormat::fp8, KvFormat::nvfp4}) {
     PagedSpec p;
     p.format = f, p.q_head_dim = p.kv_cache_dim = 576, p.num_q_heads = f == KvFormat::fp8 ? 16 : 40;
@@ -996,6 +999,8 @@ std::vector<KernelCase> conformance_sweep(std::uint64_t seed) {
     p.k_scale = 0.013f, p.v_scale = 0.021f, p.seed = ++s;
     if (f == KvFormat::fp8) p.sliding_window = 100, p.comp_pool = true, p.comp_block_count = 3;
     out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8 ? SplitEntry::split16 : SplitEntry::split));
+    p.seed = ++s;  // the other mma.sync entry: FP8's 64-row groups over 16 heads, NVFP4's 16-row ones over 40
+    out.push_back(split_kernel_case(p, 2, f == KvFormat::fp8 ? SplitEntry::split : SplitEntry::split16));
     p.num_q_heads = 70, p.seed = ++s;  // the wgmma entries: two head groups, the second mostly empty
     out.push_back(split_kernel_case(p, 1, SplitEntry::wgmma));
     if (f == KvFormat::fp8) {  // the 64-head entry with the combine in its clusters: 5 chunks, sinks
