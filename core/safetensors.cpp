@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <new>
@@ -345,7 +347,8 @@ struct Header {
 };
 Header parse_header(std::span<const std::byte> bytes, std::uint64_t total, std::string_view name) {
   if (total < 8)
-    fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length", name, total);
+    fail(Errc::invalid_argument, "{}: file of {} bytes is too short for the 8-byte header length{}", name, total,
+         total == 0 ? " (empty, or a file whose size its file system does not give, as /proc's)" : "");
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
   const std::uint64_t rest = total - 8;
@@ -398,29 +401,19 @@ std::uint64_t host_memory_bytes() {
 
 }  // namespace
 
-SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use, const HeaderCheck& check) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (status.type() == std::filesystem::file_type::not_found)
-    fail(Errc::not_found, "safetensors file {} does not exist{}", path.string(), relative_note(path));
-  if (ec) fail(Errc::invalid_argument, "cannot stat {}: {}", path.string(), ec.message());
-  if (!std::filesystem::is_regular_file(status))
-    fail(Errc::invalid_argument, "{} is not a regular file", path.string());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(Errc::invalid_argument, "cannot open {}", path.string());
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size < 0) fail(Errc::invalid_argument, "cannot determine the size of {}", path.string());
-  const auto total = static_cast<std::uint64_t>(size);
-  const std::string name = path.string();
+namespace {
 
-  // The length and the header first, checked whole (its tensors must cover the data section
-  // exactly), and only then the data: the file's size bounds nothing (a sparse file of a terabyte
-  // behind a small header is refused unread), and neither does a tensor's (a case file whose
-  // header the caller refuses is refused unread).
-  std::vector<std::byte> bytes;
-  auto read_up_to = [&](std::uint64_t n) {
+// An open file whose 8-byte length and header have been read and checked (read_header); nothing
+// after them read yet.
+struct OpenedFile {
+  std::ifstream in;
+  std::string name;
+  std::uint64_t total = 0;
+  std::vector<std::byte> bytes;  // what has been read, from the file's start
+  Header header;
+
+  // The file's bytes up to `n` (from where `bytes` ends).
+  void read_up_to(std::uint64_t n) {
     const std::size_t have = bytes.size();
     try {
       bytes.resize(static_cast<std::size_t>(n));
@@ -429,41 +422,92 @@ SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use, const 
     }
     if (!in.read(reinterpret_cast<char*>(bytes.data() + have), static_cast<std::streamsize>(n - have)))
       fail(Errc::invalid_argument, "cannot read {}", name);
-  };
-  read_up_to(std::min<std::uint64_t>(total, 8));
-  if (total >= 8) {
+  }
+};
+
+// The length and the header first, checked whole (its tensors must cover the data section
+// exactly), and only then any data: the file's size bounds nothing (a sparse file of a terabyte
+// behind a small header is refused unread), and neither does a tensor's (a case file whose header
+// the caller refuses is refused unread).
+OpenedFile open_checked(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found)
+    fail(Errc::not_found, "safetensors file {} does not exist{}", path.string(), relative_note(path));
+  if (ec) fail(Errc::invalid_argument, "cannot stat {}: {}", path.string(), ec.message());
+  if (!std::filesystem::is_regular_file(status))
+    fail(Errc::invalid_argument, "{} is not a regular file", path.string());
+  OpenedFile f;
+  f.name = path.string();
+  errno = 0;
+  f.in.open(path, std::ios::binary);
+  if (!f.in)
+    fail(Errc::invalid_argument, "cannot open {}{}", f.name,
+         errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : "");
+  f.in.seekg(0, std::ios::end);
+  const std::streamoff size = f.in.tellg();
+  f.in.seekg(0, std::ios::beg);
+  if (size < 0) fail(Errc::invalid_argument, "cannot determine the size of {}", f.name);
+  f.total = static_cast<std::uint64_t>(size);
+  f.read_up_to(std::min<std::uint64_t>(f.total, 8));
+  if (f.total >= 8) {
     std::uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
-    if (header_len <= std::min(total - 8, kMaxHeaderBytes))  // else parse_header says which limit it breaks
-      read_up_to(8 + header_len);
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(f.bytes[i]);
+    if (header_len <= std::min(f.total - 8, kMaxHeaderBytes))  // else parse_header says which limit it breaks
+      f.read_up_to(8 + header_len);
   }
-  Header header = parse_header(bytes, total, name);
-  if (check) {
-    SafeTensors described;  // the tensors' dtypes and shapes, no data
-    described.metadata = header.metadata;
-    for (const auto& [key, e] : header.entries) described.tensors.emplace(key, e.tensor);
-    check(described);
-  }
-  // The bytes, then the tensors' copies of them: twice the data; a case run on the emulator then
-  // holds the tensors and, for each device byte, the byte and its written mark: three times; a
-  // model case's replay its tensors as FP32 and BF16 beside them and the caches: about six times
-  // (measured, forty-fourth session: 282 MB for a 46 MB file, 1.38 GB for 230 MB). Past the host's
-  // memory an allocation may still succeed (overcommit) and the process be killed as it fills it.
-  const std::uint64_t data_size = total - header.data_begin;  // all of it the tensors' (exact cover)
+  f.header = parse_header(f.bytes, f.total, f.name);
+  return f;
+}
+
+// `bytes` of tensors to be read from a file for `use`, within the host's memory. The bytes, then
+// the tensors' copies of them: twice the data; a case run on the emulator then holds the tensors
+// and, for each device byte, the byte and its written mark: three times; a model case's replay its
+// tensors as FP32 and BF16 beside them and the caches: about six times (measured, forty-fourth
+// session: 282 MB for a 46 MB file, 1.38 GB for 230 MB). Past the host's memory an allocation may
+// still succeed (overcommit) and the process be killed as it fills it.
+void check_host_memory(std::string_view name, std::uint64_t bytes, SafeTensors::Use use) {
   const std::uint64_t host = host_memory_bytes();
-  const bool model = use == Use::model_case;
-  if (host != 0 && data_size > host / (model ? 8 : 4))
+  const bool model = use == SafeTensors::Use::model_case;
+  if (host != 0 && bytes > host / (model ? 8 : 4))
     fail(Errc::out_of_memory,
          "{}: its tensors hold {} bytes, more than {} of this host's {} bytes of memory (reading them takes twice "
          "that, {})",
-         name, data_size, model ? "an eighth" : "a quarter", host,
+         name, bytes, model ? "an eighth" : "a quarter", host,
          model ? "a replay about six times" : "a case run on the emulator three times");
-  read_up_to(total);
+}
+
+}  // namespace
+
+SafeTensors SafeTensors::read(const std::filesystem::path& path, Use use) {
+  OpenedFile f = open_checked(path);
+  check_host_memory(f.name, f.total - f.header.data_begin, use);  // all of it the tensors' (exact cover)
+  f.read_up_to(f.total);
   try {
-    return fill(std::move(header), bytes);
+    return fill(std::move(f.header), f.bytes);
   } catch (const std::bad_alloc&) {  // the tensors' copies of the bytes
-    fail(Errc::out_of_memory, "{}: cannot hold its {} bytes of tensors in memory", name, bytes.size());
+    fail(Errc::out_of_memory, "{}: cannot hold its {} bytes of tensors in memory", f.name, f.bytes.size());
   }
+}
+
+SafeTensors SafeTensors::read_header(const std::filesystem::path& path, const TensorFilter& with_data) {
+  OpenedFile f = open_checked(path);
+  SafeTensors out;
+  out.metadata = std::move(f.header.metadata);
+  std::uint64_t picked = 0;
+  for (const auto& [key, e] : f.header.entries)
+    if (with_data && with_data(key)) picked += e.end - e.begin;
+  check_host_memory(f.name, picked, Use::kernel_case);
+  for (auto& [key, e] : f.header.entries) {
+    if (with_data && with_data(key) && e.end > e.begin) {
+      e.tensor.data.resize(e.end - e.begin);
+      f.in.seekg(static_cast<std::streamoff>(f.header.data_begin + e.begin));
+      if (!f.in.read(reinterpret_cast<char*>(e.tensor.data.data()), static_cast<std::streamsize>(e.end - e.begin)))
+        fail(Errc::invalid_argument, "cannot read {}", f.name);
+    }
+    out.tensors.emplace(key, std::move(e.tensor));
+  }
+  return out;
 }
 
 SafeTensors SafeTensors::parse(std::span<const std::byte> bytes, std::string_view name) {

@@ -106,16 +106,16 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
       if (kimi && o->count() != 0)
         throw CLI::ValidationError(o->get_name(),
                                    fmt::format("applies to --model deepseek (its paged cache), not {}", opts->model));
-    // (on the header, before the data is read)
-    const auto model_case = [&](const SafeTensors& header) {
+    {  // on the header, before the data is read
+      const SafeTensors header = SafeTensors::read_header(opts->file);
       if (!is_model_case(header))
         fail(Errc::invalid_argument, "{} is not a model case (no q_nope tensor or heads metadata){}", opts->file,
              header.metadata.count("kind") != 0 && header.meta("kind") == "kernel"
                  ? ": run kernel cases with metrale case run"
              : is_format_tables(header) ? ": it holds the number-format tables, which the formats tests read"
                                         : "");
-    };
-    const SafeTensors file = SafeTensors::read(opts->file, SafeTensors::Use::model_case, model_case);
+    }
+    const SafeTensors file = SafeTensors::read(opts->file, SafeTensors::Use::model_case);
     if (!kimi && file.has("gate"))
       spdlog::warn("{} has an output gate: --model deepseek ignores it (--model kimi-k3 applies it)", opts->file);
     auto gpu = make_backend(opts->backend);

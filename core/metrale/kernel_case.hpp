@@ -93,7 +93,14 @@ SafeTensors to_safetensors(const KernelCase& c);
 /// a pointer parameter or names no input, has a tensor or an expectation of its
 /// own, or names another alias); `not_found` for an unknown kernel.
 KernelCase kernel_case_from(const SafeTensors& file, std::string name);
+/// The case in the file at `path`: every check above made on its header (read_kernel_case_header)
+/// before its data is read, then on the whole file. Errors: SafeTensors::read's, and the above.
 KernelCase read_kernel_case(const std::filesystem::path& path);
+/// The case from the header of the file at `path` (SafeTensors::read_header) and its tolerances:
+/// every check above, its inputs' and expectations' dtypes and shapes with no data. Enough for
+/// `case show`, for picking a case by its entry, and for refusing a file before reading it.
+/// Errors: SafeTensors::read_header's, and the above.
+KernelCase read_kernel_case_header(const std::filesystem::path& path);
 /// The same for `file`, already read from `path` (its errors name the path).
 KernelCase read_kernel_case(const SafeTensors& file, const std::filesystem::path& path);
 

@@ -69,12 +69,16 @@ class SafeTensors {
   /// kernel case (reading takes twice it, a case run on the emulator three times: the tensors,
   /// each device byte and its written mark), an eighth for a model case (a replay holds about six
   /// times its file: the tensors as FP32 and BF16 beside them, and the caches).
-  /// `check`, where given, is called with the header once it has passed every check above: the
-  /// metadata and each tensor's dtype and shape, its data empty. It runs before any data is read,
-  /// so a file it refuses (its error is read's) costs no more than its header.
+  /// The header is checked whole before any data is read.
   enum class Use { kernel_case, model_case };
-  using HeaderCheck = std::function<void(const SafeTensors& header)>;
-  static SafeTensors read(const std::filesystem::path& path, Use use = Use::kernel_case, const HeaderCheck& check = {});
+  static SafeTensors read(const std::filesystem::path& path, Use use = Use::kernel_case);
+  /// Read a file's header only: the metadata, and each tensor's dtype and shape with its data
+  /// empty, except the tensors `with_data` picks by name (a case's tolerances), which are read
+  /// whole. What a caller refuses on the header (a case's wrong tensor name, a file --only does
+  /// not pick) then costs no more than the header. Errors: `read`'s for the header, and
+  /// `out_of_memory` when the picked tensors hold more than a quarter of the host's memory.
+  using TensorFilter = std::function<bool(const std::string& tensor)>;
+  static SafeTensors read_header(const std::filesystem::path& path, const TensorFilter& with_data = {});
   /// Parse from memory; `name` is used in messages.
   static SafeTensors parse(std::span<const std::byte> bytes, std::string_view name);
   /// Write, tensors in name order, data 8-byte aligned, through a file beside `path` renamed over
