@@ -177,7 +177,15 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
       if (type == fs::file_type::none) ec = status_ec;
       break;
     }
-    std::string why = ec ? ec.message() : !fs::is_directory(p) ? quoted(p.string()) + " is not a folder" : "";
+    // (is_directory's error code: a loop of links had ended the driver with the library's words)
+    std::error_code dir_ec;
+    const bool is_dir = !ec && fs::is_directory(p, dir_ec);
+    // (ENOENT: a link to nothing, "not a folder" as before)
+    if (dir_ec == std::errc::no_such_file_or_directory) dir_ec.clear();
+    std::string why = ec        ? ec.message()
+                      : dir_ec  ? quoted(p.string()) + ": " + dir_ec.message()
+                      : !is_dir ? quoted(p.string()) + " is not a folder"
+                                : "";
     if (why.empty()) {
       std::string probe = (p / ".metrale-fuzz-out-XXXXXX").string();
       // ENOENT for a folder that exists is its file system's refusal (/proc's), not a missing path.
@@ -226,8 +234,27 @@ int fuzz(const Options& o, const std::string& family, const char* argv0) {
             quoted(p.name), params.seed, o.batch, o.batch, o.max_size, environment(), params.seed, o.batch,
             o.max_size, (fs::path(argv0).parent_path() / "metrale_tests").string(), quoted(p.name));
         std::cout << report;
-        const fs::path dir = o.out / fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
-        const auto written = write_failure(p, params, f, b.failing, dir, report);
+        // A folder of its own: one left by an earlier run of the seed is kept, and the new files are
+        // not mixed with its (adversarial trial, fiftieth session: a stale case sat beside them).
+        const std::string name = fmt::format("{}-{}-seed{}", family, slug(p.name), params.seed);
+        fs::path dir = o.out / name;
+        const auto taken = [](const fs::path& d) {
+          std::error_code ec;
+          return fs::symlink_status(d, ec).type() != fs::file_type::not_found;
+        };
+        for (int n = 2; taken(dir) && n <= 1000; ++n) dir = o.out / fmt::format("{}.{}", name, n);
+        std::vector<fs::path> written;
+        try {
+          written = write_failure(p, params, f, b.failing, dir, report);
+        } catch (const std::exception& e) {
+          // The failure stands (exit 1) and its report is above; the half-written folder goes (a
+          // full disk had turned the failure into exit 2 and left a case without its report).
+          std::error_code ec;
+          fs::remove_all(dir, ec);
+          std::cout << fmt::format("could not write the failing input's files to {} ({}){}\n", dir.string(), e.what(),
+                                   ec ? "; what was written is still there" : "; nothing was kept");
+          return 1;
+        }
         std::cout << fmt::format("wrote {} file{} to {}:\n", written.size(), written.size() == 1 ? "" : "s",
                                  dir.string());
         for (std::size_t i = 0; i < written.size() && i < 12; ++i)
@@ -294,7 +321,7 @@ int run(int argc, char** argv, const std::string& family) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
-    return app.exit(e);  // --help
+    return metrale::cli::with_output_written(app.exit(e));  // --help (to a full stdout: said, exit 2)
   } catch (const CLI::ParseError& e) {
     // An option the driver does not take, with its nearest ("--sedd": did you mean --seed?), as the
     // metrale CLI names it.

@@ -1714,11 +1714,12 @@ TEST_CASE("a fuzz driver's summary says one seed a round of its properties", "[c
   CHECK_THAT(out, !Catch::Matchers::Contains(" in 1 batch "));  // one round, several properties' batches
 }
 
-// A failure's report.txt is written as every other file: a link at its name is refused and left
-// as it was, and the run is an error (the adversarial trial, forty-seventh session: an ofstream had
-// written the report through the link into its target, and a folder there went unsaid). The
-// emulator's block budget of one access fails fuzz_paged's first property at once.
-TEST_CASE("a fuzz driver refuses a link at its report.txt", "[cli]") {
+// A failure's files go to a folder of their own: one an earlier run left at the seed's name is
+// kept as it was, a link in it included, and the new files go beside it (the adversarial trials:
+// forty-seventh session, an ofstream had written the report through a link into its target;
+// fiftieth, a stale case file sat among a new failure's). The emulator's block budget of one
+// access fails fuzz_paged's first property at once.
+TEST_CASE("a fuzz driver writes a failure to a folder of its own", "[cli]") {
   const auto fuzz = std::filesystem::path(METRALE_CLI).parent_path() / "fuzz_paged";
   const auto scratch = test::scratch_dir("metrale_fuzz_report");
   std::filesystem::remove_all(scratch);
@@ -1726,14 +1727,20 @@ TEST_CASE("a fuzz driver refuses a link at its report.txt", "[cli]") {
   std::filesystem::create_directories(dir);
   write_bytes(scratch / "precious", std::vector<std::byte>(3, std::byte{0x50}));
   std::filesystem::create_symlink(scratch / "precious", dir / "report.txt");
+  write_bytes(dir / "01_stale.safetensors", std::vector<std::byte>(5, std::byte{0x51}));
   std::string out;
   CHECK(run_command(
             "METRALE_EMU_BLOCK_ACCESSES=1 " + fuzz.string() + " --cases 1 --batch 1 --seed 1 --out " + scratch.string(),
-            out) == 2);
+            out) == 1);
   CHECK_THAT(out, Catch::Matchers::Contains("FAILED at batch seed 1"));
-  CHECK_THAT(out, Catch::Matchers::Contains("fuzz_paged: error: cannot write " + (dir / "report.txt").string()));
+  const auto fresh = scratch / "paged-paged-decode-of-random-batches-matches-t-seed1.2";
+  CHECK_THAT(out, Catch::Matchers::Contains("to " + fresh.string() + ":"));
+  CHECK(std::filesystem::is_regular_file(fresh / "report.txt"));
+  CHECK_FALSE(std::filesystem::exists(fresh / "01_stale.safetensors"));
+  // the earlier folder as it was
   CHECK(std::filesystem::is_symlink(dir / "report.txt"));
   CHECK(std::filesystem::file_size(scratch / "precious") == 3);
+  CHECK(std::filesystem::file_size(dir / "01_stale.safetensors") == 5);
   std::filesystem::remove_all(scratch);
 }
 
@@ -1755,6 +1762,14 @@ TEST_CASE("a fuzz driver refuses an --out it could not create, and leaves nothin
   out.clear();
   CHECK(run(scratch / "a_file" / "failures", out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("is not a folder"));
+  out.clear();  // a loop of links: the driver's own words (it had ended with the library's exception)
+  std::filesystem::create_symlink(scratch / "loop2", scratch / "loop1");
+  std::filesystem::create_symlink(scratch / "loop1", scratch / "loop2");
+  CHECK(run(scratch / "loop1", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("--out '" + (scratch / "loop1").string() +
+                                            "': not a directory that can be created ('" + (scratch / "loop1").string() +
+                                            "': Too many levels of symbolic links)"));
+  std::filesystem::remove(scratch / "loop1"), std::filesystem::remove(scratch / "loop2");
   out.clear();  // a link to nothing (it had passed, and the failure's files were then lost)
   std::filesystem::create_symlink(scratch / "nowhere" / "x", scratch / "dangling");
   CHECK(run(scratch / "dangling", out) == 2);
