@@ -2062,6 +2062,27 @@ TEST_CASE("bad input: conform --only reports a broken case file of the kernel it
              Catch::Matchers::Contains("\nfile     unreadable file                                     1      1\n"));
 }
 
+// conform --report into a --cases folder, under a name that ends in .safetensors: the report's
+// folder is no case (adversarial trial, fiftieth session: the run failed on its own output folder,
+// and every later run again).
+TEST_CASE("bad input: conform does not take its report folder for a case file", "[bad_input][cli]") {
+  TempPath cases("_report_in_cases");
+  std::filesystem::create_directories(cases.path);
+  std::filesystem::copy_file(std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
+                                 "dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors",
+                             cases.path / "rope.safetensors");
+  const std::string run = "conform --backend emu --no-golden --only rope_pairs_bf16 --cases " + cases.path.string() +
+                          " --report " + (cases.path / "r.safetensors").string();
+  for (int i = 0; i < 2; ++i) {  // the second run finds the first's folder there
+    INFO("run " << i);
+    std::string out;
+    CHECK(run_cli(run, out) == 0);
+    CHECK_THAT(out, !Catch::Matchers::Contains("r.safetensors is not a regular file"));
+    CHECK_THAT(out, Catch::Matchers::Contains("file     rope_pairs_bf16"));
+  }
+  CHECK(std::filesystem::is_regular_file(cases.path / "r.safetensors" / "report.json"));
+}
+
 // The thirty-first session's adversarial run: output to a full disk or a closed stream was lost
 // with exit 0.
 TEST_CASE("bad input: a command whose standard output cannot be written fails", "[bad_input][cli]") {

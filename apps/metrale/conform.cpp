@@ -550,6 +550,9 @@ void add_conform(CLI::App& app, std::function<void(int)> set_exit) {
     std::vector<fs::path> case_files;
     std::vector<std::pair<fs::path, std::size_t>> golden_files;  // and the index of its folder
     std::set<fs::path> case_seen;  // a folder named twice (or a file reached twice) runs once
+    // The report's own folder is no case, wherever it is (adversarial trial, fiftieth session:
+    // --report cases/r.safetensors failed the run on its own output, and every later run too).
+    if (!opts->report.empty()) case_seen.insert(file_key(opts->report));
     for (const auto& dir : case_dirs)
       for (auto& f : safetensors_in(dir, named_cases, missing))
         if (case_seen.insert(file_key(f)).second) case_files.push_back(std::move(f));
