@@ -95,8 +95,14 @@ void remove_staged_then_end(int sig) {
 // fresh-user trial, forty-eighth session: "error (invalid_argument): ... (File too large)").
 [[noreturn]] void cannot_write(const std::filesystem::path& target, int err) {
   const bool full = err == ENOSPC || err == EFBIG || err == EDQUOT;
+  // ENOENT in a folder that exists is its file system's refusal (/proc's), not a missing path
+  // (adversarial trial, fiftieth session: bench --json /proc/self/status said "No such file").
+  std::error_code ec;
+  const bool refused =
+      err == ENOENT && std::filesystem::is_directory(target.parent_path().empty() ? "." : target.parent_path(), ec);
   fail(full ? Errc::capacity_exceeded : Errc::invalid_argument, "cannot write {} ({})", target.string(),
-       std::strerror(err));
+       refused ? std::string("its folder's file system makes no new files: ") + std::strerror(err)
+               : std::string(std::strerror(err)));
 }
 
 const char* describe_type(std::filesystem::file_type type) {

@@ -3047,6 +3047,12 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
   CHECK_THAT(out, !Catch::Matchers::Contains("device-to-device copy"));  // refused before any timing
   std::ifstream in(json.path);
   CHECK(nlohmann::json::parse(in).at("precious") == 1);
+  // A file in /proc, which exists but takes no new files beside it: said as the file system's
+  // refusal, not as "No such file" (adversarial trial, fiftieth session).
+  out.clear();
+  CHECK(run_cli("bench --backend emu --only zzz --json /proc/self/status", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains(
+                      "cannot write /proc/self/status (its folder's file system makes no new files: No such file"));
 }
 
 // Golden folders with a file of the same name: a copy is skipped with a note, a file that differs
