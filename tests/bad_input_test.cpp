@@ -2548,6 +2548,11 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
   out.clear();
   CHECK(run_cli("--record " + dir.path.string() + " info", out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("info launches no kernels, so nothing was recorded"));
+  out.clear();  // a subcommand named whole (fresh-user trial, fiftieth session: it said "case")
+  CHECK(run_cli("--record " + dir.path.string() + " case show " + METRALE_SOURCE_DIR +
+                    "/cases/kernels/dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors",
+                out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains("case show launches no kernels, so nothing was recorded"));
   out.clear();  // a case the emulator cannot run (a GB10's shared memory) is skipped: no launch
   const std::string wgmma16 =
       std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";

@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
   // (not in info's, nor a group's: they launch none).
   const std::function<void(CLI::App&)> name_top_options = [&](CLI::App& cmd) {
     for (CLI::App* sub : cmd.get_subcommands({})) {
-      if (sub->get_subcommands({}).empty() && sub->get_name() != "info")
+      if (sub->get_subcommands({}).empty() && sub->get_name() != "info" && sub->get_name() != "show")
         sub->footer("Also taken here, as before the command: --record DIR, --record-limit SIZE (metrale --help).");
       name_top_options(*sub);
     }
@@ -318,9 +318,16 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (record_dir.empty() && record_limit != 0) spdlog::warn("--record-limit without --record: nothing is recorded");
-    if (!record_dir.empty() && !metrale::cli::recorder_made())
+    if (!record_dir.empty() && !metrale::cli::recorder_made()) {
+      // the command as typed: "case show", not "case"
+      std::string command;
+      for (const CLI::App* cmd = &app; !cmd->get_subcommands().empty();) {
+        cmd = cmd->get_subcommands().front();
+        command += (command.empty() ? "" : " ") + cmd->get_name();
+      }
       spdlog::warn("--record {}: {} launches no kernels, so nothing was recorded", metrale::printable(record_dir),
-                   app.get_subcommands().front()->get_name());
+                   command);
+    }
   } catch (const CLI::ParseError& e) {
     return exit_on_parse_error(app, e, argc, argv, record_dir);
   } catch (const std::exception& e) {  // metrale's, or a library's own: still an error, never a crash
