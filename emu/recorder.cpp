@@ -1,11 +1,15 @@
 #include "recorder.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <system_error>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -97,6 +101,18 @@ CaseRecorder::CaseRecorder(std::filesystem::path dir, std::uint64_t limit_bytes)
     if (after > next_ || (after == kMaxCases && higher)) next_ = after, highest_ = number;
   }
   if (ec) cannot_list();
+  // A folder it may not write in (read-only, /proc's) is named before the run: it had surfaced at
+  // the first launch, as that case's failure (adversarial trial, fiftieth session).
+  std::string probe = (dir_ / ".metrale-record-XXXXXX").string();
+  if (const int fd = ::mkstemp(probe.data()); fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  } else {
+    const int err = errno;
+    remove_made();
+    fail(Errc::invalid_argument, "recorder: cannot write a case file in {} ({})", printable(dir_.string()),
+         std::strerror(err));
+  }
   if (files > 0 && next_ >= kMaxCases)
     spdlog::warn("recorder: {} already holds {} case file{}, one numbered {}: no number is left for a new one",
                  printable(dir_.string()), files, files == 1 ? "" : "s", highest_);

@@ -2553,6 +2553,12 @@ TEST_CASE("bad input: an unknown log level and a --record that records nothing a
                     "/cases/kernels/dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors",
                 out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("case show launches no kernels, so nothing was recorded"));
+  out.clear();  // a folder no case file can be written in, named before the run (it had failed the first case)
+  CHECK(run_cli("--record /proc/self case run --backend emu " + std::string(METRALE_SOURCE_DIR) +
+                    "/cases/kernels/dsv3_h8_t300_fp8_0601_rope_pairs_bf16.safetensors",
+                out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("recorder: cannot write a case file in /proc/self ("));
+  CHECK_THAT(out, !Catch::Matchers::Contains("rope_pairs_bf16 "));  // no row: nothing ran
   out.clear();  // a case the emulator cannot run (a GB10's shared memory) is skipped: no launch
   const std::string wgmma16 =
       std::string(METRALE_SOURCE_DIR) + "/cases/kernels/dsv3_h8_t300_fp8_0606_mla_paged_decode_wgmma16_fp8.safetensors";
