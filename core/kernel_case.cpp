@@ -1011,8 +1011,12 @@ std::string describe_kernel_case(const KernelCase& c) {
                                         dims(c.grid), dims(c.block))
                           : std::string("launch    as the launcher computes it (none recorded)\n");
   const auto tensor = [](const Tensor& t) {
-    return fmt::format("{} [{}], {} bytes", to_string(t.dtype), fmt::join(t.shape, ", "),
-                       t.numel() * dtype_size(t.dtype));  // (a header's tensors hold no data)
+    // (a header's tensors hold no data; a shape of thousands of dims, its first eight and a count)
+    const std::string shape =
+        t.shape.size() <= 8
+            ? fmt::format("{}", fmt::join(t.shape, ", "))
+            : fmt::format("{}, ... ({} dims)", fmt::join(t.shape.begin(), t.shape.begin() + 8, ", "), t.shape.size());
+    return fmt::format("{} [{}], {} bytes", to_string(t.dtype), shape, t.numel() * dtype_size(t.dtype));
   };
   const auto tolerance = [](const Tolerance& t) {
     return fmt::format("abs {:g}, rel {:g}, ulps {}", t.abs, t.rel, t.ulps);

@@ -3066,9 +3066,6 @@ TEST_CASE("bad input: bench --json keeps an existing file when the run fails", "
                       "cannot write /proc/self/status (its folder's file system makes no new files: No such file"));
 }
 
-// Golden folders with a file of the same name: a copy is skipped with a note, a file that differs
-// is an error (the adversarial trial, forty-fifth session: an edited copy in METRALE_GOLDEN_DIR was
-// skipped with only a note, and the run read PASS).
 // `case show` against the file's own header: each scalar as its metadata holds it, each tensor's
 // dtype and shape; a file that is no case is an error line (exit 2), and the others still print.
 TEST_CASE("case show prints the kernel and launch and scalars and tensors a case file holds", "[cli]") {
@@ -3096,6 +3093,17 @@ TEST_CASE("case show prints the kernel and launch and scalars and tensors a case
   }
   CHECK_THAT(out, Catch::Matchers::Contains("tolerance abs "));
   CHECK_THAT(out, Catch::Matchers::Contains("b.safetensors\nerror (invalid_argument): "));
+  // A shape of many dims: its first eight and a count (adversarial trial, fiftieth session: 400,000
+  // dims made a 1.2 MB line).
+  SafeTensors wide = f;
+  Tensor& q = wide.tensors.at("q");
+  q.shape = std::vector<std::int64_t>{static_cast<std::int64_t>(f.at("q").numel())};
+  q.shape.resize(40, 1);
+  wide.write(dir.path / "a.safetensors");
+  out.clear();
+  CHECK(run_cli("case show " + (dir.path / "a.safetensors").string(), out) == 0);
+  CHECK_THAT(out, Catch::Matchers::Contains(fmt::format(
+                      "  q                      BF16 [{}, 1, 1, 1, 1, 1, 1, 1, ... (40 dims)]", f.at("q").numel())));
 }
 
 // A golden replay's notes reach conform's output and report (the diff review, forty-eighth session:
