@@ -112,6 +112,27 @@ void check_position(const SafeTensors& f, std::uint32_t tokens) {
          std::int64_t{tokens} - 1);
 }
 
+}  // namespace
+
+void check_model_case_header(const SafeTensors& header) {
+  const std::size_t H = meta_u32(header, "heads"), T = meta_u32(header, "tokens");
+  const std::size_t kv = meta_u32(header, "kv_lora_rank"), rope = meta_u32(header, "qk_rope_head_dim");
+  const std::size_t nope = meta_u32(header, "qk_nope_head_dim"), dv = meta_u32(header, "v_head_dim");
+  (void)header.meta("rope");  // (each replay names the layouts it takes)
+  (void)meta_float(header, "softmax_scale"), (void)meta_float(header, "rope_theta");
+  check_position(header, static_cast<std::uint32_t>(T));
+  (void)shaped(header, "q_nope", {H, nope}), (void)shaped(header, "q_rope", {H, rope});
+  (void)shaped(header, "kv_latent", {T, kv}), (void)shaped(header, "k_rope", {T, rope});
+  (void)shaped(header, "w_uk", {H, nope, kv}), (void)shaped(header, "w_uv", {H, dv, kv});
+  const auto optional = [&](std::string_view name, std::initializer_list<std::size_t> shape) {
+    if (header.has(name)) (void)shaped(header, name, shape);
+  };
+  optional("q_absorbed", {H, kv + rope}), optional("o_latent", {H, kv});
+  for (const char* name : {"attn_out", "gate", "attn_out_gated"}) optional(name, {H, dv});
+}
+
+namespace {
+
 // The K3 replay holds every token's K and V rows per head, on the host and on the device: a
 // bound on their size keeps a small file with large metadata from asking for terabytes. At the
 // bound each copy is 1 GiB (FP32): the projected rows (host) and the decoder's history (host or

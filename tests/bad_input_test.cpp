@@ -318,6 +318,49 @@ TEST_CASE("bad input: conform and case show do not read the data of a case file 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("bad input: replay checks a model case's metadata and shapes before reading its data",
+          "[bad_input][model_case]") {
+  // Before: only q_nope and heads were looked for first (adversarial trial, fiftieth session: a
+  // 2.5 GB file was read whole before "no metadata key 'kv_lora_rank'"). A golden case without
+  // that key and with a sparse terabyte beside its tensors: past the memory guard, if it were read.
+  const auto golden = test::golden("dsv3_h16_t37.safetensors");
+  std::ifstream in(golden, std::ios::binary);
+  std::uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string text(len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(len));
+  nlohmann::json header = nlohmann::json::parse(text);
+  const std::uint64_t data = std::filesystem::file_size(golden) - 8 - len, tib = std::uint64_t{1} << 40;
+  header["__metadata__"].erase("kv_lora_rank");
+  header["zz_junk"] = {{"dtype", "U8"}, {"shape", {tib}}, {"data_offsets", {data, data + tib}}};
+  std::vector<std::byte> bytes = header_only_file(header.dump());
+  std::vector<char> values(data);
+  in.read(values.data(), static_cast<std::streamsize>(data));
+  for (const char c : values) bytes.push_back(static_cast<std::byte>(c));
+  TempPath tmp(".safetensors");
+  write_bytes(tmp.path, bytes);
+  std::error_code ec;
+  std::filesystem::resize_file(tmp.path, bytes.size() + tib, ec);  // sparse: no disk, no memory
+  if (ec) {
+    WARN("no sparse files here (" << ec.message() << "); test skipped");
+    return;
+  }
+  std::string out;
+  CHECK(run_cli("replay --backend emu " + tmp.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no metadata key 'kv_lora_rank'"));
+  CHECK_THAT(out, !Catch::Matchers::Contains("of this host's"));
+  // and a shape: named from the header too
+  header["__metadata__"]["kv_lora_rank"] = "512";
+  header["kv_latent"]["shape"] = {1, header["kv_latent"]["shape"][0].get<std::uint64_t>() * 512};
+  bytes = header_only_file(header.dump());
+  for (const char c : values) bytes.push_back(static_cast<std::byte>(c));
+  write_bytes(tmp.path, bytes);
+  std::filesystem::resize_file(tmp.path, bytes.size() + tib, ec);
+  out.clear();
+  CHECK(run_cli("replay --backend emu " + tmp.path.string(), out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("tensor kv_latent has shape [1, "));
+}
+
 TEST_CASE("bad input: a key given twice in a nested header object is refused", "[bad_input][safetensors]") {
   // Before: only top-level duplicates were refused; the last metadata value or dtype silently won.
   SECTION("a metadata key") {

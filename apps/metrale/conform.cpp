@@ -296,8 +296,10 @@ std::vector<CaseResult> golden_cases(GpuBackend& gpu, const fs::path& path, cons
   // The data, only where a replay is picked (adversarial trial, fiftieth session: --only rope_pairs
   // read a 2.5 GB golden file whole).
   if (std::none_of(replays.begin(), replays.end(), [&](const auto& g) { return wanted(g.kernel, g.name); })) return out;
-  read = guarded("golden", "model case file", name,
-                 [&](CaseResult&) { file = SafeTensors::read(path, SafeTensors::Use::model_case); });
+  read = guarded("golden", "model case file", name, [&](CaseResult&) {
+    with_context(path.string(), [&] { check_model_case_header(file); });  // its metadata and shapes, unread
+    file = SafeTensors::read(path, SafeTensors::Use::model_case);
+  });
   if (!read.pass()) {
     out.push_back(std::move(read));
     return out;

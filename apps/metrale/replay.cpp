@@ -114,6 +114,9 @@ void add_replay(CLI::App& app, std::function<void(int)> set_exit) {
                  ? ": run kernel cases with metrale case run"
              : is_format_tables(header) ? ": it holds the number-format tables, which the formats tests read"
                                         : "");
+      // its metadata and shapes too (adversarial trial, fiftieth session: a 2.5 GB file was read
+      // whole before "no metadata key 'kv_lora_rank'")
+      with_context(opts->file, [&] { check_model_case_header(header); });
     }
     const SafeTensors file = SafeTensors::read(opts->file, SafeTensors::Use::model_case);
     if (!kimi && file.has("gate"))

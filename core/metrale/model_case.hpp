@@ -52,6 +52,16 @@ struct ReplayResult {
 /// heads metadata), which `metrale replay` takes, rather than a kernel case or another file.
 bool is_model_case(const SafeTensors& file);
 
+/// The checks of a model case both replays make that need no tensor's values, made on a header
+/// (SafeTensors::read_header) before its data is read: the metadata heads, tokens, kv_lora_rank,
+/// qk_rope_head_dim, qk_nope_head_dim and v_head_dim (1 to 1,000,000), rope, softmax_scale and
+/// rope_theta, position (tokens − 1 where given), and the shapes of q_nope [heads, nope], q_rope
+/// [heads, rope], kv_latent [tokens, kv_lora], k_rope [tokens, rope], w_uk [heads, nope, kv_lora],
+/// w_uv [heads, v_head, kv_lora], and, where the file has them, q_absorbed [heads, kv_lora + rope],
+/// o_latent [heads, kv_lora], attn_out, gate and attn_out_gated [heads, v_head]. Errors: as the
+/// replays', `invalid_argument` or `not_found` naming the key or tensor (docs/conformance.md).
+void check_model_case_header(const SafeTensors& header);
+
 /// Whether `file` is the golden folder's number-format tables (ml_dtypes' E4M3 and E2M1 casts,
 /// cases/golden/quant_codecs.safetensors: an fp8_e4m3fn_decode tensor), which the formats tests
 /// read and no command runs.
