@@ -744,7 +744,7 @@ KernelCase kernel_case_from(const SafeTensors& f, std::string name) {
         fail(Errc::invalid_argument, "case {}: {} is {}; an expectation is F64, F32, BF16, F16, I32 or U8", c.name,
              tname, to_string(t.dtype));
       c.expected[tensor_name.substr(9)] = t;
-    } else if (tensor_name.starts_with("tolerance.") || tensor_name.starts_with("backend_tolerance.")) {
+    } else if (is_tolerance_tensor(tensor_name)) {
       const bool backend = tensor_name.starts_with("backend_");
       (backend ? c.backend_tolerance : c.tolerance)[tensor_name.substr(tensor_name.find('.') + 1)] =
           parse_tolerance(c.name, tname, t);

@@ -135,7 +135,7 @@ void add_case(CLI::App& app, std::function<void(int)> set_exit) {
           ++skipped;
           continue;
         }
-        const KernelCase c = read_kernel_case(path);
+        const KernelCase c = read_kernel_case(SafeTensors::read(path), path);  // (its header checked above)
         const auto out = run_kernel_case(*gpu, c);
         if (c.expected.empty()) {
           fmt::print("{:<56} {:<20} {:>11} {:>9}  {}\n", label, "-", "-", "-", "ran (no expectation)");

@@ -180,17 +180,18 @@ std::optional<CaseResult> file_case(GpuBackend& gpu, const fs::path& path, const
   CaseResult result = guarded("file", kUnread, printable(path.filename().string()), [&](CaseResult& r) {
     // The header first: a file --only does not pick, or the device cannot run, is not read
     // (adversarial trial, fiftieth session: --only rope_pairs read a 2.1 GB case file whole).
-    const SafeTensors header = SafeTensors::read_header(path);  // its errors name the file
+    const SafeTensors header = SafeTensors::read_header(path, is_tolerance_tensor);  // its errors name the file
     r.kernel = header.metadata.count("entry") != 0 ? excerpt(header.meta("entry")) : "kernel case file";
     if ((model_case = is_model_case(header)))  // (read_kernel_case would say "run it with metrale replay")
       fail(Errc::invalid_argument, "{}: a model case, not a kernel case: conform replays those from --golden DIR",
            path.string());
-    const KernelCase described = read_kernel_case_header(path);
+    const KernelCase described = read_kernel_case(header, path);  // (read_kernel_case_header's checks)
     const auto alias = described.aliases.find("v_cache");
     const bool latent = alias != described.aliases.end() && alias->second == "k_cache";
     if ((unwanted = !wanted(described.entry, latent ? r.name + " latent" : r.name))) return;
     if ((skip = case_unavailable(gpu, described))) return;
-    const KernelCase c = read_kernel_case(path);  // (the file's tensors only in the case: 3x its size in all)
+    // (the header checked above; the file's tensors only in the case: 3x its size in all)
+    const KernelCase c = read_kernel_case(SafeTensors::read(path), path);
     const auto out = run_kernel_case(gpu, c);
     if (c.expected.empty())  // nothing compared is no pass (it had counted as one)
       fail(Errc::invalid_argument, "{}: no expected.<output> tensor, so nothing to compare{}", path.string(),

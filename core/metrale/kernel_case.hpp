@@ -101,6 +101,9 @@ KernelCase read_kernel_case(const std::filesystem::path& path);
 /// `case show`, for picking a case by its entry, and for refusing a file before reading it.
 /// Errors: SafeTensors::read_header's, and the above.
 KernelCase read_kernel_case_header(const std::filesystem::path& path);
+/// Whether tensor `name` is a tolerance (`tolerance.<param>`, `backend_tolerance.<param>`): the
+/// tensors read_kernel_case_header reads whole, as SafeTensors::read_header's filter.
+bool is_tolerance_tensor(const std::string& name);
 /// The same for `file`, already read from `path` (its errors name the path).
 KernelCase read_kernel_case(const SafeTensors& file, const std::filesystem::path& path);
 
