@@ -20,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <regex>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -72,6 +73,37 @@ void write_bytes(const std::filesystem::path& path, const std::vector<std::byte>
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), std::fclose);
   REQUIRE(f);
   REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size());
+}
+
+// A safetensors file's header as JSON, and its data section's bytes.
+struct FileParts {
+  nlohmann::json header;
+  std::vector<std::byte> data;
+};
+FileParts read_parts(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string text(len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(len));
+  FileParts parts{nlohmann::json::parse(text), std::vector<std::byte>(std::filesystem::file_size(path) - 8 - len)};
+  in.read(reinterpret_cast<char*>(parts.data.data()), static_cast<std::streamsize>(parts.data.size()));
+  REQUIRE(in);
+  return parts;
+}
+
+// `header` (as header_only_file writes it), then `data`, at `path`, and `sparse` bytes more past
+// them, which take no disk and no memory. False, with a warning, where the file system has no
+// sparse files (the test is then skipped).
+bool write_sparse(const std::filesystem::path& path, const nlohmann::json& header, std::span<const std::byte> data,
+                  std::uint64_t sparse) {
+  std::vector<std::byte> bytes = header_only_file(header.dump());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  write_bytes(path, bytes);
+  std::error_code ec;
+  std::filesystem::resize_file(path, bytes.size() + sparse, ec);
+  if (ec) WARN("no sparse files here (" << ec.message() << "); test skipped");
+  return !ec;
 }
 
 // Shell command `cmd`'s exit status, its standard output and error appended to `out`.
@@ -231,14 +263,7 @@ TEST_CASE("bad input: a kernel case file's header is checked before its data is 
   const std::uint64_t tib = std::uint64_t{1} << 40;
   header["bogus"] = {{"dtype", "U8"}, {"shape", {tib}}, {"data_offsets", {0, tib}}};
   TempPath tmp(".safetensors");
-  const std::vector<std::byte> head = header_only_file(header.dump());
-  write_bytes(tmp.path, head);
-  std::error_code ec;
-  std::filesystem::resize_file(tmp.path, head.size() + tib, ec);  // sparse: no disk, no memory
-  if (ec) {
-    WARN("no sparse files here (" << ec.message() << "); test skipped");
-    return;
-  }
+  if (!write_sparse(tmp.path, header, {}, tib)) return;
   require_error([&] { (void)read_kernel_case(tmp.path); }, Errc::invalid_argument,
                 {tmp.path.string(), "tensor 'bogus' is not a pointer parameter of mla_paged_decode_fp8"});
   std::string out;  // and so through the CLI's case show
@@ -280,31 +305,18 @@ TEST_CASE("bad input: conform and case show do not read the data of a case file 
   // host's memory, so reading it would fail.
   const auto recorded = std::filesystem::path(METRALE_SOURCE_DIR) / "cases" / "kernels" /
                         "dsv3_h8_t300_fp8_0599_mla_batched_gemv.safetensors";
-  std::ifstream in(recorded, std::ios::binary);
-  std::uint64_t len = 0;
-  in.read(reinterpret_cast<char*>(&len), 8);
-  std::string text(len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(len));
-  nlohmann::json header = nlohmann::json::parse(text);
-  const std::uint64_t weight_begin = header["weight"]["data_offsets"][0];  // the last tensor
-  REQUIRE(header["weight"]["data_offsets"][1] == std::filesystem::file_size(recorded) - 8 - len);
+  FileParts parts = read_parts(recorded);
+  const std::uint64_t weight_begin = parts.header["weight"]["data_offsets"][0];  // the last tensor
+  REQUIRE(parts.header["weight"]["data_offsets"][1] == parts.data.size());
   const std::uint64_t tib = std::uint64_t{1} << 40;
-  header["weight"] = {{"dtype", "BF16"}, {"shape", {tib / 2}}, {"data_offsets", {weight_begin, weight_begin + tib}}};
-  std::vector<std::byte> bytes = header_only_file(header.dump());
-  std::vector<char> data(weight_begin);  // the tensors before the weight, as recorded
-  in.read(data.data(), static_cast<std::streamsize>(weight_begin));
-  for (const char c : data) bytes.push_back(static_cast<std::byte>(c));
+  parts.header["weight"] = {
+      {"dtype", "BF16"}, {"shape", {tib / 2}}, {"data_offsets", {weight_begin, weight_begin + tib}}};
   const auto dir = test::scratch_dir("metrale_big_case_test");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const auto file = dir / "big_gemv.safetensors";
-  write_bytes(file, bytes);
-  std::error_code ec;
-  std::filesystem::resize_file(file, bytes.size() + tib, ec);  // sparse: no disk, no memory
-  if (ec) {
-    WARN("no sparse files here (" << ec.message() << "); test skipped");
-    return;
-  }
+  // (the tensors before the weight, as recorded)
+  if (!write_sparse(file, parts.header, std::span(parts.data).first(weight_begin), tib)) return;
   std::string out;
   CHECK(run_cli("conform --backend emu --no-golden --only rope_pairs_bf16 --cases " + dir.string(), out) == 0);
   CHECK_THAT(out, Catch::Matchers::Contains("PASS"));
@@ -324,27 +336,13 @@ TEST_CASE("bad input: replay checks a model case's metadata and shapes before re
   // 2.5 GB file was read whole before "no metadata key 'kv_lora_rank'"). A golden case without
   // that key and with a sparse terabyte beside its tensors: past the memory guard, if it were read.
   const auto golden = test::golden("dsv3_h16_t37.safetensors");
-  std::ifstream in(golden, std::ios::binary);
-  std::uint64_t len = 0;
-  in.read(reinterpret_cast<char*>(&len), 8);
-  std::string text(len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(len));
-  nlohmann::json header = nlohmann::json::parse(text);
-  const std::uint64_t data = std::filesystem::file_size(golden) - 8 - len, tib = std::uint64_t{1} << 40;
+  FileParts parts = read_parts(golden);
+  nlohmann::json& header = parts.header;
+  const std::uint64_t data = parts.data.size(), tib = std::uint64_t{1} << 40;
   header["__metadata__"].erase("kv_lora_rank");
   header["zz_junk"] = {{"dtype", "U8"}, {"shape", {tib}}, {"data_offsets", {data, data + tib}}};
-  std::vector<std::byte> bytes = header_only_file(header.dump());
-  std::vector<char> values(data);
-  in.read(values.data(), static_cast<std::streamsize>(data));
-  for (const char c : values) bytes.push_back(static_cast<std::byte>(c));
   TempPath tmp(".safetensors");
-  write_bytes(tmp.path, bytes);
-  std::error_code ec;
-  std::filesystem::resize_file(tmp.path, bytes.size() + tib, ec);  // sparse: no disk, no memory
-  if (ec) {
-    WARN("no sparse files here (" << ec.message() << "); test skipped");
-    return;
-  }
+  if (!write_sparse(tmp.path, header, parts.data, tib)) return;
   std::string out;
   CHECK(run_cli("replay --backend emu " + tmp.path.string(), out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("no metadata key 'kv_lora_rank'"));
@@ -352,10 +350,7 @@ TEST_CASE("bad input: replay checks a model case's metadata and shapes before re
   // and a shape: named from the header too
   header["__metadata__"]["kv_lora_rank"] = "512";
   header["kv_latent"]["shape"] = {1, header["kv_latent"]["shape"][0].get<std::uint64_t>() * 512};
-  bytes = header_only_file(header.dump());
-  for (const char c : values) bytes.push_back(static_cast<std::byte>(c));
-  write_bytes(tmp.path, bytes);
-  std::filesystem::resize_file(tmp.path, bytes.size() + tib, ec);
+  REQUIRE(write_sparse(tmp.path, header, parts.data, tib));
   out.clear();
   CHECK(run_cli("replay --backend emu " + tmp.path.string(), out) == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("tensor kv_latent has shape [1, "));
